@@ -1,0 +1,58 @@
+//! # mote-core
+//!
+//! The no_std heart of mote, an ONNX inference runtime for the edge.
+//!
+//! Stages (each visible in the API, as in tract):
+//! 1. **import** — [`Model::from_onnx`] turns ONNX bytes into a graph IR
+//!    ([`Model`], [`Graph`]) with weights in aligned storage;
+//! 2. **plan** — [`SessionBuilder`] binds input shapes and symbolic
+//!    dimensions, infers every shape, folds constant subgraphs and places
+//!    every tensor at a fixed offset of one arena ([`Plan`]);
+//! 3. **run** — [`Session`] pairs the plan with a caller-owned `&mut [u8]`
+//!    arena; [`Session::run`] performs no heap allocation.
+//!
+//! Without the `alloc` feature only the types, kernels' building blocks
+//! and the planner interface are built (compiled models come later).
+#![no_std]
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
+
+mod dtype;
+mod error;
+pub mod math;
+pub mod tensor;
+
+#[cfg(feature = "alloc")]
+pub mod model;
+#[cfg(feature = "alloc")]
+pub mod onnx;
+#[cfg(feature = "alloc")]
+pub mod ops;
+#[cfg(feature = "alloc")]
+pub mod plan;
+#[cfg(feature = "alloc")]
+pub mod planner;
+#[cfg(feature = "alloc")]
+mod session;
+
+pub use dtype::{DType, Element};
+pub use error::{checked_numel, Error, ErrorKind, NodeId, Result, TensorId};
+pub use tensor::{TensorMut, TensorView};
+
+#[cfg(feature = "alloc")]
+pub use model::{Graph, Model};
+#[cfg(feature = "alloc")]
+pub use plan::{IoInfo, Plan, SessionBuilder};
+#[cfg(feature = "alloc")]
+pub use session::Session;
+
+#[cfg(feature = "alloc")]
+impl Model {
+    /// Starts a session build (shape bindings, then [`SessionBuilder::plan`]).
+    pub fn session_builder(&self) -> SessionBuilder<'_> {
+        SessionBuilder::new(self)
+    }
+}

@@ -1,0 +1,363 @@
+//! ONNX import: `ModelProto` bytes → [`Model`].
+//!
+//! Import only translates and validates structure (names, types, constant
+//! data); shapes are inferred later, when the session binds input shapes.
+//! `Constant` nodes become constant tensors here, so no kernel sees them.
+
+use alloc::boxed::Box;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use mote_proto::bytes::Bytes;
+use mote_proto::{tensor_shape_proto::dimension, type_proto, Message};
+
+use crate::error::{Error, ErrorKind, Result, TensorId};
+use crate::model::{Attr, AttrValue, Const, ConstData, Dim, Graph, Model, Node, TensorInfo};
+use crate::DType;
+
+/// Oldest default-domain opset mote accepts.
+pub const MIN_OPSET: i64 = 7;
+/// Newest default-domain opset mote accepts (that of onnx 1.23).
+pub const MAX_OPSET: i64 = 28;
+/// Bound on subgraph nesting (If/Loop bodies), so hostile files cannot
+/// exhaust the stack.
+pub const MAX_GRAPH_DEPTH: usize = 32;
+
+impl Model {
+    /// Imports an ONNX model from its serialized bytes.
+    ///
+    /// Weights are copied once, into aligned storage. Use
+    /// [`Model::from_onnx_shared`] to share a buffer you already own.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), mote_core::Error> {
+    /// let bytes = include_bytes!("../../models/digits_mlp.onnx");
+    /// let model = mote_core::Model::from_onnx(bytes)?;
+    /// assert_eq!(model.input_names().collect::<Vec<_>>(), ["input"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_onnx(bytes: &[u8]) -> Result<Model> {
+        // Decoding from a slice copies each `bytes` field out of it; those
+        // copies are heap blocks, so `from_shared` usually keeps them as they
+        // are: one copy of the weights in all.
+        let proto = mote_proto::ModelProto::decode(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
+        import_model(proto)
+    }
+
+    /// Imports from a shared buffer: weight bytes are sliced out of `bytes`
+    /// (no copy) where aligned, copied once where not.
+    pub fn from_onnx_shared(bytes: Bytes) -> Result<Model> {
+        let proto = mote_proto::decode_model(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
+        import_model(proto)
+    }
+}
+
+/// Imports a decoded `ModelProto`.
+pub fn import_model(proto: mote_proto::ModelProto) -> Result<Model> {
+    let mut opsets = Vec::new();
+    for o in &proto.opset_import {
+        let dom = o.domain.clone().unwrap_or_default();
+        let dom = if dom == "ai.onnx" { String::new() } else { dom };
+        opsets.push((dom, o.version.unwrap_or(0)));
+    }
+    let default = opsets.iter().find(|(d, _)| d.is_empty()).map(|&(_, v)| v);
+    match default {
+        None => {
+            // ONNX says an absent default import means opset 1; ask for a
+            // real one rather than guessing.
+            if proto.opset_import.is_empty() {
+                return Err(Error::new(ErrorKind::Invalid("model has no opset_import")));
+            }
+        }
+        Some(v) if v < MIN_OPSET => {
+            return Err(Error::new(ErrorKind::Unsupported("default-domain opset below 7")));
+        }
+        Some(v) if v > MAX_OPSET => {
+            return Err(Error::new(ErrorKind::Unsupported("default-domain opset newer than mote knows (max 28)")));
+        }
+        _ => {}
+    }
+    let g = proto.graph.ok_or(Error::new(ErrorKind::Invalid("model has no graph")))?;
+    let graph = import_graph(g, &opsets, 0)?;
+    Ok(Model {
+        producer: proto.producer_name.unwrap_or_default(),
+        producer_version: proto.producer_version.unwrap_or_default(),
+        ir_version: proto.ir_version.unwrap_or(0),
+        opsets,
+        graph,
+    })
+}
+
+struct Builder {
+    graph: Graph,
+}
+
+impl Builder {
+    fn id(&mut self, name: &str) -> TensorId {
+        if let Some(i) = self.graph.tensor_id(name) {
+            return i;
+        }
+        self.graph.tensors.push(TensorInfo {
+            name: name.to_string(),
+            dtype: None,
+            shape: None,
+            value: None,
+            onnx_type: 0,
+        });
+        (self.graph.tensors.len() - 1) as TensorId
+    }
+}
+
+fn declare(t: &mut TensorInfo, tp: &Option<mote_proto::TypeProto>) {
+    let Some(type_proto::Value::TensorType(tt)) = tp.as_ref().and_then(|t| t.value.as_ref()) else {
+        return;
+    };
+    if let Some(code) = tt.elem_type {
+        t.onnx_type = code;
+        t.dtype = DType::from_onnx(code);
+    }
+    if let Some(sh) = &tt.shape {
+        let dims = sh
+            .dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(dimension::Value::DimValue(v)) if *v >= 0 => Dim::Fixed(*v as usize),
+                Some(dimension::Value::DimParam(p)) if !p.is_empty() => Dim::Param(p.clone()),
+                _ => Dim::Unknown,
+            })
+            .collect();
+        t.shape = Some(dims);
+    }
+}
+
+fn import_graph(g: mote_proto::GraphProto, opsets: &[(String, i64)], depth: usize) -> Result<Graph> {
+    if depth > MAX_GRAPH_DEPTH {
+        return Err(Error::new(ErrorKind::Invalid("subgraphs nested too deeply")));
+    }
+    if !g.sparse_initializer.is_empty() {
+        return Err(Error::new(ErrorKind::Unsupported("sparse initializers")));
+    }
+    let mut b = Builder { graph: Graph::default() };
+    // Initializers first: their names shadow graph inputs of the same name.
+    for t in g.initializer {
+        let name = t.name.clone().unwrap_or_default();
+        if name.is_empty() {
+            return Err(Error::new(ErrorKind::Invalid("initializer without a name")));
+        }
+        let id = b.id(&name);
+        let c = tensor_from_proto(t).map_err(|e| e.at_tensor(id))?;
+        let info = b.graph.tensors.get_mut(id as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+        if info.value.is_some() {
+            return Err(Error::new(ErrorKind::Invalid("duplicate initializer")).at_tensor(id));
+        }
+        info.dtype = Some(c.dtype);
+        info.onnx_type = c.dtype.onnx_code();
+        info.shape = Some(c.shape.iter().map(|&d| Dim::Fixed(d)).collect());
+        info.value = Some(c);
+    }
+    for vi in &g.input {
+        let name = vi.name.clone().unwrap_or_default();
+        let id = b.id(&name);
+        let info = b.graph.tensors.get_mut(id as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+        if info.value.is_some() {
+            continue; // an initializer with a declared input: a constant here
+        }
+        declare(info, &vi.r#type);
+        if b.graph.inputs.contains(&id) {
+            return Err(Error::new(ErrorKind::Invalid("duplicate graph input")).at_tensor(id));
+        }
+        b.graph.inputs.push(id);
+    }
+    for vi in g.value_info.iter() {
+        let name = vi.name.clone().unwrap_or_default();
+        let id = b.id(&name);
+        if let Some(info) = b.graph.tensors.get_mut(id as usize) {
+            if info.value.is_none() {
+                declare(info, &vi.r#type);
+            }
+        }
+    }
+    for (ni, n) in g.node.into_iter().enumerate() {
+        let domain = match n.domain.as_deref() {
+            None | Some("ai.onnx") => String::new(),
+            Some(d) => d.to_string(),
+        };
+        let opset = opsets.iter().find(|(d, _)| *d == domain).map(|&(_, v)| v).unwrap_or(0);
+        let op_type = n.op_type.clone().unwrap_or_default();
+        let node_id = b.graph.nodes.len() as u32;
+        let mut attrs = Vec::with_capacity(n.attribute.len());
+        for a in n.attribute {
+            attrs.push(import_attr(a, opsets, depth).map_err(|e| e.at_node(node_id))?);
+        }
+        let inputs: Vec<Option<TensorId>> =
+            n.input.iter().map(|s| if s.is_empty() { None } else { Some(b.id(s)) }).collect();
+        let outputs: Vec<Option<TensorId>> =
+            n.output.iter().map(|s| if s.is_empty() { None } else { Some(b.id(s)) }).collect();
+        let node = Node { name: n.name.clone().unwrap_or_default(), op_type, domain, opset, inputs, outputs, attrs };
+        if node.op_type == "Constant" && node.domain.is_empty() {
+            let out = node.outputs.first().copied().flatten().ok_or(
+                Error::new(ErrorKind::Invalid("Constant node without output")).at_node(ni as u32),
+            )?;
+            // Keep a placeholder node so errors keep pointing at it; its
+            // value lives on the output tensor.
+            let c = constant_value(&node).map_err(|e| e.at_node(node_id))?;
+            let info = b.graph.tensors.get_mut(out as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+            if info.value.is_some() {
+                return Err(Error::new(ErrorKind::Invalid("Constant output has the name of an initializer"))
+                    .at_node(node_id)
+                    .at_tensor(out));
+            }
+            info.dtype = Some(c.dtype);
+            info.shape = Some(c.shape.iter().map(|&d| Dim::Fixed(d)).collect());
+            info.value = Some(c);
+            continue;
+        }
+        b.graph.nodes.push(node);
+    }
+    for vi in &g.output {
+        let name = vi.name.clone().unwrap_or_default();
+        let id = b.id(&name);
+        if let Some(info) = b.graph.tensors.get_mut(id as usize) {
+            if info.dtype.is_none() && info.value.is_none() {
+                declare(info, &vi.r#type);
+            }
+        }
+        b.graph.outputs.push(id);
+    }
+    Ok(b.graph)
+}
+
+fn attr_err(problem: &'static str) -> Error {
+    Error::new(ErrorKind::Attribute { name: "?", problem })
+}
+
+fn import_attr(a: mote_proto::AttributeProto, opsets: &[(String, i64)], depth: usize) -> Result<Attr> {
+    use mote_proto::attribute_proto::AttributeType as T;
+    let name = a.name.clone().unwrap_or_default();
+    if a.ref_attr_name.is_some() {
+        return Err(Error::new(ErrorKind::Unsupported("attribute references (functions)")));
+    }
+    let ty = a.r#type.and_then(|t| T::try_from(t).ok());
+    // Old exporters leave `type` unset; infer it from the field present.
+    let ty = match ty {
+        Some(t) if t != T::Undefined => t,
+        _ => {
+            if a.t.is_some() {
+                T::Tensor
+            } else if a.g.is_some() {
+                T::Graph
+            } else if !a.floats.is_empty() {
+                T::Floats
+            } else if !a.ints.is_empty() {
+                T::Ints
+            } else if !a.strings.is_empty() {
+                T::Strings
+            } else if a.s.is_some() {
+                T::String
+            } else if a.f.is_some() {
+                T::Float
+            } else if a.i.is_some() {
+                T::Int
+            } else {
+                T::Undefined
+            }
+        }
+    };
+    let value = match ty {
+        T::Float => AttrValue::Float(a.f.unwrap_or(0.0)),
+        T::Int => AttrValue::Int(a.i.unwrap_or(0)),
+        T::String => AttrValue::Str(a.s.map(|b| b.to_vec()).unwrap_or_default()),
+        T::Floats => AttrValue::Floats(a.floats),
+        T::Ints => AttrValue::Ints(a.ints),
+        T::Strings => AttrValue::Strings(a.strings.into_iter().map(|b| b.to_vec()).collect()),
+        T::Tensor => AttrValue::Tensor(tensor_from_proto(a.t.ok_or(attr_err("TENSOR attribute without tensor"))?)?),
+        T::Graph => AttrValue::Graph(Box::new(import_graph(
+            a.g.ok_or(attr_err("GRAPH attribute without graph"))?,
+            opsets,
+            depth + 1,
+        )?)),
+        T::Graphs => {
+            let mut v = Vec::new();
+            for g in a.graphs {
+                v.push(import_graph(g, opsets, depth + 1)?);
+            }
+            AttrValue::Graphs(v)
+        }
+        _ => AttrValue::Other,
+    };
+    Ok(Attr { name, value })
+}
+
+fn constant_value(n: &Node) -> Result<Const> {
+    let a = n.attrs.first().ok_or(Error::new(ErrorKind::Invalid("Constant node without value attribute")))?;
+    match (&a.name[..], &a.value) {
+        ("value", AttrValue::Tensor(t)) => Ok(t.clone()),
+        ("value_float", AttrValue::Float(f)) => Const::from_slice(&[], &[*f]),
+        ("value_floats", AttrValue::Floats(f)) => Const::from_slice(&[f.len()], f),
+        ("value_int", AttrValue::Int(i)) => Const::from_slice(&[], &[*i]),
+        ("value_ints", AttrValue::Ints(i)) => Const::from_slice(&[i.len()], i),
+        ("value_string" | "value_strings", _) => Err(Error::new(ErrorKind::UnsupportedDType { what: "Constant", code: 8 })),
+        ("sparse_value", _) => Err(Error::new(ErrorKind::Unsupported("sparse Constant"))),
+        _ => Err(Error::new(ErrorKind::Attribute { name: "value", problem: "unrecognized Constant attribute" })),
+    }
+}
+
+/// Converts a `TensorProto` (initializer or attribute) to a [`Const`],
+/// checking dims, dtype and data length. External data is refused here;
+/// mote-std resolves it against the model's folder first.
+pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
+    let code = t.data_type.unwrap_or(0);
+    let dtype = DType::from_onnx(code).ok_or(Error::new(ErrorKind::UnsupportedDType { what: "tensor data", code }))?;
+    if t.data_location == Some(1) || !t.external_data.is_empty() {
+        return Err(Error::new(ErrorKind::Unsupported("external tensor data (load the model from a file)")));
+    }
+    if t.segment.is_some() {
+        return Err(Error::new(ErrorKind::Unsupported("segmented tensors")));
+    }
+    let mut shape = Vec::with_capacity(t.dims.len());
+    for &d in &t.dims {
+        if d < 0 {
+            return Err(Error::new(ErrorKind::Shape("negative dimension in tensor data")));
+        }
+        shape.push(usize::try_from(d).map_err(|_| Error::new(ErrorKind::Overflow))?);
+    }
+    let n = crate::error::checked_numel(&shape)?;
+    let bytes = n.checked_mul(dtype.size()).ok_or(Error::new(ErrorKind::Overflow))?;
+    let len_err = |got: usize| Error::new(ErrorKind::Len { expected: bytes as u64, got: got as u64 });
+    if let Some(raw) = t.raw_data {
+        if raw.len() != bytes {
+            return Err(len_err(raw.len()));
+        }
+        return Ok(Const { dtype, shape, data: ConstData::from_shared(raw)? });
+    }
+    // Typed fields: the ONNX rules of which field carries which dtype.
+    let count = match dtype {
+        DType::F32 => t.float_data.len(),
+        DType::F64 => t.double_data.len(),
+        DType::I64 => t.int64_data.len(),
+        DType::U32 | DType::U64 => t.uint64_data.len(),
+        _ => t.int32_data.len(),
+    };
+    if count != n {
+        return Err(len_err(count.saturating_mul(dtype.size())));
+    }
+    let mut data = ConstData::zeroed(bytes)?;
+    let out = data.bytes_mut();
+    let sz = dtype.size();
+    for (i, chunk) in out.chunks_exact_mut(sz).enumerate() {
+        match dtype {
+            DType::F32 => chunk.copy_from_slice(&t.float_data.get(i).copied().unwrap_or(0.0).to_le_bytes()),
+            DType::F64 => chunk.copy_from_slice(&t.double_data.get(i).copied().unwrap_or(0.0).to_le_bytes()),
+            DType::I64 => chunk.copy_from_slice(&t.int64_data.get(i).copied().unwrap_or(0).to_le_bytes()),
+            DType::U64 => chunk.copy_from_slice(&t.uint64_data.get(i).copied().unwrap_or(0).to_le_bytes()),
+            DType::U32 => chunk.copy_from_slice(&(t.uint64_data.get(i).copied().unwrap_or(0) as u32).to_le_bytes()),
+            _ => {
+                // int32_data carries every type of 32 bits or less (f16/bf16
+                // as their bit patterns), low bytes first.
+                let v = t.int32_data.get(i).copied().unwrap_or(0).to_le_bytes();
+                chunk.copy_from_slice(v.get(..sz).unwrap_or(&[]));
+            }
+        }
+    }
+    Ok(Const { dtype, shape, data })
+}

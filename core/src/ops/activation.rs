@@ -1,0 +1,6 @@
+//! activation operators.
+
+use crate::ops::OpDef;
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[];

@@ -1,0 +1,6 @@
+//! norm operators.
+
+use crate::ops::OpDef;
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[];

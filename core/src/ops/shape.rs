@@ -1,0 +1,6 @@
+//! shape operators.
+
+use crate::ops::OpDef;
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[];

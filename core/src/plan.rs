@@ -1,0 +1,647 @@
+//! Session build: bind shapes, infer every tensor's type and shape, fold
+//! what is known at build time, and plan the arena.
+//!
+//! Stages, in order:
+//! 1. **bind**: graph-input shapes from the caller (explicit shapes, or
+//!    symbolic dimensions by name; unbound ones default to 1, recorded in
+//!    [`Plan::defaulted_dims`]);
+//! 2. **prepare** every node in topological order: each op's prepare infers
+//!    output shapes and builds its kernel. A node whose inputs are all
+//!    constant is evaluated right away (constant folding), which is how the
+//!    Shape → Gather → Concat → Reshape subgraphs of exporters disappear;
+//! 3. **dead-node removal**: steps whose outputs nobody reads are dropped;
+//! 4. **liveness and placement**: tensors become arena buffers (aliases
+//!    share their source's, in-place outputs their input's) with lifetimes
+//!    in steps, placed by a [`MemoryPlanner`].
+
+use alloc::boxed::Box;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use crate::error::{checked_numel, Error, ErrorKind, NodeId, Result, TensorId};
+use crate::model::{Const, ConstData, Dim, Model, Node};
+use crate::ops::{self, InputInfo, Kernel, KernelIo, Loc, PrepareCtx, Slot};
+use crate::planner::{self, Buffer, GreedyBySize, MemoryPlanner, ALIGN};
+use crate::DType;
+
+/// One kernel invocation of the plan.
+#[derive(Debug)]
+pub(crate) struct Step {
+    pub node: NodeId,
+    pub kernel: Box<dyn Kernel>,
+    pub inputs: Vec<Option<TensorId>>,
+    pub outputs: Vec<Option<TensorId>>,
+    pub scratch: (usize, usize),
+    pub inplace: bool,
+}
+
+/// Name, dtype and shape of a graph input or output of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoInfo {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Bound shape.
+    pub shape: Vec<usize>,
+    /// Tensor id in the model graph.
+    pub id: TensorId,
+}
+
+/// Session options: shape bindings and memory budget.
+///
+/// The analogue of onnxruntime's free-dimension overrides and tract's
+/// `with_input_fact`.
+#[derive(Clone, Debug, Default)]
+pub struct SessionBuilder<'m> {
+    model: Option<&'m Model>,
+    dims: Vec<(String, usize)>,
+    shapes: Vec<(String, Vec<usize>)>,
+    max_arena: Option<usize>,
+    in_place: bool,
+}
+
+impl<'m> SessionBuilder<'m> {
+    /// Options for `model`.
+    pub fn new(model: &'m Model) -> Self {
+        SessionBuilder { model: Some(model), in_place: true, ..Default::default() }
+    }
+    /// Binds a symbolic dimension (`dim_param`) such as `batch`.
+    pub fn dim(mut self, name: &str, value: usize) -> Self {
+        self.dims.push((name.into(), value));
+        self
+    }
+    /// Sets the full shape of a graph input (overrides its declared shape).
+    pub fn input_shape(mut self, name: &str, shape: &[usize]) -> Self {
+        self.shapes.push((name.into(), shape.into()));
+        self
+    }
+    /// Refuses plans whose arena exceeds `bytes`.
+    pub fn max_arena_bytes(mut self, bytes: usize) -> Self {
+        self.max_arena = Some(bytes);
+        self
+    }
+    /// Whether element-wise ops may overwrite their dying input (default on).
+    pub fn in_place(mut self, on: bool) -> Self {
+        self.in_place = on;
+        self
+    }
+    /// Infers shapes, folds constants and plans the arena.
+    pub fn plan(&self) -> Result<Plan> {
+        let model = self.model.ok_or(Error::new(ErrorKind::Internal("builder without model")))?;
+        build(model, self)
+    }
+}
+
+/// A planned model: kernels in order, every tensor's shape and arena offset.
+///
+/// A plan borrows nothing; a [`crate::Session`] pairs it with its model and
+/// an arena. Build once, run many times (from several threads, each with
+/// its own arena).
+#[derive(Debug)]
+pub struct Plan {
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) folded: Vec<Const>,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) arena_bytes: usize,
+    pub(crate) lower_bound: usize,
+    pub(crate) scratch_bytes: usize,
+    pub(crate) inputs: Vec<IoInfo>,
+    pub(crate) outputs: Vec<IoInfo>,
+    pub(crate) defaulted: Vec<String>,
+    pub(crate) fingerprint: (usize, usize),
+}
+
+impl Plan {
+    /// Arena bytes the plan needs (with a [`ALIGN`]-aligned arena).
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+    /// Arena bytes to allocate when the buffer may not be aligned.
+    pub fn arena_bytes_unaligned(&self) -> usize {
+        self.arena_bytes + ALIGN - 1
+    }
+    /// Lower bound: the most bytes alive at any one step (tensors and
+    /// scratch, aligned). No placement of these buffers can use less.
+    pub fn lower_bound(&self) -> usize {
+        self.lower_bound
+    }
+    /// Largest scratch of any step (part of `arena_bytes`).
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch_bytes
+    }
+    /// Graph inputs with bound shapes.
+    pub fn inputs(&self) -> &[IoInfo] {
+        &self.inputs
+    }
+    /// Graph outputs with inferred shapes.
+    pub fn outputs(&self) -> &[IoInfo] {
+        &self.outputs
+    }
+    /// Symbolic (or unknown) dimensions that nobody bound and were set to 1.
+    pub fn defaulted_dims(&self) -> &[String] {
+        &self.defaulted
+    }
+    /// Number of kernel steps left after folding and dead-node removal.
+    pub fn num_steps(&self) -> usize {
+        self.steps.len()
+    }
+    /// Node ids of the steps, in execution order.
+    pub fn step_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.steps.iter().map(|s| s.node)
+    }
+    /// Bytes of constants computed at build time.
+    pub fn folded_bytes(&self) -> usize {
+        self.folded.iter().map(|c| c.byte_len()).sum()
+    }
+    /// Inferred dtype and shape of a tensor, if it was reached.
+    pub fn tensor_type(&self, id: TensorId) -> Option<(DType, &[usize])> {
+        self.slots.get(id as usize).filter(|s| s.loc != Loc::None || !s.shape.is_empty()).map(|s| (s.dtype, &s.shape[..]))
+    }
+}
+
+fn bind_input(model: &Model, id: TensorId, opts: &SessionBuilder<'_>, defaulted: &mut Vec<String>) -> Result<Slot> {
+    let t = model.graph.tensor(id)?;
+    let dtype = t.dtype.ok_or(Error::new(ErrorKind::UnsupportedDType { what: "graph input", code: t.onnx_type }).at_tensor(id))?;
+    if let Some((_, s)) = opts.shapes.iter().find(|(n, _)| *n == t.name) {
+        if let Some(decl) = &t.shape {
+            if decl.len() != s.len() {
+                return Err(Error::new(ErrorKind::Rank { expected: decl.len(), got: s.len() }).at_tensor(id));
+            }
+            for (axis, (d, &v)) in decl.iter().zip(s).enumerate() {
+                if let Dim::Fixed(f) = d {
+                    if *f != v {
+                        return Err(Error::new(ErrorKind::Dim { axis, expected: *f as u64, got: v as u64 }).at_tensor(id));
+                    }
+                }
+            }
+        }
+        checked_numel(s).map_err(|e| e.at_tensor(id))?;
+        return Ok(Slot { dtype, shape: s.clone(), loc: Loc::None });
+    }
+    let decl = t.shape.as_ref().ok_or(Error::new(ErrorKind::Binding("graph input has no declared shape: give it one")).at_tensor(id))?;
+    let mut shape = Vec::with_capacity(decl.len());
+    for (axis, d) in decl.iter().enumerate() {
+        shape.push(match d {
+            Dim::Fixed(v) => *v,
+            Dim::Param(p) => match opts.dims.iter().find(|(n, _)| n == p) {
+                Some(&(_, v)) => v,
+                None => {
+                    if !defaulted.contains(p) {
+                        defaulted.push(p.clone());
+                    }
+                    1
+                }
+            },
+            Dim::Unknown => {
+                defaulted.push(alloc::format!("{}[{}]", t.name, axis));
+                1
+            }
+        });
+    }
+    checked_numel(&shape).map_err(|e| e.at_tensor(id))?;
+    Ok(Slot { dtype, shape, loc: Loc::None })
+}
+
+fn byte_len(s: &Slot) -> Result<usize> {
+    checked_numel(&s.shape)?.checked_mul(s.dtype.size()).ok_or(Error::new(ErrorKind::Overflow))
+}
+
+/// Runs one node on constant inputs with heap buffers (folding; op tests).
+pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> Result<Vec<Const>> {
+    let def = ops::find(&node.domain, &node.op_type, opset).ok_or(Error::new(ErrorKind::UnsupportedOp { opset }))?;
+    let infos: Vec<Option<InputInfo<'_>>> = inputs
+        .iter()
+        .map(|c| c.map(|c| InputInfo { dtype: c.dtype, shape: &c.shape, value: Some(c.view()) }))
+        .collect();
+    let ctx = PrepareCtx::new(node, opset, &infos);
+    let prep = (def.prepare)(&ctx)?;
+    if let Some(v) = prep.values {
+        return Ok(v);
+    }
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut folded: Vec<Const> = Vec::new();
+    let mut ins = Vec::new();
+    for c in inputs {
+        match c {
+            Some(c) => {
+                folded.push((*c).clone());
+                slots.push(Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Folded((folded.len() - 1) as u32) });
+                ins.push(Some((slots.len() - 1) as TensorId));
+            }
+            None => ins.push(None),
+        }
+    }
+    if prep.alias {
+        let o = prep.outputs.first().ok_or(Error::new(ErrorKind::Internal("alias without output")))?;
+        let src = inputs.first().copied().flatten().ok_or(Error::new(ErrorKind::MissingInput { index: 0 }))?;
+        return Ok(alloc::vec![Const { dtype: o.dtype, shape: o.shape.clone(), data: src.data.clone() }]);
+    }
+    let mut off = 0usize;
+    let mut outs = Vec::new();
+    for (i, o) in prep.outputs.iter().enumerate() {
+        let s = Slot { dtype: o.dtype, shape: o.shape.clone(), loc: Loc::None };
+        let len = byte_len(&s)?;
+        let present = matches!(node.outputs.get(i), Some(Some(_))) || node.outputs.is_empty();
+        if present {
+            slots.push(Slot { loc: Loc::Arena { offset: off, len }, ..s });
+            outs.push(Some((slots.len() - 1) as TensorId));
+            off = planner::align_up(off.checked_add(len).ok_or(Error::new(ErrorKind::Overflow))?)
+                .ok_or(Error::new(ErrorKind::Overflow))?;
+        } else {
+            outs.push(None);
+        }
+    }
+    let scratch = (off, prep.scratch);
+    let total = off.checked_add(prep.scratch).ok_or(Error::new(ErrorKind::Overflow))?;
+    let mut buf = ConstData::zeroed(total)?;
+    let graph = crate::model::Graph::default();
+    {
+        let bytes = buf.bytes_mut();
+        let mut io = KernelIo {
+            slots: &slots,
+            graph: &graph,
+            folded: &folded,
+            base: bytes.as_mut_ptr(),
+            base_len: bytes.len(),
+            inputs: &ins,
+            outputs: &outs,
+            scratch,
+            inplace: false,
+            _arena: core::marker::PhantomData,
+        };
+        prep.kernel.run(&mut io)?;
+    }
+    let mut result = Vec::new();
+    for (i, o) in outs.iter().enumerate() {
+        let info = prep.outputs.get(i).ok_or(Error::new(ErrorKind::Internal("outputs")))?;
+        match o {
+            Some(id) => {
+                let Loc::Arena { offset, len } = slots.get(*id as usize).map(|s| s.loc).unwrap_or(Loc::None) else {
+                    return Err(Error::new(ErrorKind::Internal("fold slot")));
+                };
+                let b = buf.bytes().get(offset..offset + len).ok_or(Error::new(ErrorKind::Internal("fold range")))?;
+                result.push(Const { dtype: info.dtype, shape: info.shape.clone(), data: ConstData::from_bytes(b)? });
+            }
+            None => result.push(Const { dtype: info.dtype, shape: info.shape.clone(), data: ConstData::default() }),
+        }
+    }
+    Ok(result)
+}
+
+fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
+    let g = &model.graph;
+    for (n, _) in &opts.shapes {
+        if !model.input_names().any(|i| i == n) {
+            return Err(Error::new(ErrorKind::Binding("input_shape names no graph input")));
+        }
+    }
+    let order = g.topo_order()?;
+    let mut slots: Vec<Slot> = g
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match &t.value {
+            Some(c) => Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Model(i as TensorId) },
+            None => Slot { dtype: DType::F32, shape: Vec::new(), loc: Loc::None },
+        })
+        .collect();
+    let mut known = alloc::vec![false; slots.len()];
+    for (i, t) in g.tensors.iter().enumerate() {
+        if t.value.is_some() {
+            known[i] = true;
+        }
+    }
+    let mut defaulted = Vec::new();
+    for &i in &g.inputs {
+        let s = bind_input(model, i, opts, &mut defaulted)?;
+        slots[i as usize] = s;
+        known[i as usize] = true;
+    }
+    let mut folded: Vec<Const> = Vec::new();
+    let mut steps: Vec<Step> = Vec::new();
+    // alias_of[t] = tensor whose buffer t shares (Reshape and friends).
+    let mut alias_of: Vec<Option<TensorId>> = alloc::vec![None; slots.len()];
+    let mut inplace_ok: Vec<bool> = Vec::new();
+    let mut scratch_req: Vec<usize> = Vec::new();
+
+    for &ni in &order {
+        let node = g.node(ni)?;
+        let opset = if node.domain.is_empty() { node.opset } else { node.opset.max(1) };
+        let def = ops::find(&node.domain, &node.op_type, opset).ok_or(Error::new(ErrorKind::UnsupportedOp { opset }).at_node(ni))?;
+        let mut infos: Vec<Option<InputInfo<'_>>> = Vec::with_capacity(node.inputs.len());
+        let mut all_const = true;
+        for &inp in &node.inputs {
+            match inp {
+                None => infos.push(None),
+                Some(t) => {
+                    let s = slots.get(t as usize).ok_or(Error::new(ErrorKind::Internal("slot")).at_node(ni))?;
+                    if !known.get(t as usize).copied().unwrap_or(false) {
+                        return Err(Error::new(ErrorKind::MissingTensor).at_node(ni).at_tensor(t));
+                    }
+                    let value = match s.loc {
+                        Loc::Model(m) => g.tensors.get(m as usize).and_then(|t| t.value.as_ref()).map(|c| {
+                            crate::tensor::TensorView::from_parts(s.dtype, &s.shape, c.data.bytes())
+                        }),
+                        Loc::Folded(f) => folded
+                            .get(f as usize)
+                            .map(|c| crate::tensor::TensorView::from_parts(s.dtype, &s.shape, c.data.bytes())),
+                        _ => None,
+                    };
+                    if value.is_none() {
+                        all_const = false;
+                    }
+                    infos.push(Some(InputInfo { dtype: s.dtype, shape: &s.shape, value }));
+                }
+            }
+        }
+        let ctx = PrepareCtx::new(node, opset, &infos);
+        let prep = (def.prepare)(&ctx).map_err(|e| e.at_node(ni))?;
+        if prep.outputs.len() < node.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
+            return Err(Error::new(ErrorKind::Invalid("node has more outputs than the op defines")).at_node(ni));
+        }
+        for o in &prep.outputs {
+            checked_numel(&o.shape).map_err(|e| e.at_node(ni))?;
+        }
+        let n_inputs = node.inputs.iter().flatten().count();
+        if let Some(values) = prep.values {
+            // Known from shapes alone (Shape, Size).
+            for (o, v) in node.outputs.iter().zip(values) {
+                if let Some(o) = o {
+                    folded.push(v);
+                    let c = folded.last().ok_or(Error::new(ErrorKind::Internal("fold")))?;
+                    slots[*o as usize] = Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Folded((folded.len() - 1) as u32) };
+                    known[*o as usize] = true;
+                }
+            }
+            continue;
+        }
+        if prep.alias {
+            let src = node.inputs.first().copied().flatten().ok_or(Error::new(ErrorKind::MissingInput { index: 0 }).at_node(ni))?;
+            let out_info = prep.outputs.first().ok_or(Error::new(ErrorKind::Internal("alias output")).at_node(ni))?;
+            if let Some(Some(o)) = node.outputs.first() {
+                let src_loc = slots[src as usize].loc;
+                let src_len = byte_len(&slots[src as usize])?;
+                let out_slot = Slot { dtype: out_info.dtype, shape: out_info.shape.clone(), loc: Loc::None };
+                if byte_len(&out_slot)? != src_len {
+                    return Err(Error::new(ErrorKind::Internal("alias changes byte size")).at_node(ni));
+                }
+                let loc = match src_loc {
+                    Loc::Model(_) | Loc::Folded(_) => src_loc,
+                    _ => {
+                        alias_of[*o as usize] = Some(src);
+                        Loc::None
+                    }
+                };
+                slots[*o as usize] = Slot { loc, ..out_slot };
+                known[*o as usize] = true;
+            }
+            continue;
+        }
+        if all_const && n_inputs > 0 {
+            // Gather constant inputs by reference for evaluation.
+            let mut consts: Vec<Option<Const>> = Vec::with_capacity(node.inputs.len());
+            for &inp in &node.inputs {
+                consts.push(match inp {
+                    None => None,
+                    Some(t) => {
+                        let s = &slots[t as usize];
+                        let data = match s.loc {
+                            Loc::Model(m) => g.tensors.get(m as usize).and_then(|t| t.value.as_ref()).map(|c| c.data.clone()),
+                            Loc::Folded(f) => folded.get(f as usize).map(|c| c.data.clone()),
+                            _ => None,
+                        }
+                        .ok_or(Error::new(ErrorKind::Internal("const input")).at_node(ni))?;
+                        Some(Const { dtype: s.dtype, shape: s.shape.clone(), data })
+                    }
+                });
+            }
+            let refs: Vec<Option<&Const>> = consts.iter().map(|c| c.as_ref()).collect();
+            let values = eval_const(node, opset, &refs).map_err(|e| e.at_node(ni))?;
+            for (o, v) in node.outputs.iter().zip(values) {
+                if let Some(o) = o {
+                    folded.push(v);
+                    let c = folded.last().ok_or(Error::new(ErrorKind::Internal("fold")))?;
+                    slots[*o as usize] = Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Folded((folded.len() - 1) as u32) };
+                    known[*o as usize] = true;
+                }
+            }
+            continue;
+        }
+        for (o, info) in node.outputs.iter().zip(&prep.outputs) {
+            if let Some(o) = o {
+                slots[*o as usize] = Slot { dtype: info.dtype, shape: info.shape.clone(), loc: Loc::None };
+                known[*o as usize] = true;
+            }
+        }
+        inplace_ok.push(prep.inplace);
+        scratch_req.push(prep.scratch);
+        steps.push(Step {
+            node: ni,
+            kernel: prep.kernel,
+            inputs: node.inputs.clone(),
+            outputs: node.outputs.iter().take(prep.outputs.len()).copied().collect(),
+            scratch: (0, 0),
+            inplace: false,
+        });
+    }
+    for &o in &g.outputs {
+        if !known.get(o as usize).copied().unwrap_or(false) {
+            return Err(Error::new(ErrorKind::MissingTensor).at_tensor(o));
+        }
+    }
+
+    // Root buffer of each tensor through alias chains.
+    let root = |mut t: TensorId, alias_of: &[Option<TensorId>]| {
+        let mut guard = 0;
+        while let Some(Some(s)) = alias_of.get(t as usize) {
+            t = *s;
+            guard += 1;
+            if guard > alias_of.len() {
+                break;
+            }
+        }
+        t
+    };
+
+    // Dead-node removal: keep steps that (transitively) feed a graph output.
+    let mut needed = alloc::vec![false; slots.len()];
+    for &o in &g.outputs {
+        needed[o as usize] = true;
+        needed[root(o, &alias_of) as usize] = true;
+    }
+    let mut keep = alloc::vec![false; steps.len()];
+    for si in (0..steps.len()).rev() {
+        let st = &steps[si];
+        let used = st.outputs.iter().flatten().any(|&o| needed[o as usize]);
+        if used {
+            keep[si] = true;
+            for &i in st.inputs.iter().flatten() {
+                needed[i as usize] = true;
+                let r = root(i, &alias_of);
+                needed[r as usize] = true;
+            }
+        }
+    }
+    let mut kept_steps = Vec::new();
+    let mut kept_inplace = Vec::new();
+    let mut kept_scratch = Vec::new();
+    for (((st, k), ip), sc) in steps.into_iter().zip(keep).zip(inplace_ok).zip(scratch_req) {
+        if k {
+            kept_steps.push(st);
+            kept_inplace.push(ip);
+            kept_scratch.push(sc);
+        }
+    }
+    let mut steps = kept_steps;
+    let n_steps = steps.len();
+
+    // Liveness per root buffer: first definition and last use, in steps.
+    let nt = slots.len();
+    let mut first = alloc::vec![usize::MAX; nt];
+    let mut last = alloc::vec![0usize; nt];
+    let in_arena = |t: TensorId, slots: &[Slot]| matches!(slots.get(t as usize).map(|s| s.loc), Some(Loc::None));
+    for &i in &g.inputs {
+        let r = root(i, &alias_of);
+        first[r as usize] = 0;
+        last[r as usize] = last[r as usize].max(0);
+    }
+    for (si, st) in steps.iter().enumerate() {
+        for &o in st.outputs.iter().flatten() {
+            let r = root(o, &alias_of) as usize;
+            first[r] = first[r].min(si);
+            last[r] = last[r].max(si);
+        }
+        for &i in st.inputs.iter().flatten() {
+            if in_arena(i, &slots) {
+                let r = root(i, &alias_of) as usize;
+                last[r] = last[r].max(si);
+            }
+        }
+    }
+    for &o in &g.outputs {
+        if in_arena(o, &slots) {
+            let r = root(o, &alias_of) as usize;
+            last[r] = n_steps.saturating_sub(1).max(last[r]);
+            if first[r] == usize::MAX {
+                first[r] = 0;
+            }
+        }
+    }
+    let is_graph_output_root: Vec<bool> = {
+        let mut v = alloc::vec![false; nt];
+        for &o in &g.outputs {
+            v[root(o, &alias_of) as usize] = true;
+        }
+        v
+    };
+
+    // In place: output 0 joins input 0's buffer when that buffer dies here.
+    if opts.in_place {
+        for si in 0..n_steps {
+            if !kept_inplace[si] {
+                continue;
+            }
+            let (Some(Some(i0)), Some(Some(o0))) = (steps[si].inputs.first().copied(), steps[si].outputs.first().copied())
+            else {
+                continue;
+            };
+            if !in_arena(i0, &slots) {
+                continue;
+            }
+            // Input 0 must not appear as another input of the same step.
+            if steps[si].inputs.iter().skip(1).flatten().any(|&t| root(t, &alias_of) == root(i0, &alias_of)) {
+                continue;
+            }
+            let r = root(i0, &alias_of) as usize;
+            if last[r] != si || is_graph_output_root[r] || byte_len(&slots[i0 as usize])? != byte_len(&slots[o0 as usize])? {
+                continue;
+            }
+            let ro = root(o0, &alias_of) as usize;
+            if ro != o0 as usize {
+                continue;
+            }
+            alias_of[o0 as usize] = Some(r as TensorId);
+            last[r] = last[r].max(last[o0 as usize]);
+            if is_graph_output_root[o0 as usize] {
+                last[r] = n_steps.saturating_sub(1).max(last[r]);
+            }
+            first[o0 as usize] = usize::MAX;
+            steps[si].inplace = true;
+        }
+    }
+
+
+    // Buffers: one per root tensor in the arena, plus one scratch per step.
+    let mut bufs: Vec<Buffer> = Vec::new();
+    let mut buf_of = alloc::vec![usize::MAX; nt];
+    for t in 0..nt {
+        if first[t] == usize::MAX || !in_arena(t as TensorId, &slots) || alias_of[t].is_some() {
+            continue;
+        }
+        buf_of[t] = bufs.len();
+        bufs.push(Buffer { size: byte_len(&slots[t])?, first: first[t], last: last[t].max(first[t]) });
+    }
+    let mut scratch_buf = alloc::vec![usize::MAX; n_steps];
+    for (si, &sc) in kept_scratch.iter().enumerate() {
+        if sc > 0 {
+            scratch_buf[si] = bufs.len();
+            bufs.push(Buffer { size: sc, first: si, last: si });
+        }
+    }
+    let offsets = GreedyBySize.place(&bufs)?;
+    let arena_bytes = planner::arena_size(&bufs, &offsets)?;
+    let lower_bound = planner::lower_bound(&bufs)?;
+    if !planner::check_no_overlap(&bufs, &offsets) {
+        return Err(Error::new(ErrorKind::Internal("planner produced overlapping buffers")));
+    }
+    if let Some(max) = opts.max_arena {
+        if arena_bytes > max {
+            return Err(Error::new(ErrorKind::OverBudget { needed: arena_bytes, budget: max }));
+        }
+    }
+    for t in 0..nt {
+        if !in_arena(t as TensorId, &slots) {
+            continue;
+        }
+        let r = root(t as TensorId, &alias_of) as usize;
+        let b = buf_of.get(r).copied().unwrap_or(usize::MAX);
+        if b == usize::MAX {
+            continue; // never produced nor used (dead)
+        }
+        let len = byte_len(&slots[t])?;
+        slots[t].loc = Loc::Arena { offset: offsets[b], len };
+    }
+    let mut scratch_max = 0;
+    for (si, st) in steps.iter_mut().enumerate() {
+        if scratch_buf[si] != usize::MAX {
+            let b = scratch_buf[si];
+            st.scratch = (offsets[b], bufs[b].size);
+            scratch_max = scratch_max.max(bufs[b].size);
+        }
+    }
+    let io = |id: TensorId| -> Result<IoInfo> {
+        let t = g.tensor(id)?;
+        let s = &slots[id as usize];
+        Ok(IoInfo { name: t.name.clone(), dtype: s.dtype, shape: s.shape.clone(), id })
+    };
+    let inputs = g.inputs.iter().map(|&i| io(i)).collect::<Result<Vec<_>>>()?;
+    let outputs = g.outputs.iter().map(|&i| io(i)).collect::<Result<Vec<_>>>()?;
+    for o in &outputs {
+        if matches!(slots[o.id as usize].loc, Loc::None) {
+            return Err(Error::new(ErrorKind::Internal("graph output was not placed")).at_tensor(o.id));
+        }
+    }
+    Ok(Plan {
+        slots,
+        folded,
+        steps,
+        arena_bytes,
+        lower_bound,
+        scratch_bytes: scratch_max,
+        inputs,
+        outputs,
+        defaulted,
+        fingerprint: (g.tensors.len(), g.nodes.len()),
+    })
+}

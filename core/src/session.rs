@@ -1,0 +1,200 @@
+//! Running a plan over a caller-owned arena.
+//!
+//! A [`Session`] borrows the model (weights), the plan (kernels, offsets)
+//! and the arena (`&mut [u8]`: a `static` on firmware, a `Vec` on std).
+//! Creating one is O(1) and checks the arena size; [`Session::run`] never
+//! allocates.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::Model;
+use crate::ops::{KernelIo, Loc};
+use crate::plan::{IoInfo, Plan};
+use crate::planner::ALIGN;
+use crate::tensor::{TensorMut, TensorView};
+
+/// One model, one plan, one arena: runs inferences.
+///
+/// ```
+/// # fn main() -> Result<(), mote_core::Error> {
+/// use mote_core::{Model, SessionBuilder, Session, TensorView};
+/// let model = Model::from_onnx(include_bytes!("../../models/digits_mlp.onnx"))?;
+/// let plan = SessionBuilder::new(&model).dim("batch", 1).plan()?;
+/// let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+/// let mut session = Session::new(&model, &plan, &mut arena)?;
+/// let pixels = [0.0f32; 64];
+/// session.run(&[("input", TensorView::new(&[1, 64], &pixels)?)])?;
+/// let scores = session.output(0)?.f32()?;
+/// assert_eq!(scores.len(), 10);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Session<'a> {
+    model: &'a Model,
+    plan: &'a Plan,
+    base: *mut u8,
+    len: usize,
+    _arena: core::marker::PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: the raw pointer is the exclusively borrowed arena; the session is
+// the only user of it for its lifetime, so moving it to another thread is
+// like moving the `&mut [u8]`.
+unsafe impl Send for Session<'_> {}
+
+impl<'a> Session<'a> {
+    /// Pairs a plan with its model and an arena of at least
+    /// [`Plan::arena_bytes`] bytes (plus alignment slack if the buffer is
+    /// not 16-byte aligned: [`Plan::arena_bytes_unaligned`] always fits).
+    pub fn new(model: &'a Model, plan: &'a Plan, arena: &'a mut [u8]) -> Result<Self> {
+        if plan.fingerprint != (model.graph.tensors.len(), model.graph.nodes.len()) {
+            return Err(Error::new(ErrorKind::Binding("plan was built from another model")));
+        }
+        let pad = arena.as_ptr().align_offset(ALIGN);
+        let needed = plan.arena_bytes.checked_add(pad).ok_or(Error::new(ErrorKind::Overflow))?;
+        if pad >= ALIGN || arena.len() < needed {
+            return Err(Error::new(ErrorKind::ArenaTooSmall { needed, got: arena.len() }));
+        }
+        let usable = arena.get_mut(pad..).ok_or(Error::new(ErrorKind::Internal("pad")))?;
+        Ok(Session {
+            model,
+            plan,
+            base: usable.as_mut_ptr(),
+            len: usable.len(),
+            _arena: core::marker::PhantomData,
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &'a Plan {
+        self.plan
+    }
+
+    /// Graph inputs (name, dtype, bound shape).
+    pub fn inputs(&self) -> &'a [IoInfo] {
+        &self.plan.inputs
+    }
+
+    /// Graph outputs (name, dtype, shape).
+    pub fn outputs(&self) -> &'a [IoInfo] {
+        &self.plan.outputs
+    }
+
+    /// Index of the graph input of this name.
+    pub fn input_index(&self, name: &str) -> Result<usize> {
+        self.plan.inputs.iter().position(|i| i.name == name).ok_or(Error::new(ErrorKind::UnknownName))
+    }
+
+    /// Index of the graph output of this name.
+    pub fn output_index(&self, name: &str) -> Result<usize> {
+        self.plan.outputs.iter().position(|i| i.name == name).ok_or(Error::new(ErrorKind::UnknownName))
+    }
+
+    fn arena_slice(&self, loc: Loc) -> Result<(*mut u8, usize)> {
+        match loc {
+            Loc::Arena { offset, len } => match offset.checked_add(len) {
+                Some(end) if end <= self.len => Ok((self.base.wrapping_add(offset), len)),
+                _ => Err(Error::new(ErrorKind::Internal("arena range"))),
+            },
+            _ => Err(Error::new(ErrorKind::Internal("not in arena"))),
+        }
+    }
+
+    /// The arena buffer of input `i`, to fill in place (no copy) before
+    /// [`Session::invoke`].
+    pub fn input_mut(&mut self, i: usize) -> Result<TensorMut<'_>> {
+        let info = self.plan.inputs.get(i).ok_or(Error::new(ErrorKind::UnknownName))?;
+        let slot = self.plan.slots.get(info.id as usize).ok_or(Error::new(ErrorKind::Internal("slot")))?;
+        let (p, len) = self.arena_slice(slot.loc)?;
+        // SAFETY: an in-bounds range of the exclusively borrowed arena;
+        // `&mut self` keeps it the only view.
+        let data = unsafe { core::slice::from_raw_parts_mut(p, len) };
+        TensorMut::from_bytes(slot.dtype, &slot.shape, data)
+    }
+
+    /// Copies `inputs` (by name) into the arena and runs. Every graph input
+    /// must be given, with its bound dtype and shape. Does not allocate.
+    pub fn run(&mut self, inputs: &[(&str, TensorView<'_>)]) -> Result<()> {
+        for (k, info) in self.plan.inputs.iter().enumerate() {
+            let (_, v) = inputs.iter().find(|(n, _)| *n == info.name).ok_or(
+                Error::new(ErrorKind::Binding("a graph input was not given")).at_tensor(info.id),
+            )?;
+            if v.dtype() != info.dtype {
+                return Err(Error::new(ErrorKind::DTypeMismatch { expected: info.dtype, got: v.dtype() }).at_tensor(info.id));
+            }
+            if v.shape() != &info.shape[..] {
+                if v.shape().len() != info.shape.len() {
+                    return Err(Error::new(ErrorKind::Rank { expected: info.shape.len(), got: v.shape().len() })
+                        .at_tensor(info.id));
+                }
+                let axis = v.shape().iter().zip(&info.shape).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(Error::new(ErrorKind::Dim {
+                    axis,
+                    expected: info.shape.get(axis).copied().unwrap_or(0) as u64,
+                    got: v.shape().get(axis).copied().unwrap_or(0) as u64,
+                })
+                .at_tensor(info.id));
+            }
+            let mut dst = self.input_mut(k)?;
+            dst.bytes_mut().copy_from_slice(v.bytes());
+        }
+        for (n, _) in inputs {
+            if !self.plan.inputs.iter().any(|i| i.name == *n) {
+                return Err(Error::new(ErrorKind::UnknownName));
+            }
+        }
+        self.invoke()
+    }
+
+    /// Runs on the inputs already in the arena (see [`Session::input_mut`]).
+    pub fn invoke(&mut self) -> Result<()> {
+        for st in &self.plan.steps {
+            let mut io = KernelIo {
+                slots: &self.plan.slots,
+                graph: &self.model.graph,
+                folded: &self.plan.folded,
+                base: self.base,
+                base_len: self.len,
+                inputs: &st.inputs,
+                outputs: &st.outputs,
+                scratch: st.scratch,
+                inplace: st.inplace,
+                _arena: core::marker::PhantomData,
+            };
+            st.kernel.run(&mut io).map_err(|e| e.at_node(st.node))?;
+        }
+        Ok(())
+    }
+
+    /// Output `i` after a run: a view into the arena (or into the model,
+    /// for outputs that are constants).
+    pub fn output(&self, i: usize) -> Result<TensorView<'_>> {
+        let info = self.plan.outputs.get(i).ok_or(Error::new(ErrorKind::UnknownName))?;
+        let slot = self.plan.slots.get(info.id as usize).ok_or(Error::new(ErrorKind::Internal("slot")))?;
+        let data: &[u8] = match slot.loc {
+            Loc::Arena { .. } => {
+                let (p, len) = self.arena_slice(slot.loc)?;
+                // SAFETY: in-bounds range of the arena; `&self` excludes
+                // concurrent mutation through this session.
+                unsafe { core::slice::from_raw_parts(p, len) }
+            }
+            Loc::Model(t) => self
+                .model
+                .graph
+                .tensors
+                .get(t as usize)
+                .and_then(|t| t.value.as_ref())
+                .map(|c| c.data.bytes())
+                .ok_or(Error::new(ErrorKind::Internal("const output")))?,
+            Loc::Folded(f) => {
+                self.plan.folded.get(f as usize).map(|c| c.data.bytes()).ok_or(Error::new(ErrorKind::Internal("folded")))?
+            }
+            Loc::None => return Err(Error::new(ErrorKind::Internal("output not placed"))),
+        };
+        TensorView::from_bytes(slot.dtype, &slot.shape, data)
+    }
+
+    /// Output of this name.
+    pub fn output_by_name(&self, name: &str) -> Result<TensorView<'_>> {
+        self.output(self.output_index(name)?)
+    }
+}
