@@ -279,7 +279,9 @@ impl<const N: usize> Iterator for StridedIter<N> {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec::Vec;
 
     #[test]
     fn broadcast_and_iter() {

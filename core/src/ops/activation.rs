@@ -1,6 +1,637 @@
-//! activation operators.
+//! Activation operators: Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid,
+//! HardSwish, Tanh, Elu, Selu, Softplus, Softsign, PRelu, Gelu.
 
-use crate::ops::OpDef;
+use crate::error::{Error, ErrorKind, Result};
+use crate::math;
+use crate::ops::elementwise::{binary, Bcast};
+use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::DType;
 
 /// Operators of this family.
-pub const OPS: &[OpDef] = &[];
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("Relu", 6, prepare_relu),
+    OpDef::onnx("LeakyRelu", 6, prepare_leaky_relu),
+    OpDef::onnx("Clip", 6, prepare_clip6),
+    OpDef::onnx("Clip", 11, prepare_clip11),
+    OpDef::onnx("Sigmoid", 6, prepare_sigmoid),
+    OpDef::onnx("HardSigmoid", 6, prepare_hard_sigmoid),
+    OpDef::onnx("HardSwish", 14, prepare_hard_swish),
+    OpDef::onnx("Tanh", 6, prepare_tanh),
+    OpDef::onnx("Elu", 6, prepare_elu),
+    OpDef::onnx("Selu", 6, prepare_selu),
+    OpDef::onnx("Softplus", 1, prepare_softplus),
+    OpDef::onnx("Softsign", 1, prepare_softsign),
+    OpDef::onnx("PRelu", 7, prepare_prelu),
+    OpDef::onnx("Gelu", 20, prepare_gelu),
+];
+
+/// An f32 element-wise op, in place when allowed.
+fn unary_f32<F>(ctx: &PrepareCtx<'_>, name: &'static str, f: F) -> Result<Prepared>
+where
+    F: Fn(f32) -> f32 + Copy + Send + Sync + 'static,
+{
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, &[DType::F32], name)?;
+    Ok(Prepared::single(
+        DType::F32,
+        x.shape,
+        kernel(name, move |io| {
+            io.unary::<f32>()?.map(f);
+            Ok(())
+        }),
+    )
+    .in_place())
+}
+
+fn prepare_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    match x.dtype {
+        DType::I32 => Ok(Prepared::single(
+            DType::I32,
+            x.shape,
+            kernel("Relu", |io| {
+                io.unary::<i32>()?.map(|v| v.max(0));
+                Ok(())
+            }),
+        )
+        .in_place()),
+        DType::I64 => Ok(Prepared::single(
+            DType::I64,
+            x.shape,
+            kernel("Relu", |io| {
+                io.unary::<i64>()?.map(|v| v.max(0));
+                Ok(())
+            }),
+        )
+        .in_place()),
+        // NaN stays NaN.
+        _ => unary_f32(ctx, "Relu", |v| if v < 0.0 { 0.0 } else { v }),
+    }
+}
+
+fn prepare_leaky_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 0.01)?;
+    unary_f32(
+        ctx,
+        "LeakyRelu",
+        move |v| if v < 0.0 { alpha * v } else { v },
+    )
+}
+
+/// `min(max(x, lo), hi)`, NaN-propagating; `lo > hi` gives `hi`.
+#[inline]
+fn clip(v: f32, lo: f32, hi: f32) -> f32 {
+    let y = if v < lo { lo } else { v };
+    if y > hi {
+        hi
+    } else {
+        y
+    }
+}
+
+fn clip_f32(ctx: &PrepareCtx<'_>, lo: f32, hi: f32) -> Result<Prepared> {
+    if lo == 0.0 && hi == f32::INFINITY {
+        return unary_f32(ctx, "Clip", |v| if v < 0.0 { 0.0 } else { v });
+    }
+    unary_f32(ctx, "Clip", move |v| clip(v, lo, hi))
+}
+
+fn prepare_clip6(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let lo = ctx.attr_float("min", f32::MIN)?;
+    let hi = ctx.attr_float("max", f32::MAX)?;
+    clip_f32(ctx, lo, hi)
+}
+
+/// A scalar bound of Clip-11+ (input 1 or 2), as one value.
+fn one<T: Copy>(v: Option<alloc::vec::Vec<T>>) -> Result<Option<T>> {
+    match v {
+        None => Ok(None),
+        Some(v) => match v.as_slice() {
+            [x] => Ok(Some(*x)),
+            _ => Err(Error::new(ErrorKind::Shape(
+                "Clip min and max must be scalars",
+            ))),
+        },
+    }
+}
+
+fn prepare_clip11(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    for i in [1, 2] {
+        if let Some(b) = ctx.opt_input(i) {
+            if b.dtype != x.dtype {
+                return Err(Error::new(ErrorKind::DTypeMismatch {
+                    expected: x.dtype,
+                    got: b.dtype,
+                }));
+            }
+        }
+    }
+    match x.dtype {
+        DType::F32 => {
+            let lo = one(ctx.const_floats(1)?)?.unwrap_or(f32::NEG_INFINITY);
+            let hi = one(ctx.const_floats(2)?)?.unwrap_or(f32::INFINITY);
+            clip_f32(ctx, lo, hi)
+        }
+        DType::I32 | DType::I64 => {
+            let lo = one(ctx.const_ints(1)?)?.unwrap_or(i64::MIN);
+            let hi = one(ctx.const_ints(2)?)?.unwrap_or(i64::MAX);
+            let clamp = move |v: i64| {
+                let y = if v < lo { lo } else { v };
+                if y > hi {
+                    hi
+                } else {
+                    y
+                }
+            };
+            let p = if x.dtype == DType::I32 {
+                Prepared::single(
+                    DType::I32,
+                    x.shape,
+                    kernel("Clip", move |io| {
+                        io.unary::<i32>()?.map(|v| clamp(v as i64) as i32);
+                        Ok(())
+                    }),
+                )
+            } else {
+                Prepared::single(
+                    DType::I64,
+                    x.shape,
+                    kernel("Clip", move |io| {
+                        io.unary::<i64>()?.map(clamp);
+                        Ok(())
+                    }),
+                )
+            };
+            Ok(p.in_place())
+        }
+        dt => Err(Error::new(ErrorKind::UnsupportedDType {
+            what: "Clip",
+            code: dt.onnx_code(),
+        })),
+    }
+}
+
+fn prepare_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    unary_f32(ctx, "Sigmoid", math::sigmoid)
+}
+
+fn prepare_hard_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 0.2)?;
+    let beta = ctx.attr_float("beta", 0.5)?;
+    unary_f32(ctx, "HardSigmoid", move |v| {
+        clip(alpha * v + beta, 0.0, 1.0)
+    })
+}
+
+fn prepare_hard_swish(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    unary_f32(ctx, "HardSwish", |v| {
+        v * clip(v * (1.0 / 6.0) + 0.5, 0.0, 1.0)
+    })
+}
+
+fn prepare_tanh(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    unary_f32(ctx, "Tanh", math::tanh)
+}
+
+fn prepare_elu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 1.0)?;
+    unary_f32(ctx, "Elu", move |v| {
+        if v < 0.0 {
+            alpha * libm::expm1f(v)
+        } else {
+            v
+        }
+    })
+}
+
+fn prepare_selu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 1.673_263_2)?;
+    let gamma = ctx.attr_float("gamma", 1.050_701)?;
+    unary_f32(ctx, "Selu", move |v| {
+        if v > 0.0 {
+            gamma * v
+        } else {
+            gamma * alpha * libm::expm1f(v)
+        }
+    })
+}
+
+/// `ln(1 + e^x)` without overflow.
+#[inline]
+fn softplus(v: f32) -> f32 {
+    if v > 0.0 {
+        v + libm::log1pf(math::exp(-v))
+    } else {
+        libm::log1pf(math::exp(v))
+    }
+}
+
+fn prepare_softplus(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    unary_f32(ctx, "Softplus", softplus)
+}
+
+fn prepare_softsign(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    unary_f32(ctx, "Softsign", |v| v / (1.0 + math::abs(v)))
+}
+
+fn prepare_prelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input_of(0, DType::F32)?;
+    let slope = ctx.input_of(1, DType::F32)?;
+    let bc = Bcast::new(x.shape, slope.shape)?;
+    if !bc.a_is_out {
+        return Err(Error::new(ErrorKind::Shape(
+            "PRelu slope must broadcast to the input shape",
+        )));
+    }
+    Ok(Prepared::single(
+        DType::F32,
+        x.shape,
+        kernel("PRelu", move |io| {
+            binary::<f32, f32>(io, &bc, |v, s| if v < 0.0 { s * v } else { v })
+        }),
+    )
+    .in_place())
+}
+
+fn prepare_gelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    match ctx.attr_str("approximate", "none")? {
+        "none" => unary_f32(ctx, "Gelu", |v| {
+            0.5 * v * (1.0 + math::erf(v * core::f32::consts::FRAC_1_SQRT_2))
+        }),
+        "tanh" => {
+            // sqrt(2 / pi)
+            const K: f32 = 0.797_884_6;
+            unary_f32(ctx, "Gelu", |v| {
+                0.5 * v * (1.0 + math::tanh(K * (v + 0.044_715 * v * v * v)))
+            })
+        }
+        _ => Err(Error::new(ErrorKind::Attribute {
+            name: "approximate",
+            problem: "must be \"none\" or \"tanh\"",
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::AttrValue;
+    use crate::ops::testing::{assert_close, run, t, vals};
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn u(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>, x: &[f32]) -> Vec<f32> {
+        let r = run(op, opset, attrs, &[t(&[x.len()], x)], 1).unwrap();
+        assert_eq!(r[0].shape, vec![x.len()]);
+        vals::<f32>(&r[0])
+    }
+
+    const X: [f32; 5] = [-2.0, -0.5, 0.0, 0.5, 3.0];
+
+    #[test]
+    fn relu_family() {
+        assert_close(&u("Relu", 14, vec![], &X), &[0., 0., 0., 0.5, 3.], 0.0);
+        assert!(u("Relu", 14, vec![], &[f32::NAN])[0].is_nan());
+        let r = run("Relu", 14, vec![], &[t::<i64>(&[3], &[-3, 0, 5])], 1).unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![0, 0, 5]);
+        let r = run("Relu", 14, vec![], &[t::<i32>(&[2], &[-3, 5])], 1).unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![0, 5]);
+        assert_close(
+            &u("LeakyRelu", 16, vec![], &X),
+            &[-0.02, -0.005, 0., 0.5, 3.],
+            0.0,
+        );
+        assert_close(
+            &u("LeakyRelu", 16, vec![("alpha", AttrValue::Float(0.1))], &X),
+            &[-0.2, -0.05, 0., 0.5, 3.],
+            0.0,
+        );
+        let r = run("Relu", 14, vec![], &[t::<f32>(&[2, 0], &[])], 1).unwrap();
+        assert_eq!(r[0].shape, vec![2, 0]);
+    }
+
+    #[test]
+    fn clip_attrs_and_inputs() {
+        let a = vec![
+            ("min", AttrValue::Float(-1.0)),
+            ("max", AttrValue::Float(1.0)),
+        ];
+        assert_close(&u("Clip", 6, a, &X), &[-1., -0.5, 0., 0.5, 1.], 0.0);
+        assert_close(
+            &u("Clip", 6, vec![("min", AttrValue::Float(0.0))], &X),
+            &[0., 0., 0., 0.5, 3.],
+            0.0,
+        );
+        assert_close(&u("Clip", 6, vec![], &X), &X, 0.0);
+        // opset 11+: constant inputs; max omitted.
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[t::<f32>(&[5], &X), t::<f32>(&[], &[-0.25])],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[-0.25, -0.25, 0., 0.5, 3.], 0.0);
+        // min omitted (None), max given.
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[t::<f32>(&[5], &X), None, t::<f32>(&[], &[0.5])],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[-2., -0.5, 0., 0.5, 0.5], 0.0);
+        // Relu6.
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[
+                t::<f32>(&[5], &X),
+                t::<f32>(&[], &[0.]),
+                t::<f32>(&[], &[6.]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[0., 0., 0., 0.5, 3.], 0.0);
+        // min > max -> max.
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[
+                t::<f32>(&[2], &[-1., 5.]),
+                t::<f32>(&[], &[2.]),
+                t::<f32>(&[], &[1.]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[1., 1.], 0.0);
+        // No bounds.
+        let r = run("Clip", 11, vec![], &[t::<f32>(&[5], &X)], 1).unwrap();
+        assert_close(&vals::<f32>(&r[0]), &X, 0.0);
+        // Integer clip.
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[
+                t::<i64>(&[3], &[-5, 2, 9]),
+                t::<i64>(&[], &[0]),
+                t::<i64>(&[], &[4]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![0, 2, 4]);
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[t::<i32>(&[3], &[-5, 2, 9]), None, t::<i32>(&[], &[4])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![-5, 2, 4]);
+        // Non-scalar bound and dtype mismatch fail.
+        assert!(run(
+            "Clip",
+            13,
+            vec![],
+            &[t::<f32>(&[2], &[1., 2.]), t::<f32>(&[2], &[0., 0.])],
+            1
+        )
+        .is_err());
+        assert!(run(
+            "Clip",
+            13,
+            vec![],
+            &[t::<f32>(&[2], &[1., 2.]), t::<i64>(&[], &[0])],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn clip_non_constant_bound_is_unsupported() {
+        use crate::error::ErrorKind;
+        use crate::ops::{InputInfo, PrepareCtx};
+        use crate::DType;
+        let n = crate::ops::testing::node("Clip", 2, 1, vec![]);
+        let shape = [2usize];
+        let scalar: [usize; 0] = [];
+        let infos = [
+            Some(InputInfo {
+                dtype: DType::F32,
+                shape: &shape,
+                value: None,
+            }),
+            Some(InputInfo {
+                dtype: DType::F32,
+                shape: &scalar,
+                value: None,
+            }),
+        ];
+        let ctx = PrepareCtx::new(&n, 13, &infos);
+        let def = crate::ops::find("", "Clip", 13).unwrap();
+        let e = (def.prepare)(&ctx).unwrap_err();
+        assert!(matches!(e.kind, ErrorKind::Unsupported(_)));
+    }
+
+    #[test]
+    fn sigmoid_tanh_family() {
+        let s: Vec<f32> = X
+            .iter()
+            .map(|&x| 1.0 / (1.0 + libm::exp(-x as f64) as f32))
+            .collect();
+        assert_close(&u("Sigmoid", 13, vec![], &X), &s, 0.0);
+        assert_close(&u("Sigmoid", 13, vec![], &[-100., 100.]), &[0., 1.], 1e-6);
+        let th: Vec<f32> = X.iter().map(|&x| libm::tanh(x as f64) as f32).collect();
+        assert_close(&u("Tanh", 13, vec![], &X), &th, 0.0);
+        assert_close(
+            &u("HardSigmoid", 6, vec![], &X),
+            &[0.1, 0.4, 0.5, 0.6, 1.0],
+            0.0,
+        );
+        assert_close(
+            &u(
+                "HardSigmoid",
+                6,
+                vec![
+                    ("alpha", AttrValue::Float(0.5)),
+                    ("beta", AttrValue::Float(0.0)),
+                ],
+                &X,
+            ),
+            &[0., 0., 0., 0.25, 1.0],
+            0.0,
+        );
+        // x * clip(x/6 + 0.5, 0, 1)
+        assert_close(
+            &u("HardSwish", 14, vec![], &[-4., -1., 0., 1., 4.]),
+            &[0., -1. / 3., 0., 2. / 3., 4.],
+            1e-6,
+        );
+        assert!(crate::ops::find("", "HardSwish", 13).is_none());
+    }
+
+    #[test]
+    fn elu_selu_softplus_softsign() {
+        let e = |x: f32, a: f32| {
+            if x < 0.0 {
+                a * (libm::exp(x as f64) as f32 - 1.0)
+            } else {
+                x
+            }
+        };
+        let want: Vec<f32> = X.iter().map(|&x| e(x, 1.0)).collect();
+        assert_close(&u("Elu", 6, vec![], &X), &want, 1e-7);
+        let want: Vec<f32> = X.iter().map(|&x| e(x, 2.0)).collect();
+        assert_close(
+            &u("Elu", 6, vec![("alpha", AttrValue::Float(2.0))], &X),
+            &want,
+            1e-7,
+        );
+        let (al, ga) = (1.673_263_2_f32, 1.050_701_f32);
+        let want: Vec<f32> = X
+            .iter()
+            .map(|&x| {
+                if x > 0.0 {
+                    ga * x
+                } else {
+                    ga * (al * libm::exp(x as f64) as f32 - al)
+                }
+            })
+            .collect();
+        assert_close(&u("Selu", 6, vec![], &X), &want, 1e-6);
+        let want: Vec<f32> = X
+            .iter()
+            .map(|&x| libm::log(libm::exp(x as f64) + 1.0) as f32)
+            .collect();
+        assert_close(&u("Softplus", 1, vec![], &X), &want, 1e-7);
+        assert_close(&u("Softplus", 1, vec![], &[100., -100.]), &[100., 0.], 1e-7);
+        assert_close(
+            &u("Softsign", 1, vec![], &X),
+            &[-2. / 3., -1. / 3., 0., 1. / 3., 0.75],
+            0.0,
+        );
+    }
+
+    #[test]
+    fn prelu_broadcast() {
+        // [2,2,2] input, per-channel slope [2,1,1].
+        let x = [-1., 2., -3., 4., -5., 6., -7., 8.];
+        let r = run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<f32>(&[2, 2, 2], &x), t::<f32>(&[2, 1, 1], &[0.1, 0.5])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 2, 2]);
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[-0.1, 2., -0.3, 4., -2.5, 6., -3.5, 8.],
+            0.0,
+        );
+        // Scalar slope.
+        let r = run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<f32>(&[3], &[-2., 0., 2.]), t::<f32>(&[1], &[0.25])],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[-0.5, 0., 2.], 0.0);
+        // Same shape slope.
+        let r = run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<f32>(&[2], &[-2., -2.]), t::<f32>(&[2], &[1., 2.])],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[-2., -4.], 0.0);
+        // Slope that would grow the output is rejected.
+        assert!(run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<f32>(&[2], &[1., 2.]), t::<f32>(&[3, 1], &[1., 2., 3.])],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn in_place_paths() {
+        use crate::ops::elementwise::tests::run_inplace;
+        let x = [-2., -1., 1., 2.];
+        assert_close(
+            &run_inplace("Relu", 14, &[4], &x, &[]),
+            &[0., 0., 1., 2.],
+            0.0,
+        );
+        assert_close(
+            &run_inplace("PRelu", 16, &[2, 2], &x, &[t::<f32>(&[2, 1], &[0.5, 0.25])]),
+            &[-1., -0.5, 1., 2.],
+            0.0,
+        );
+        assert_close(
+            &run_inplace(
+                "Clip",
+                13,
+                &[4],
+                &x,
+                &[t::<f32>(&[], &[-1.5]), t::<f32>(&[], &[1.5])],
+            ),
+            &[-1.5, -1., 1., 1.5],
+            0.0,
+        );
+    }
+
+    #[test]
+    fn gelu_both_modes() {
+        let x = [-3.0f32, -1.0, 0.0, 0.5, 2.0];
+        let exact: Vec<f32> = x
+            .iter()
+            .map(|&v| 0.5 * v * (1.0 + libm::erf(v as f64 / libm::sqrt(2.0)) as f32))
+            .collect();
+        assert_close(&u("Gelu", 20, vec![], &x), &exact, 1e-6);
+        assert_close(&u("Gelu", 20, vec![], &[1.0]), &[0.8413447], 1e-6);
+        let k = libm::sqrt(2.0f64 / core::f64::consts::PI);
+        let approx: Vec<f32> = x
+            .iter()
+            .map(|&v| {
+                let v = v as f64;
+                (0.5 * v * (1.0 + libm::tanh(k * (v + 0.044715 * v * v * v)))) as f32
+            })
+            .collect();
+        assert_close(
+            &u(
+                "Gelu",
+                20,
+                vec![("approximate", AttrValue::Str(b"tanh".to_vec()))],
+                &x,
+            ),
+            &approx,
+            1e-6,
+        );
+        assert!(run(
+            "Gelu",
+            20,
+            vec![("approximate", AttrValue::Str(b"fast".to_vec()))],
+            &[t::<f32>(&[1], &[1.])],
+            1
+        )
+        .is_err());
+        assert!(crate::ops::find("", "Gelu", 19).is_none());
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The test command of README.md: everything the tests need, then the tests.
+# Idempotent; fast on a machine where it already ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Bare-metal targets for the no_std build tests (RUSTUP_AUTO_INSTALL=0 here).
+rustup target add thumbv6m-none-eabi thumbv7em-none-eabihf >/dev/null 2>&1 || \
+  rustup target add thumbv6m-none-eabi thumbv7em-none-eabihf
+
+# Pinned onnx/onnxruntime venv; reference models and outputs from it.
+PY="$(bash scripts/venv.sh | tail -n 1)"
+export MOTE_PYTHON="$PY"
+export MOTE_TEST_MODELS="${MOTE_TEST_MODELS:-$PWD/.cache/test-models}"
+if [ ! -f "$MOTE_TEST_MODELS/dynamic.expected.npy" ]; then
+  "$PY" scripts/make_test_models.py "$MOTE_TEST_MODELS"
+fi
+
+cargo test --workspace "$@"

@@ -1,0 +1,490 @@
+//! `mote`: inspect and run ONNX models from the command line.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use mote_std::{check_declared, fmt_declared, fmt_shape, load_model, safe_name, DType, Model, Session, SessionBuilder, Tensor};
+use serde_json::{json, Value};
+
+#[derive(Parser, Debug)]
+#[command(name = "mote", version, about = "mote: a small ONNX inference runtime")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Show a model's metadata, inputs/outputs, ops, parameters and planned memory.
+    Inspect {
+        /// The .onnx file.
+        model: PathBuf,
+        /// Binds a symbolic dimension: NAME=VALUE (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
+        dims: Vec<(String, usize)>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a model once on npy inputs (or seeded random data) and summarize outputs.
+    Run {
+        /// The .onnx file.
+        model: PathBuf,
+        /// Feeds an input from a .npy file: NAME=FILE (repeatable).
+        #[arg(long = "input", value_name = "NAME=FILE", value_parser = parse_input)]
+        inputs: Vec<(String, PathBuf)>,
+        /// Binds a symbolic dimension: NAME=VALUE (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
+        dims: Vec<(String, usize)>,
+        /// Writes every output to DIR/<name>.npy.
+        #[arg(long, value_name = "DIR")]
+        output_dir: Option<PathBuf>,
+        /// Seed of the random data for inputs not given.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the supported operators.
+    Ops,
+}
+
+fn parse_dim(s: &str) -> std::result::Result<(String, usize), String> {
+    let (n, v) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
+    let v = v.trim().parse::<usize>().map_err(|_| format!("dim '{n}': '{v}' is not a non-negative integer"))?;
+    if n.is_empty() {
+        return Err(format!("expected NAME=VALUE, got '{s}'"));
+    }
+    Ok((n.to_string(), v))
+}
+
+fn parse_input(s: &str) -> std::result::Result<(String, PathBuf), String> {
+    let (n, f) = s.split_once('=').ok_or_else(|| format!("expected NAME=FILE.npy, got '{s}'"))?;
+    if n.is_empty() || f.is_empty() {
+        return Err(format!("expected NAME=FILE.npy, got '{s}'"));
+    }
+    Ok((n.to_string(), PathBuf::from(f)))
+}
+
+/// Output text: the report (stdout) and notes (stdout, or stderr in JSON mode).
+struct Out {
+    text: String,
+    notes: String,
+    json: bool,
+}
+
+impl Out {
+    fn line(&mut self, s: impl AsRef<str>) {
+        self.text.push_str(s.as_ref());
+        self.text.push('\n');
+    }
+    fn note(&mut self, s: impl AsRef<str>) {
+        if self.json {
+            self.notes.push_str(s.as_ref());
+            self.notes.push('\n');
+        } else {
+            self.line(s);
+        }
+    }
+}
+
+fn main() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        eprintln!("error: internal error (a bug in mote): {}", msg.lines().next().unwrap_or(""));
+        std::process::exit(1);
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand) {
+                e.exit();
+            }
+            let s = e.to_string();
+            let first = s.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("error: {}", first.trim_start_matches("error: ").trim());
+            std::process::exit(1);
+        }
+    };
+    let mut out = Out { text: String::new(), notes: String::new(), json: false };
+    let r = match cli.cmd {
+        Cmd::Inspect { model, dims, json } => {
+            out.json = json;
+            inspect(&model, &dims, &mut out)
+        }
+        Cmd::Run { model, inputs, dims, output_dir, seed, json } => {
+            out.json = json;
+            run(&model, &inputs, &dims, output_dir.as_deref(), seed, &mut out)
+        }
+        Cmd::Ops => ops(&mut out),
+    };
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe (`mote ops | head`) is not an error worth reporting.
+    let _ = stdout.write_all(out.text.as_bytes()).and_then(|_| stdout.flush());
+    eprint!("{}", out.notes);
+    if let Err(e) = r {
+        // The chain, without repeating a cause its parent already shows.
+        let mut msg = String::new();
+        for c in e.chain() {
+            let c = c.to_string();
+            if !msg.ends_with(&c) {
+                if !msg.is_empty() {
+                    msg.push_str(": ");
+                }
+                msg.push_str(&c);
+            }
+        }
+        eprintln!("error: {}", msg.replace('\n', " "));
+        std::process::exit(1);
+    }
+}
+
+fn ops(out: &mut Out) -> Result<()> {
+    for (domain, op) in mote_std::mote_core::ops::supported_ops() {
+        if domain.is_empty() {
+            out.line(op);
+        } else {
+            out.line(format!("{domain}.{op}"));
+        }
+    }
+    Ok(())
+}
+
+fn domain_name(d: &str) -> &str {
+    if d.is_empty() {
+        "ai.onnx"
+    } else {
+        d
+    }
+}
+
+fn declared_json(model: &Model, id: u32) -> Value {
+    let Some(t) = model.graph.tensors.get(id as usize) else { return Value::Null };
+    let dtype = t.dtype.map_or_else(|| DType::onnx_name(t.onnx_type).to_string(), |d| d.to_string());
+    let shape: Value = match &t.shape {
+        None => Value::Null,
+        Some(s) => s
+            .iter()
+            .map(|d| match d {
+                mote_std::mote_core::model::Dim::Fixed(v) => json!(v),
+                mote_std::mote_core::model::Dim::Param(p) => json!(p),
+                mote_std::mote_core::model::Dim::Unknown => Value::Null,
+            })
+            .collect(),
+    };
+    json!({"name": t.name, "dtype": dtype, "shape": shape})
+}
+
+fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
+    let model = Arc::new(load_model(path)?);
+    let mut b = SessionBuilder::from_model(model.clone());
+    for (n, v) in dims {
+        b = b.dim(n, *v);
+    }
+    let session = b.build();
+    let g = &model.graph;
+    let mut op_counts: BTreeMap<String, usize> = BTreeMap::new();
+    for n in &g.nodes {
+        let key = if n.domain.is_empty() { n.op_type.clone() } else { format!("{}.{}", n.domain, n.op_type) };
+        *op_counts.entry(key).or_default() += 1;
+    }
+    let (mut params, mut param_bytes) = (0usize, 0usize);
+    for t in &g.tensors {
+        if let Some(c) = &t.value {
+            params += c.shape.iter().product::<usize>();
+            param_bytes += c.byte_len();
+        }
+    }
+    let io = |ids: &[u32], planned: Option<&[mote_std::IoInfo]>| -> Vec<Value> {
+        match planned {
+            Some(p) => p.iter().map(|i| json!({"name": i.name, "dtype": i.dtype.name(), "shape": i.shape})).collect(),
+            None => ids.iter().map(|&i| declared_json(&model, i)).collect(),
+        }
+    };
+    let plan = session.as_ref().ok().map(|s| s.plan());
+    if out.json {
+        let mut v = json!({
+            "producer": model.producer,
+            "producer_version": model.producer_version,
+            "ir_version": model.ir_version,
+            "opsets": model.opsets.iter().map(|(d, v)| json!({"domain": domain_name(d), "version": v})).collect::<Vec<_>>(),
+            "inputs": io(&g.inputs, plan.map(|p| p.inputs())),
+            "outputs": io(&g.outputs, plan.map(|p| p.outputs())),
+            "op_counts": op_counts,
+            "nodes": g.nodes.len(),
+            "parameters": params,
+            "parameter_bytes": param_bytes,
+            "arena_bytes": plan.map(|p| p.arena_bytes()),
+            "arena_lower_bound": plan.map(|p| p.lower_bound()),
+            "scratch_bytes": plan.map(|p| p.scratch_bytes()),
+            "steps": plan.map(|p| p.num_steps()),
+            "folded_bytes": plan.map(|p| p.folded_bytes()),
+            "defaulted_dims": plan.map_or(&[][..], |p| p.defaulted_dims()),
+        });
+        if let Err(e) = &session {
+            v["plan_error"] = json!(e.to_string());
+        }
+        out.line(v.to_string());
+    } else {
+        let producer = if model.producer.is_empty() { "(unknown)" } else { &model.producer };
+        out.line(format!("model: {}", path.display()));
+        out.line(format!("producer: {producer} {}", model.producer_version).trim_end());
+        out.line(format!("ir_version: {}", model.ir_version));
+        let ops: Vec<String> = model.opsets.iter().map(|(d, v)| format!("{} {v}", domain_name(d))).collect();
+        out.line(format!("opsets: {}", ops.join(", ")));
+        for (label, ids, planned) in
+            [("input", &g.inputs, plan.map(|p| p.inputs())), ("output", &g.outputs, plan.map(|p| p.outputs()))]
+        {
+            match planned {
+                Some(p) => {
+                    for i in p {
+                        out.line(format!("{label} '{}': {} {}", i.name, i.dtype, fmt_shape(&i.shape)));
+                    }
+                }
+                None => {
+                    for &id in ids.iter() {
+                        if let Some(t) = g.tensors.get(id as usize) {
+                            let dt = t.dtype.map_or_else(|| DType::onnx_name(t.onnx_type).to_string(), |d| d.to_string());
+                            let sh = t.shape.as_deref().map_or_else(|| "[?]".to_string(), fmt_declared);
+                            out.line(format!("{label} '{}': {dt} {sh}", t.name));
+                        }
+                    }
+                }
+            }
+        }
+        let mut s = format!("ops ({} nodes):", g.nodes.len());
+        for (k, v) in &op_counts {
+            let _ = write!(s, " {k}×{v}");
+        }
+        out.line(s);
+        out.line(format!("parameters: {params} ({})", human_bytes(param_bytes)));
+        if let Some(p) = plan {
+            out.line(format!(
+                "arena: {} bytes (lower bound {} bytes, {:.3}x), scratch {} bytes",
+                p.arena_bytes(),
+                p.lower_bound(),
+                p.arena_bytes() as f64 / p.lower_bound().max(1) as f64,
+                p.scratch_bytes()
+            ));
+            out.line(format!("steps: {} (after folding), folded constants: {} bytes", p.num_steps(), p.folded_bytes()));
+            for d in p.defaulted_dims() {
+                out.note(format!("note: dim '{d}' not bound, using 1 (--dim {d}=N)"));
+            }
+        }
+    }
+    match session {
+        Ok(_) => Ok(()),
+        Err(e) => Err(anyhow!("cannot plan {}: {e}", path.display())),
+    }
+}
+
+fn human_bytes(b: usize) -> String {
+    if b >= 1 << 20 {
+        format!("{b} bytes, {:.1} MiB", b as f64 / (1 << 20) as f64)
+    } else if b >= 1 << 10 {
+        format!("{b} bytes, {:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{b} bytes")
+    }
+}
+
+/// xorshift64* — deterministic input data.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        // splitmix64 of the seed: never zero, well mixed.
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Rng(if z == 0 { 1 } else { z })
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn random_tensor(dtype: DType, shape: &[usize], rng: &mut Rng) -> Result<Tensor> {
+    let mut t = Tensor::zeros(dtype, shape)?;
+    let size = dtype.size();
+    for chunk in t.bytes_mut().chunks_exact_mut(size) {
+        let r = rng.next();
+        let int = (r % 10) as i64;
+        match dtype {
+            DType::F32 => chunk.copy_from_slice(&((r >> 40) as f32 / (1u64 << 24) as f32).to_le_bytes()),
+            DType::F64 => chunk.copy_from_slice(&((r >> 11) as f64 / (1u64 << 53) as f64).to_le_bytes()),
+            DType::F16 => chunk.copy_from_slice(&half::f16::from_f32((r >> 53) as f32 / 2048.0).to_le_bytes()),
+            DType::BF16 => chunk.copy_from_slice(&half::bf16::from_f32((r >> 56) as f32 / 256.0).to_le_bytes()),
+            DType::Bool => chunk[0] = (r >> 63) as u8,
+            _ => chunk.copy_from_slice(&int.to_le_bytes()[..size]),
+        }
+    }
+    Ok(t)
+}
+
+struct Stats {
+    min: f64,
+    max: f64,
+    mean: f64,
+    top5: Vec<(usize, f64)>,
+}
+
+fn stats(t: &Tensor) -> Stats {
+    let v = t.to_f64_vec();
+    let (mut min, mut max, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
+    for &x in &v {
+        min = min.min(x);
+        max = max.max(x);
+        sum += x;
+    }
+    let n = v.len();
+    let (min, max, mean) = if n == 0 { (f64::NAN, f64::NAN, f64::NAN) } else { (min, max, sum / n as f64) };
+    let shape = t.shape();
+    let one_row = !shape.is_empty() && shape[..shape.len() - 1].iter().all(|&d| d == 1);
+    let mut top5 = Vec::new();
+    if t.dtype().is_float() && one_row && (2..=1000).contains(&n) {
+        let mut idx: Vec<usize> = (0..n).collect();
+        idx.sort_by(|&a, &b| {
+            let (x, y) = (v[a], v[b]);
+            y.partial_cmp(&x).unwrap_or_else(|| x.is_nan().cmp(&y.is_nan())).then(a.cmp(&b))
+        });
+        top5 = idx.into_iter().take(5).map(|i| (i, v[i])).collect();
+    }
+    Stats { min, max, mean, top5 }
+}
+
+fn num(x: f64) -> Value {
+    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+fn run(
+    path: &Path,
+    given: &[(String, PathBuf)],
+    dims: &[(String, usize)],
+    output_dir: Option<&Path>,
+    seed: u64,
+    out: &mut Out,
+) -> Result<()> {
+    let model = Arc::new(load_model(path)?);
+    let mut feeds: Vec<(String, Tensor, String)> = Vec::new();
+    for (name, file) in given {
+        if feeds.iter().any(|(n, _, _)| n == name) {
+            bail!("input '{name}' given more than once");
+        }
+        let t = mote_std::read_npy(file)?;
+        check_declared(&model, name, t.dtype(), t.shape())?;
+        feeds.push((name.clone(), t, file.display().to_string()));
+    }
+    let mut b = SessionBuilder::from_model(model.clone());
+    for (n, v) in dims {
+        b = b.dim(n, *v);
+    }
+    for (n, t, _) in &feeds {
+        b = b.input_shape(n, t.shape());
+    }
+    let mut session: Session = b.build().with_context(|| format!("cannot plan {}", path.display()))?;
+    for d in session.plan().defaulted_dims() {
+        out.note(format!("note: dim '{d}' not bound, using 1 (--dim {d}=N)"));
+    }
+    let mut rng = Rng::new(seed);
+    let mut inputs_json = Vec::new();
+    for info in session.inputs().to_vec() {
+        if let Some((_, _, file)) = feeds.iter().find(|(n, _, _)| *n == info.name) {
+            out.note(format!("input '{}': {} {} from {file}", info.name, info.dtype, fmt_shape(&info.shape)));
+            inputs_json.push(json!({"name": info.name, "dtype": info.dtype.name(), "shape": info.shape, "file": file}));
+        } else {
+            let t = random_tensor(info.dtype, &info.shape, &mut rng)?;
+            out.note(format!("input '{}': random (seed {seed}) {} {}", info.name, info.dtype, fmt_shape(&info.shape)));
+            inputs_json.push(
+                json!({"name": info.name, "dtype": info.dtype.name(), "shape": info.shape, "random_seed": seed}),
+            );
+            feeds.push((info.name.clone(), t, String::new()));
+        }
+    }
+    let names: Vec<String> = feeds.iter().map(|f| f.0.clone()).collect();
+    let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(feeds.into_iter().map(|f| f.1)).collect();
+    let outputs = session.run(&args)?;
+    if let Some(dir) = output_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut used_names: Vec<String> = Vec::new();
+    let mut outputs_json = Vec::new();
+    for (info, t) in session.outputs().iter().zip(&outputs) {
+        let file = match output_dir {
+            Some(dir) => {
+                let base = safe_name(&info.name);
+                let mut name = base.clone();
+                let mut k = 1;
+                while used_names.contains(&name) {
+                    name = format!("{base}_{k}");
+                    k += 1;
+                }
+                used_names.push(name.clone());
+                let p = dir.join(format!("{name}.npy"));
+                mote_std::write_npy(&p, &t.view())?;
+                out.note(format!("output '{}' -> {}", info.name, p.display()));
+                Some(p.display().to_string())
+            }
+            None => None,
+        };
+        let s = stats(t);
+        if out.json {
+            outputs_json.push(json!({
+                "name": info.name,
+                "dtype": t.dtype().name(),
+                "shape": t.shape(),
+                "min": num(s.min),
+                "max": num(s.max),
+                "mean": num(s.mean),
+                "top5": s.top5.iter().map(|&(i, v)| json!([i, num(v)])).collect::<Vec<_>>(),
+                "file": file,
+            }));
+        } else {
+            out.line(format!(
+                "output '{}': {} {}  min {:.6} max {:.6} mean {:.6}",
+                info.name,
+                t.dtype(),
+                fmt_shape(t.shape()),
+                s.min,
+                s.max,
+                s.mean
+            ));
+            if !s.top5.is_empty() {
+                let parts: Vec<String> = s.top5.iter().map(|(i, v)| format!("{i} ({v:.4})")).collect();
+                out.line(format!("  top5: {}", parts.join(", ")));
+            }
+        }
+    }
+    if out.json {
+        out.line(
+            json!({"inputs": inputs_json, "outputs": outputs_json, "arena_bytes": session.plan().arena_bytes()})
+                .to_string(),
+        );
+    } else {
+        out.line(format!(
+            "arena: {} bytes (lower bound {} bytes), {} steps",
+            session.plan().arena_bytes(),
+            session.plan().lower_bound(),
+            session.plan().num_steps()
+        ));
+    }
+    Ok(())
+}

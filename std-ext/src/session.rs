@@ -1,0 +1,223 @@
+//! Sessions that own their model, plan and arena.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mote_core::model::Dim;
+use mote_core::{DType, ErrorKind, IoInfo, Model, Plan, TensorView};
+
+use crate::error::{Error, Result};
+use crate::tensor::{fmt_shape, Tensor};
+
+/// Reads and imports an ONNX file. Errors name the file, and the node and
+/// tensor when the model itself is at fault.
+pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
+    let path = path.as_ref();
+    let buf = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    if buf.is_empty() {
+        return Err(Error::Model(format!("not an ONNX model or truncated: {} (empty file)", path.display())));
+    }
+    Model::from_onnx_shared(bytes::Bytes::from(buf)).map_err(|e| match e.kind {
+        ErrorKind::Decode => Error::Model(format!("not an ONNX model or truncated: {}", path.display())),
+        _ => Error::Model(format!("{}: {}", path.display(), Model::default().explain(&e))),
+    })
+}
+
+/// A core error, explained with the model's names.
+pub fn explain(model: &Model, e: &mote_core::Error) -> Error {
+    Error::Model(model.explain(e).to_string())
+}
+
+/// `[batch,3,224,224]` from a declared shape (`?` for unknown dims).
+pub fn fmt_declared(shape: &[Dim]) -> String {
+    let parts: Vec<String> = shape
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(v) => v.to_string(),
+            Dim::Param(p) => p.clone(),
+            Dim::Unknown => "?".into(),
+        })
+        .collect();
+    format!("[{}]", parts.join(","))
+}
+
+/// Checks a tensor given for graph input `name` against the model's
+/// declaration (name, dtype, rank and fixed dims), before any planning.
+pub fn check_declared(model: &Model, name: &str, dtype: DType, shape: &[usize]) -> Result<()> {
+    let g = &model.graph;
+    let Some(info) = g.inputs.iter().filter_map(|&i| g.tensors.get(i as usize)).find(|t| t.name == name) else {
+        let names: Vec<&str> = model.input_names().collect();
+        return Err(Error::Input(format!("unknown input '{name}' (model inputs: {})", names.join(", "))));
+    };
+    let ok_dtype = info.dtype.is_none_or(|d| d == dtype);
+    let ok_shape = info.shape.as_ref().is_none_or(|decl| {
+        decl.len() == shape.len() && decl.iter().zip(shape).all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
+    });
+    if !ok_dtype || !ok_shape {
+        let want_dt = info.dtype.map_or_else(|| DType::onnx_name(info.onnx_type).to_string(), |d| d.to_string());
+        let want_shape = info.shape.as_deref().map_or_else(|| "[?]".to_string(), fmt_declared);
+        return Err(Error::Input(format!(
+            "input '{name}': expected {want_dt} {want_shape}, got {dtype} {}",
+            fmt_shape(shape)
+        )));
+    }
+    Ok(())
+}
+
+/// A session over a model file: owns the model (shared), the plan and a
+/// 16-byte-aligned arena.
+///
+/// ```no_run
+/// # fn main() -> mote_std::Result<()> {
+/// use mote_std::{Session, Tensor};
+/// let mut s = Session::builder("models/digits_mlp.onnx").dim("batch", 1).build()?;
+/// let x = Tensor::from_f32(&[1, 64], vec![0.0; 64])?;
+/// let outputs = s.run(&[("input", x)])?;
+/// println!("{} {:?}: {:?}", s.outputs()[0].name, outputs[0].shape(), outputs[0].to_f32_vec());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Session {
+    model: Arc<Model>,
+    plan: Plan,
+    arena: Vec<u128>,
+}
+
+/// Options of a [`Session`]: symbolic dims, input shapes, memory budget.
+#[derive(Debug, Clone)]
+pub struct SessionBuilder {
+    source: Source,
+    dims: Vec<(String, usize)>,
+    shapes: Vec<(String, Vec<usize>)>,
+    max_arena: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+enum Source {
+    Path(PathBuf),
+    Model(Arc<Model>),
+}
+
+impl SessionBuilder {
+    /// Options for a model already loaded.
+    pub fn from_model(model: Arc<Model>) -> Self {
+        SessionBuilder { source: Source::Model(model), dims: Vec::new(), shapes: Vec::new(), max_arena: None }
+    }
+    /// Binds a symbolic dimension such as `batch`.
+    pub fn dim(mut self, name: &str, value: usize) -> Self {
+        self.dims.push((name.into(), value));
+        self
+    }
+    /// Sets the full shape of a graph input.
+    pub fn input_shape(mut self, name: &str, shape: &[usize]) -> Self {
+        self.shapes.push((name.into(), shape.into()));
+        self
+    }
+    /// Refuses plans whose arena exceeds `bytes`.
+    pub fn max_arena_bytes(mut self, bytes: usize) -> Self {
+        self.max_arena = Some(bytes);
+        self
+    }
+    /// Loads the model (if given by path) and plans it.
+    pub fn build(self) -> Result<Session> {
+        let model = match self.source {
+            Source::Path(p) => Arc::new(load_model(&p)?),
+            Source::Model(m) => m,
+        };
+        let names: Vec<&str> = model.input_names().collect();
+        for (n, _) in &self.shapes {
+            if !names.contains(&n.as_str()) {
+                return Err(Error::Input(format!("unknown input '{n}' (model inputs: {})", names.join(", "))));
+            }
+        }
+        let mut b = model.session_builder();
+        for (n, v) in &self.dims {
+            b = b.dim(n, *v);
+        }
+        for (n, s) in &self.shapes {
+            b = b.input_shape(n, s);
+        }
+        if let Some(m) = self.max_arena {
+            b = b.max_arena_bytes(m);
+        }
+        let plan = b.plan().map_err(|e| explain(&model, &e))?;
+        let arena = vec![0u128; plan.arena_bytes().div_ceil(16).max(1)];
+        Ok(Session { model, plan, arena })
+    }
+}
+
+impl Session {
+    /// Loads and plans a model with default bindings (unbound dims are 1).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(path).build()
+    }
+    /// Options for a model file.
+    pub fn builder(path: impl AsRef<Path>) -> SessionBuilder {
+        SessionBuilder {
+            source: Source::Path(path.as_ref().to_path_buf()),
+            dims: Vec::new(),
+            shapes: Vec::new(),
+            max_arena: None,
+        }
+    }
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+    /// Graph inputs with bound shapes.
+    pub fn inputs(&self) -> &[IoInfo] {
+        self.plan.inputs()
+    }
+    /// Graph outputs with inferred shapes.
+    pub fn outputs(&self) -> &[IoInfo] {
+        self.plan.outputs()
+    }
+
+    /// Checks `inputs` against the plan: every input given once, by a known
+    /// name, with the bound dtype and shape.
+    pub fn check_inputs(&self, inputs: &[(&str, Tensor)]) -> Result<()> {
+        for (n, _) in inputs {
+            if !self.inputs().iter().any(|i| i.name == *n) {
+                let names: Vec<&str> = self.inputs().iter().map(|i| i.name.as_str()).collect();
+                return Err(Error::Input(format!("unknown input '{n}' (model inputs: {})", names.join(", "))));
+            }
+        }
+        for info in self.inputs() {
+            let given: Vec<&Tensor> = inputs.iter().filter(|(n, _)| *n == info.name).map(|(_, t)| t).collect();
+            let t = match given[..] {
+                [t] => t,
+                [] => return Err(Error::Input(format!("input '{}' not given", info.name))),
+                _ => return Err(Error::Input(format!("input '{}' given more than once", info.name))),
+            };
+            if t.dtype() != info.dtype || t.shape() != &info.shape[..] {
+                return Err(Error::Input(format!(
+                    "input '{}': expected {} {}, got {} {}",
+                    info.name,
+                    info.dtype,
+                    fmt_shape(&info.shape),
+                    t.dtype(),
+                    fmt_shape(t.shape())
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs once on owned inputs (by name); returns the outputs in the
+    /// order of [`Session::outputs`].
+    pub fn run(&mut self, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        let views: Vec<(&str, TensorView<'_>)> = inputs.iter().map(|(n, t)| (*n, t.view())).collect();
+        let model = &*self.model;
+        let arena: &mut [u8] = bytemuck::cast_slice_mut(&mut self.arena);
+        let mut s = mote_core::Session::new(model, &self.plan, arena).map_err(|e| explain(model, &e))?;
+        s.run(&views).map_err(|e| explain(model, &e))?;
+        (0..self.plan.outputs().len())
+            .map(|i| s.output(i).map(|v| Tensor::from_view(&v)).map_err(|e| explain(model, &e)))
+            .collect()
+    }
+}

@@ -1,0 +1,106 @@
+use super::*;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("mote-std-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+#[test]
+fn npy_round_trip_every_dtype() {
+    let cases = vec![
+        Tensor::from_f32(&[2, 3], vec![0.5, -1.0, 2.0, 3.25, f32::MAX, 0.0]).unwrap(),
+        Tensor::from_slice::<f64>(&[3], &[1.0, -2.5, 1e300]).unwrap(),
+        Tensor::from_slice(&[2], &[half::f16::from_f32(1.5), half::f16::from_f32(-2.0)]).unwrap(),
+        Tensor::from_slice::<i8>(&[2, 2], &[-128, 0, 1, 127]).unwrap(),
+        Tensor::from_slice::<u8>(&[4], &[0, 1, 200, 255]).unwrap(),
+        Tensor::from_slice::<i16>(&[2], &[-30000, 5]).unwrap(),
+        Tensor::from_slice::<u16>(&[2], &[60000, 5]).unwrap(),
+        Tensor::from_slice::<i32>(&[1, 2], &[-7, i32::MAX]).unwrap(),
+        Tensor::from_slice::<u32>(&[2], &[u32::MAX, 0]).unwrap(),
+        Tensor::from_slice::<i64>(&[2, 1], &[i64::MIN, 42]).unwrap(),
+        Tensor::from_slice::<u64>(&[1], &[u64::MAX]).unwrap(),
+        Tensor::from_bools(&[3], &[true, false, true]).unwrap(),
+        Tensor::from_f32(&[], vec![7.0]).unwrap(),
+        Tensor::from_f32(&[0, 4], vec![]).unwrap(),
+    ];
+    for (i, t) in cases.iter().enumerate() {
+        let p = tmp(&format!("rt{i}.npy"));
+        write_npy(&p, &t.view()).unwrap();
+        let back = read_npy(&p).unwrap();
+        assert_eq!(&back, t, "case {i} ({})", t.dtype());
+    }
+}
+
+#[test]
+fn to_f32_vec_converts() {
+    let t = Tensor::from_slice::<i64>(&[3], &[1, -2, 3]).unwrap();
+    assert_eq!(t.to_f32_vec(), vec![1.0, -2.0, 3.0]);
+    let b = Tensor::from_bools(&[2], &[true, false]).unwrap();
+    assert_eq!(b.to_f32_vec(), vec![1.0, 0.0]);
+    assert!(Tensor::from_f32(&[2], vec![1.0]).is_err());
+}
+
+#[test]
+fn bad_npy_is_an_error() {
+    let p = tmp("bad.npy");
+    std::fs::write(&p, b"hello, not npy").unwrap();
+    let e = read_npy(&p).unwrap_err();
+    assert!(matches!(e, Error::Npy(_)), "{e}");
+    // Truncated data.
+    let good = tmp("good.npy");
+    write_npy(&good, &Tensor::from_f32(&[16], vec![1.0; 16]).unwrap().view()).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() - 8]).unwrap();
+    let e = read_npy(&p).unwrap_err();
+    assert!(e.to_string().contains("truncated"), "{e}");
+    let e = read_npy(tmp("missing.npy")).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+}
+
+#[test]
+fn fortran_order_is_read_row_major() {
+    // np.asfortranarray(np.arange(6, dtype='<i4').reshape(2, 3))
+    let header = "{'descr': '<i4', 'fortran_order': True, 'shape': (2, 3), }";
+    let mut h = header.to_string();
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut f = b"\x93NUMPY\x01\x00".to_vec();
+    f.extend((h.len() as u16).to_le_bytes());
+    f.extend(h.as_bytes());
+    for v in [0i32, 3, 1, 4, 2, 5] {
+        f.extend(v.to_le_bytes());
+    }
+    let p = tmp("fortran.npy");
+    std::fs::write(&p, f).unwrap();
+    let t = read_npy(&p).unwrap();
+    assert_eq!(t.shape(), &[2, 3]);
+    assert_eq!(t.as_slice::<i32>().unwrap(), &[0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn safe_names() {
+    assert_eq!(safe_name("logits"), "logits");
+    assert_eq!(safe_name("a/b"), "a_b");
+    assert_eq!(safe_name("out:0 x"), "out_0_x");
+    assert_eq!(safe_name("x.y-z_1"), "x.y-z_1");
+    assert_eq!(safe_name("é"), "_");
+    assert_eq!(safe_name(""), "_");
+    assert_eq!(safe_name(".."), "_..");
+    assert_eq!(safe_name("../etc"), ".._etc");
+}
+
+#[test]
+fn missing_and_garbage_models() {
+    let e = load_model(tmp("nope.onnx")).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }));
+    let p = tmp("garbage.onnx");
+    std::fs::write(&p, b"hi\n").unwrap();
+    let e = load_model(&p).unwrap_err().to_string();
+    assert!(e.contains("not an ONNX model or truncated"), "{e}");
+    std::fs::write(&p, b"").unwrap();
+    let e = load_model(&p).unwrap_err().to_string();
+    assert!(e.contains("not an ONNX model or truncated"), "{e}");
+}

@@ -1,0 +1,150 @@
+//! End-to-end checks of the `mote` binary on tiny models built here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use prost::Message as _;
+use mote_proto::{tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto, *};
+
+fn vi(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Ok(v) => dimension::Value::DimValue(*v),
+                Err(p) => dimension::Value::DimParam(p.to_string()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// y = x + b, x: float [batch, 4]; `op` replaces Add to test unsupported ops.
+fn model(dir: &Path, file: &str, op: &str) -> PathBuf {
+    let node = NodeProto {
+        input: vec!["x".into(), "b".into()],
+        output: vec!["out/0".into()],
+        name: Some("add1".into()),
+        op_type: Some(op.into()),
+        ..Default::default()
+    };
+    let b = TensorProto {
+        dims: vec![4],
+        data_type: Some(1),
+        float_data: vec![1.0, 2.0, 3.0, 4.0],
+        name: Some("b".into()),
+        ..Default::default()
+    };
+    let m = ModelProto {
+        ir_version: Some(8),
+        producer_name: Some("mote-test".into()),
+        opset_import: vec![OperatorSetIdProto { version: Some(13), ..Default::default() }],
+        graph: Some(GraphProto {
+            node: vec![node],
+            name: Some("g".into()),
+            initializer: vec![b],
+            input: vec![vi("x", &[Err("batch"), Ok(4)])],
+            output: vec![vi("out/0", &[Err("batch"), Ok(4)])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let p = dir.join(file);
+    std::fs::write(&p, m.encode_to_vec()).unwrap();
+    p
+}
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mote-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn mote(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_mote")).args(args).output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+}
+
+#[test]
+fn inspect_and_run_add_model() {
+    let d = dir();
+    let m = model(&d, "add.onnx", "Add");
+    let m = m.to_str().unwrap();
+    let (rc, out, err) = mote(&["inspect", m]);
+    assert_eq!(rc, 0, "{out}{err}");
+    assert!(out.contains("note: dim 'batch' not bound, using 1 (--dim batch=N)"), "{out}");
+    let (rc, out, err) = mote(&["inspect", m, "--dim", "batch=3", "--json"]);
+    assert_eq!(rc, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["inputs"][0]["shape"], serde_json::json!([3, 4]));
+    assert_eq!(v["parameters"], 4);
+    assert_eq!(v["op_counts"]["Add"], 1);
+
+    let odir = d.join("outs");
+    let (rc, out, err) = mote(&["run", m, "--output-dir", odir.to_str().unwrap(), "--json"]);
+    assert_eq!(rc, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let o = &v["outputs"][0];
+    assert_eq!(o["name"], "out/0");
+    assert_eq!(o["top5"][0][0], 3);
+    let x = mote_std::read_npy(odir.join("out_0.npy")).unwrap();
+    assert_eq!(x.shape(), &[1, 4]);
+    assert!(err.contains("random (seed 42)"), "{err}");
+
+    // Given input; then a dtype mismatch and an unknown name.
+    let xin = d.join("x.npy");
+    mote_std::write_npy(&xin, &mote_std::Tensor::from_f32(&[2, 4], vec![0.0; 8]).unwrap().view()).unwrap();
+    let (rc, out, err) = mote(&["run", m, "--input", &format!("x={}", xin.display())]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("[2,4]") && !out.contains("top5"), "{out}");
+    let xi = d.join("xi.npy");
+    mote_std::write_npy(&xi, &mote_std::Tensor::from_slice::<i64>(&[1, 4], &[0; 4]).unwrap().view()).unwrap();
+    let (rc, _, err) = mote(&["run", m, "--input", &format!("x={}", xi.display())]);
+    assert_eq!(rc, 1);
+    assert_eq!(err.trim(), "error: input 'x': expected float32 [batch,4], got int64 [1,4]");
+    let (rc, _, err) = mote(&["run", m, "--input", &format!("nope={}", xin.display())]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("unknown input 'nope'"), "{err}");
+}
+
+#[test]
+fn unsupported_op_names_the_node() {
+    let d = dir();
+    let m = model(&d, "bad.onnx", "NoSuchOp");
+    let (rc, _, err) = mote(&["run", m.to_str().unwrap()]);
+    assert_eq!(rc, 1);
+    assert!(err.starts_with("error: ") && err.contains("add1") && err.contains("NoSuchOp"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn bad_files_are_one_line_errors() {
+    let d = dir();
+    let good = model(&d, "trunc_src.onnx", "Add");
+    let bytes = std::fs::read(&good).unwrap();
+    let t = d.join("trunc.onnx");
+    std::fs::write(&t, &bytes[..bytes.len() / 2]).unwrap();
+    let g = d.join("garbage.onnx");
+    std::fs::write(&g, b"hi\n").unwrap();
+    for f in [t, g, d.join("missing.onnx")] {
+        let (rc, _, err) = mote(&["inspect", f.to_str().unwrap()]);
+        assert_eq!(rc, 1, "{err}");
+        assert!(err.starts_with("error: ") && err.lines().count() == 1, "{err}");
+    }
+    let bad = d.join("bad.npy");
+    std::fs::write(&bad, b"nope").unwrap();
+    let (rc, _, err) = mote(&["run", good.to_str().unwrap(), "--input", &format!("x={}", bad.display())]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("not a valid npy"), "{err}");
+}
