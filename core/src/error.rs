@@ -196,11 +196,6 @@ impl core::fmt::Display for Error {
 
 impl core::error::Error for Error {}
 
-/// Shorthand: `Err(Error)` of a kind.
-pub(crate) fn err<T>(kind: ErrorKind) -> Result<T> {
-    Err(Error::new(kind))
-}
-
 /// Checked product of dimensions.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
     shape

@@ -1,6 +1,1280 @@
-//! conv operators.
+//! Convolution operators: Conv and ConvTranspose (f32, NCHW layout, 1 to 3
+//! spatial dimensions).
+//!
+//! Every spatial geometry is normalized to three spatial axes (leading axes
+//! of size 1), so one set of loops serves 1-D, 2-D and 3-D. The innermost
+//! loop always runs over the (contiguous) last axis with its bounds hoisted.
+//! The window geometry helpers here are shared with the pool family.
 
-use crate::ops::OpDef;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::DType;
 
 /// Operators of this family.
-pub const OPS: &[OpDef] = &[];
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("Conv", 1, prepare_conv),
+    OpDef::onnx("ConvTranspose", 1, prepare_conv_transpose),
+];
+
+/// Most spatial axes handled.
+pub(crate) const MAX_SPATIAL: usize = 3;
+
+fn attr_err(name: &'static str, problem: &'static str) -> Error {
+    Error::new(ErrorKind::Attribute { name, problem })
+}
+
+fn shape_err(what: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(what))
+}
+
+/// Window geometry over three spatial axes (unused leading axes have size 1,
+/// kernel 1, stride 1, dilation 1 and no padding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geom {
+    /// Input spatial sizes.
+    pub inp: [usize; MAX_SPATIAL],
+    /// Output spatial sizes.
+    pub out: [usize; MAX_SPATIAL],
+    /// Kernel sizes.
+    pub k: [usize; MAX_SPATIAL],
+    /// Strides.
+    pub s: [usize; MAX_SPATIAL],
+    /// Dilations.
+    pub d: [usize; MAX_SPATIAL],
+    /// Padding at the beginning.
+    pub pb: [usize; MAX_SPATIAL],
+    /// Padding at the end.
+    pub pe: [usize; MAX_SPATIAL],
+}
+
+impl Geom {
+    fn unit() -> Self {
+        Geom {
+            inp: [1; MAX_SPATIAL],
+            out: [1; MAX_SPATIAL],
+            k: [1; MAX_SPATIAL],
+            s: [1; MAX_SPATIAL],
+            d: [1; MAX_SPATIAL],
+            pb: [0; MAX_SPATIAL],
+            pe: [0; MAX_SPATIAL],
+        }
+    }
+    pub(crate) fn in_size(&self) -> usize {
+        self.inp.iter().product()
+    }
+    pub(crate) fn out_size(&self) -> usize {
+        self.out.iter().product()
+    }
+    pub(crate) fn k_size(&self) -> usize {
+        self.k.iter().product()
+    }
+}
+
+/// `auto_pad` attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AutoPad {
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
+}
+
+pub(crate) fn auto_pad(ctx: &PrepareCtx<'_>) -> Result<AutoPad> {
+    match ctx.attr_str("auto_pad", "NOTSET")? {
+        "NOTSET" | "" => Ok(AutoPad::NotSet),
+        "SAME_UPPER" => Ok(AutoPad::SameUpper),
+        "SAME_LOWER" => Ok(AutoPad::SameLower),
+        "VALID" => Ok(AutoPad::Valid),
+        _ => Err(attr_err("auto_pad", "unknown value")),
+    }
+}
+
+/// A per-axis positive attribute of length `n` (or `def` everywhere).
+pub(crate) fn axis_attr(
+    ctx: &PrepareCtx<'_>,
+    name: &'static str,
+    n: usize,
+    def: usize,
+) -> Result<Vec<usize>> {
+    match ctx.attr_ints(name)? {
+        None => Ok(vec![def; n]),
+        Some([]) => Ok(vec![def; n]),
+        Some(v) => {
+            if v.len() != n {
+                return Err(attr_err(
+                    name,
+                    "length differs from the number of spatial axes",
+                ));
+            }
+            v.iter()
+                .map(|&x| {
+                    if x >= 1 {
+                        Ok(x as usize)
+                    } else {
+                        Err(attr_err(name, "must be positive"))
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// `pads` of length `2n` (begin..., end...), non-negative; zeros if absent.
+pub(crate) fn read_pads(ctx: &PrepareCtx<'_>, n: usize) -> Result<Vec<usize>> {
+    match ctx.attr_ints("pads")? {
+        None => Ok(vec![0; 2 * n]),
+        Some([]) => Ok(vec![0; 2 * n]),
+        Some(v) => {
+            if v.len() != 2 * n {
+                return Err(attr_err(
+                    "pads",
+                    "length must be twice the number of spatial axes",
+                ));
+            }
+            v.iter()
+                .map(|&x| {
+                    if x >= 0 {
+                        Ok(x as usize)
+                    } else {
+                        Err(Error::new(ErrorKind::Unsupported("negative pads")))
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+fn check_spatial(n: usize) -> Result<usize> {
+    if n == 0 || n > MAX_SPATIAL {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "convolution / pooling over 1 to 3 spatial axes only",
+        )));
+    }
+    Ok(MAX_SPATIAL - n)
+}
+
+/// Geometry of a forward window op (Conv, MaxPool, AveragePool) over the
+/// spatial input sizes `inp` with kernel `k`.
+pub(crate) fn forward_geom(
+    ctx: &PrepareCtx<'_>,
+    inp: &[usize],
+    k: &[usize],
+    ceil_mode: bool,
+) -> Result<Geom> {
+    let n = inp.len();
+    let off = check_spatial(n)?;
+    if k.len() != n {
+        return Err(attr_err(
+            "kernel_shape",
+            "length differs from the number of spatial axes",
+        ));
+    }
+    let s = axis_attr(ctx, "strides", n, 1)?;
+    let d = axis_attr(ctx, "dilations", n, 1)?;
+    let ap = auto_pad(ctx)?;
+    let pads = if ap == AutoPad::NotSet {
+        read_pads(ctx, n)?
+    } else {
+        vec![0; 2 * n]
+    };
+    let mut g = Geom::unit();
+    for i in 0..n {
+        let j = off + i;
+        if k[i] == 0 {
+            return Err(attr_err("kernel_shape", "must be positive"));
+        }
+        let ek = (k[i] - 1)
+            .checked_mul(d[i])
+            .and_then(|x| x.checked_add(1))
+            .ok_or(Error::new(ErrorKind::Overflow))?;
+        g.inp[j] = inp[i];
+        g.k[j] = k[i];
+        g.s[j] = s[i];
+        g.d[j] = d[i];
+        match ap {
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                let out = inp[i].div_ceil(s[i]);
+                let total = (out.saturating_sub(1) * s[i] + ek).saturating_sub(inp[i]);
+                let small = total / 2;
+                let (pb, pe) = if ap == AutoPad::SameUpper {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                };
+                g.out[j] = out;
+                g.pb[j] = pb;
+                g.pe[j] = pe;
+            }
+            AutoPad::NotSet | AutoPad::Valid => {
+                let (pb, pe) = (pads[i], pads[n + i]);
+                let num = (inp[i] + pb + pe)
+                    .checked_sub(ek)
+                    .ok_or(shape_err("window larger than the padded input"))?;
+                let out = if ceil_mode {
+                    let o = num.div_ceil(s[i]) + 1;
+                    if (o - 1) * s[i] >= inp[i] + pb {
+                        o - 1
+                    } else {
+                        o
+                    }
+                } else {
+                    num / s[i] + 1
+                };
+                g.out[j] = out;
+                g.pb[j] = pb;
+                g.pe[j] = pe;
+            }
+        }
+    }
+    Ok(g)
+}
+
+/// The range `[lo, hi)` of `o` in `0..count` with `0 <= o*s + off - pb < limit`.
+#[inline]
+pub(crate) fn valid_range(
+    count: usize,
+    s: usize,
+    off: usize,
+    pb: usize,
+    limit: usize,
+) -> (usize, usize) {
+    let lo = if off >= pb { 0 } else { (pb - off).div_ceil(s) };
+    let hi = if limit + pb <= off {
+        0
+    } else {
+        (limit - 1 + pb - off) / s + 1
+    };
+    let hi = hi.min(count);
+    (lo.min(hi), hi)
+}
+
+/// Parameters of one Conv / ConvTranspose node.
+#[derive(Clone, Copy, Debug)]
+struct ConvParams {
+    batch: usize,
+    /// Input channels.
+    c: usize,
+    /// Output channels.
+    m: usize,
+    group: usize,
+    g: Geom,
+    has_bias: bool,
+}
+
+/// Reads X, W, B and group; returns (x shape, w shape, group, spatial kernel
+/// from W, has bias).
+fn conv_inputs<'a>(ctx: &PrepareCtx<'a>) -> Result<(&'a [usize], &'a [usize], usize, bool)> {
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, &[DType::F32], "Conv input")?;
+    let w = ctx.input_of(1, DType::F32)?;
+    if x.shape.len() < 3 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 3,
+            got: x.shape.len(),
+        }));
+    }
+    if w.shape.len() != x.shape.len() {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: x.shape.len(),
+            got: w.shape.len(),
+        }));
+    }
+    let group = ctx.attr_int("group", 1)?;
+    if group < 1 {
+        return Err(attr_err("group", "must be positive"));
+    }
+    let has_bias = ctx.opt_input(2).is_some();
+    if has_bias {
+        let b = ctx.input_of(2, DType::F32)?;
+        if b.shape.len() != 1 {
+            return Err(Error::new(ErrorKind::Rank {
+                expected: 1,
+                got: b.shape.len(),
+            }));
+        }
+    }
+    if let Some(ks) = ctx.attr_ints("kernel_shape")? {
+        let wk = &w.shape[2..];
+        if ks.len() != wk.len() || ks.iter().zip(wk).any(|(&a, &b)| a < 0 || a as usize != b) {
+            return Err(attr_err("kernel_shape", "differs from the weight shape"));
+        }
+    }
+    Ok((x.shape, w.shape, group as usize, has_bias))
+}
+
+fn check_bias(ctx: &PrepareCtx<'_>, m: usize) -> Result<()> {
+    if let Some(b) = ctx.opt_input(2) {
+        if b.shape[0] != m {
+            return Err(Error::new(ErrorKind::Dim {
+                axis: 0,
+                expected: m as u64,
+                got: b.shape[0] as u64,
+            }));
+        }
+    }
+    Ok(())
+}
+
+fn out_shape(batch: usize, ch: usize, g: &Geom, n: usize) -> Vec<usize> {
+    let mut s = vec![batch, ch];
+    s.extend_from_slice(&g.out[MAX_SPATIAL - n..]);
+    s
+}
+
+fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let (xs, ws, group, has_bias) = conv_inputs(ctx)?;
+    let (batch, c) = (xs[0], xs[1]);
+    let m = ws[0];
+    if c % group != 0 || m % group != 0 {
+        return Err(attr_err("group", "does not divide the channels"));
+    }
+    if ws[1] * group != c {
+        return Err(Error::new(ErrorKind::Dim {
+            axis: 1,
+            expected: (c / group) as u64,
+            got: ws[1] as u64,
+        }));
+    }
+    check_bias(ctx, m)?;
+    let n = xs.len() - 2;
+    let g = forward_geom(ctx, &xs[2..], &ws[2..], false)?;
+    let p = ConvParams {
+        batch,
+        c,
+        m,
+        group,
+        g,
+        has_bias,
+    };
+    let shape = out_shape(batch, m, &g, n);
+    Ok(Prepared::single(
+        DType::F32,
+        &shape,
+        kernel("Conv", move |io| {
+            let x = io.input_slice::<f32>(0)?;
+            let w = io.input_slice::<f32>(1)?;
+            let b = if p.has_bias {
+                Some(io.input_slice::<f32>(2)?)
+            } else {
+                None
+            };
+            let y = io.output_slice::<f32>(0)?;
+            conv_forward(x, w, b, y, &p)
+        }),
+    ))
+}
+
+fn len_err(expected: usize, got: usize) -> Error {
+    Error::new(ErrorKind::Len {
+        expected: expected as u64,
+        got: got as u64,
+    })
+}
+
+fn check_len(s: usize, want: usize) -> Result<()> {
+    if s != want {
+        return Err(len_err(want, s));
+    }
+    Ok(())
+}
+
+/// `y += a * x` over equal-length slices.
+#[inline]
+fn axpy(y: &mut [f32], x: &[f32], a: f32) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o += a * v;
+    }
+}
+
+fn conv_forward(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [f32],
+    p: &ConvParams,
+) -> Result<()> {
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let cg = p.c / p.group;
+    let mg = p.m / p.group;
+    check_len(x.len(), p.batch * p.c * in_sz)?;
+    check_len(w.len(), p.m * cg * k_sz)?;
+    check_len(y.len(), p.batch * p.m * out_sz)?;
+    if let Some(b) = b {
+        check_len(b.len(), p.m)?;
+    }
+    if y.is_empty() {
+        return Ok(());
+    }
+    if in_sz == 0 || cg == 0 {
+        for (i, v) in y.iter_mut().enumerate() {
+            *v = b.map_or(0.0, |b| b[(i / out_sz) % p.m]);
+        }
+        return Ok(());
+    }
+    let pointwise = k_sz == 1
+        && g.s == [1; MAX_SPATIAL]
+        && g.pb == [0; MAX_SPATIAL]
+        && g.pe == [0; MAX_SPATIAL];
+    for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
+        let xb = &x[ni * p.c * in_sz..][..p.c * in_sz];
+        for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
+            let grp = oc / mg;
+            yp.fill(b.map_or(0.0, |b| b[oc]));
+            let wrow = &w[oc * cg * k_sz..][..cg * k_sz];
+            let xg = &xb[grp * cg * in_sz..][..cg * in_sz];
+            if pointwise {
+                // A GEMM row: y[oc, :] += w[oc, ic] * x[ic, :].
+                for (xp, &wv) in xg.chunks_exact(in_sz).zip(wrow) {
+                    axpy(yp, xp, wv);
+                }
+                continue;
+            }
+            for (xp, wk) in xg.chunks_exact(in_sz).zip(wrow.chunks_exact(k_sz)) {
+                conv_plane(yp, xp, wk, g);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Accumulates one input plane convolved with one kernel into an output plane.
+fn conv_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
+    let [o0, o1, o2] = g.out;
+    let [i0, i1, i2] = g.inp;
+    let [k0, k1, k2] = g.k;
+    let [s0, s1, s2] = g.s;
+    let [d0, d1, d2] = g.d;
+    let [p0, p1, p2] = g.pb;
+    for kd in 0..k0 {
+        let (od_lo, od_hi) = valid_range(o0, s0, kd * d0, p0, i0);
+        for kh in 0..k1 {
+            let (oh_lo, oh_hi) = valid_range(o1, s1, kh * d1, p1, i1);
+            for kw in 0..k2 {
+                let wv = wk[(kd * k1 + kh) * k2 + kw];
+                let (lo, hi) = valid_range(o2, s2, kw * d2, p2, i2);
+                if lo >= hi {
+                    continue;
+                }
+                let len = hi - lo;
+                let iw0 = lo * s2 + kw * d2 - p2;
+                for od in od_lo..od_hi {
+                    let id = od * s0 + kd * d0 - p0;
+                    for oh in oh_lo..oh_hi {
+                        let ih = oh * s1 + kh * d1 - p1;
+                        let yrow = &mut yp[(od * o1 + oh) * o2 + lo..][..len];
+                        let xrow = &xp[(id * i1 + ih) * i2 + iw0..];
+                        if s2 == 1 {
+                            axpy(yrow, &xrow[..len], wv);
+                        } else {
+                            for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_by(s2)) {
+                                *o += wv * v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let (xs, ws, group, has_bias) = conv_inputs(ctx)?;
+    let (batch, c) = (xs[0], xs[1]);
+    if ws[0] != c {
+        return Err(Error::new(ErrorKind::Dim {
+            axis: 0,
+            expected: c as u64,
+            got: ws[0] as u64,
+        }));
+    }
+    if c % group != 0 {
+        return Err(attr_err("group", "does not divide the channels"));
+    }
+    let m = ws[1] * group;
+    check_bias(ctx, m)?;
+    let n = xs.len() - 2;
+    let off = check_spatial(n)?;
+    let s = axis_attr(ctx, "strides", n, 1)?;
+    let d = axis_attr(ctx, "dilations", n, 1)?;
+    let ap = auto_pad(ctx)?;
+    let pads = if ap == AutoPad::NotSet {
+        read_pads(ctx, n)?
+    } else {
+        vec![0; 2 * n]
+    };
+    let opad: Vec<usize> = match ctx.attr_ints("output_padding")? {
+        None => vec![0; n],
+        Some([]) => vec![0; n],
+        Some(v) => {
+            if v.len() != n {
+                return Err(attr_err(
+                    "output_padding",
+                    "length differs from the number of spatial axes",
+                ));
+            }
+            v.iter()
+                .map(|&x| {
+                    if x >= 0 {
+                        Ok(x as usize)
+                    } else {
+                        Err(attr_err("output_padding", "negative"))
+                    }
+                })
+                .collect::<Result<_>>()?
+        }
+    };
+    let oshape: Option<Vec<usize>> = match ctx.attr_ints("output_shape")? {
+        None => None,
+        Some([]) => None,
+        Some(v) => {
+            let v = if v.len() == n + 2 { &v[2..] } else { v };
+            if v.len() != n || v.iter().any(|&x| x < 0) {
+                return Err(attr_err(
+                    "output_shape",
+                    "must hold one size per spatial axis",
+                ));
+            }
+            Some(v.iter().map(|&x| x as usize).collect())
+        }
+    };
+    let mut g = Geom::unit();
+    for i in 0..n {
+        let j = off + i;
+        let (inp, k) = (xs[2 + i], ws[2 + i]);
+        if k == 0 || inp == 0 {
+            return Err(shape_err("ConvTranspose: empty input or kernel"));
+        }
+        let ek = (k - 1) * d[i] + 1;
+        let full = s[i] * (inp - 1) + opad[i] + ek;
+        g.inp[j] = inp;
+        g.k[j] = k;
+        g.s[j] = s[i];
+        g.d[j] = d[i];
+        let target = match (&oshape, ap) {
+            (Some(os), _) => Some(os[i]),
+            (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(inp * s[i]),
+            _ => None,
+        };
+        if let Some(os) = target {
+            let total = full
+                .checked_sub(os)
+                .ok_or(Error::new(ErrorKind::Unsupported(
+                    "ConvTranspose output_shape larger than the full output",
+                )))?;
+            let small = total / 2;
+            let (pb, pe) = if ap == AutoPad::SameUpper {
+                (small, total - small)
+            } else {
+                (total - small, small)
+            };
+            g.pb[j] = pb;
+            g.pe[j] = pe;
+            g.out[j] = os;
+        } else {
+            let (pb, pe) = if ap == AutoPad::Valid {
+                (0, 0)
+            } else {
+                (pads[i], pads[n + i])
+            };
+            g.pb[j] = pb;
+            g.pe[j] = pe;
+            g.out[j] = full
+                .checked_sub(pb + pe)
+                .ok_or(shape_err("ConvTranspose: pads exceed the output"))?;
+        }
+    }
+    let p = ConvParams {
+        batch,
+        c,
+        m,
+        group,
+        g,
+        has_bias,
+    };
+    let shape = out_shape(batch, m, &g, n);
+    Ok(Prepared::single(
+        DType::F32,
+        &shape,
+        kernel("ConvTranspose", move |io| {
+            let x = io.input_slice::<f32>(0)?;
+            let w = io.input_slice::<f32>(1)?;
+            let b = if p.has_bias {
+                Some(io.input_slice::<f32>(2)?)
+            } else {
+                None
+            };
+            let y = io.output_slice::<f32>(0)?;
+            conv_transpose(x, w, b, y, &p)
+        }),
+    ))
+}
+
+/// Scatter-add: `y[n, oc, i*s + k*d - pb] += x[n, ic, i] * w[ic, oc_local, k]`.
+fn conv_transpose(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [f32],
+    p: &ConvParams,
+) -> Result<()> {
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let cg = p.c / p.group;
+    let mg = p.m / p.group;
+    check_len(x.len(), p.batch * p.c * in_sz)?;
+    check_len(w.len(), p.c * mg * k_sz)?;
+    check_len(y.len(), p.batch * p.m * out_sz)?;
+    if let Some(b) = b {
+        check_len(b.len(), p.m)?;
+    }
+    if y.is_empty() {
+        return Ok(());
+    }
+    for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
+        let xb = &x[ni * p.c * in_sz..][..p.c * in_sz];
+        for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
+            let grp = oc / mg;
+            let mo = oc % mg;
+            yp.fill(b.map_or(0.0, |b| b[oc]));
+            for ci in 0..cg {
+                let ic = grp * cg + ci;
+                let xp = &xb[ic * in_sz..][..in_sz];
+                let wk = &w[(ic * mg + mo) * k_sz..][..k_sz];
+                scatter_plane(yp, xp, wk, g);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn scatter_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
+    let [o0, o1, o2] = g.out;
+    let [i0, i1, i2] = g.inp;
+    let [k0, k1, k2] = g.k;
+    let [s0, s1, s2] = g.s;
+    let [d0, d1, d2] = g.d;
+    let [p0, p1, p2] = g.pb;
+    for kd in 0..k0 {
+        let (id_lo, id_hi) = valid_range(i0, s0, kd * d0, p0, o0);
+        for kh in 0..k1 {
+            let (ih_lo, ih_hi) = valid_range(i1, s1, kh * d1, p1, o1);
+            for kw in 0..k2 {
+                let wv = wk[(kd * k1 + kh) * k2 + kw];
+                let (lo, hi) = valid_range(i2, s2, kw * d2, p2, o2);
+                if lo >= hi {
+                    continue;
+                }
+                let len = hi - lo;
+                let ow0 = lo * s2 + kw * d2 - p2;
+                for id in id_lo..id_hi {
+                    let od = id * s0 + kd * d0 - p0;
+                    for ih in ih_lo..ih_hi {
+                        let oh = ih * s1 + kh * d1 - p1;
+                        let xrow = &xp[(id * i1 + ih) * i2 + lo..][..len];
+                        let yrow = &mut yp[(od * o1 + oh) * o2 + ow0..];
+                        if s2 == 1 {
+                            axpy(&mut yrow[..len], xrow, wv);
+                        } else {
+                            for (o, &v) in yrow.iter_mut().step_by(s2).zip(xrow) {
+                                *o += wv * v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    use crate::model::AttrValue;
+    use crate::ops::testing::{assert_close, run, t, vals};
+
+    pub(crate) fn rnd(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn ints(v: &[i64]) -> AttrValue {
+        AttrValue::Ints(v.to_vec())
+    }
+
+    /// Naive 2-D conv: x [n,c,h,w], w [m,c/g,kh,kw], pads [t,l,b,r].
+    #[allow(clippy::too_many_arguments)]
+    fn naive_conv(
+        x: &[f32],
+        xs: [usize; 4],
+        w: &[f32],
+        ws: [usize; 4],
+        b: Option<&[f32]>,
+        s: [usize; 2],
+        d: [usize; 2],
+        p: [usize; 4],
+        group: usize,
+    ) -> (Vec<f32>, [usize; 4]) {
+        let [n, c, h, wd] = xs;
+        let [m, cg, kh, kw] = ws;
+        let oh = (h + p[0] + p[2] - ((kh - 1) * d[0] + 1)) / s[0] + 1;
+        let ow = (wd + p[1] + p[3] - ((kw - 1) * d[1] + 1)) / s[1] + 1;
+        let mg = m / group;
+        let mut y = vec![0f32; n * m * oh * ow];
+        for ni in 0..n {
+            for oc in 0..m {
+                let g = oc / mg;
+                for yh in 0..oh {
+                    for yw in 0..ow {
+                        let mut acc = b.map_or(0.0, |b| b[oc]);
+                        for ci in 0..cg {
+                            let ic = g * cg + ci;
+                            for a in 0..kh {
+                                for bb in 0..kw {
+                                    let ih = (yh * s[0] + a * d[0]) as isize - p[0] as isize;
+                                    let iw = (yw * s[1] + bb * d[1]) as isize - p[1] as isize;
+                                    if ih < 0 || iw < 0 || ih >= h as isize || iw >= wd as isize {
+                                        continue;
+                                    }
+                                    acc += x[((ni * c + ic) * h + ih as usize) * wd + iw as usize]
+                                        * w[((oc * cg + ci) * kh + a) * kw + bb];
+                                }
+                            }
+                        }
+                        y[((ni * m + oc) * oh + yh) * ow + yw] = acc;
+                    }
+                }
+            }
+        }
+        let _ = c;
+        (y, [n, m, oh, ow])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_conv(
+        xs: [usize; 4],
+        m: usize,
+        k: [usize; 2],
+        s: [usize; 2],
+        d: [usize; 2],
+        p: [usize; 4],
+        group: usize,
+        bias: bool,
+        auto_pad: Option<&str>,
+    ) {
+        let ws = [m, xs[1] / group, k[0], k[1]];
+        let x = rnd(xs.iter().product(), 1);
+        let w = rnd(ws.iter().product(), 2);
+        let b = rnd(m, 3);
+        let (want, ys) = naive_conv(&x, xs, &w, ws, bias.then_some(&b[..]), s, d, p, group);
+        let mut attrs = vec![
+            ("strides", ints(&[s[0] as i64, s[1] as i64])),
+            ("dilations", ints(&[d[0] as i64, d[1] as i64])),
+            ("group", AttrValue::Int(group as i64)),
+            ("kernel_shape", ints(&[k[0] as i64, k[1] as i64])),
+        ];
+        match auto_pad {
+            Some(a) => attrs.push(("auto_pad", AttrValue::Str(a.as_bytes().to_vec()))),
+            None => attrs.push(("pads", ints(&p.map(|v| v as i64)))),
+        }
+        let mut inputs = vec![t(&xs, &x), t(&ws, &w)];
+        if bias {
+            inputs.push(t(&[m], &b));
+        }
+        let out = run("Conv", 11, attrs, &inputs, 1).unwrap();
+        assert_eq!(out[0].shape, ys.to_vec());
+        assert_close(&vals::<f32>(&out[0]), &want, 1e-5);
+    }
+
+    #[test]
+    fn conv_basic_pads_bias() {
+        check_conv(
+            [2, 4, 7, 9],
+            6,
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            1,
+            true,
+            None,
+        );
+        check_conv(
+            [1, 3, 5, 5],
+            2,
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            1,
+            false,
+            None,
+        );
+    }
+
+    #[test]
+    fn conv_groups_strides_dilations() {
+        check_conv(
+            [2, 4, 9, 8],
+            6,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 0, 2, 1],
+            2,
+            true,
+            None,
+        );
+        check_conv(
+            [1, 4, 11, 10],
+            4,
+            [3, 3],
+            [1, 1],
+            [2, 2],
+            [2, 2, 2, 2],
+            4,
+            true,
+            None,
+        );
+        check_conv(
+            [1, 8, 12, 13],
+            16,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            8,
+            false,
+            None,
+        );
+        check_conv(
+            [1, 3, 10, 11],
+            5,
+            [2, 3],
+            [2, 1],
+            [1, 2],
+            [0, 0, 0, 0],
+            1,
+            true,
+            None,
+        );
+        check_conv(
+            [1, 3, 10, 11],
+            5,
+            [3, 2],
+            [3, 3],
+            [2, 1],
+            [0, 1, 2, 0],
+            1,
+            true,
+            None,
+        );
+    }
+
+    #[test]
+    fn conv_pointwise() {
+        check_conv(
+            [2, 5, 6, 7],
+            3,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            1,
+            true,
+            None,
+        );
+        check_conv(
+            [1, 4, 6, 7],
+            6,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            2,
+            false,
+            None,
+        );
+        check_conv(
+            [1, 4, 6, 7],
+            6,
+            [1, 1],
+            [2, 2],
+            [1, 1],
+            [0, 0, 0, 0],
+            1,
+            true,
+            None,
+        );
+        check_conv(
+            [1, 4, 6, 7],
+            6,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            [1, 0, 0, 1],
+            1,
+            true,
+            None,
+        );
+    }
+
+    #[test]
+    fn conv_auto_pad() {
+        // SAME_UPPER, in 9x8, k3, s2: out 5x4, total pads 2 / 1 -> [1,0,1,1].
+        check_conv(
+            [1, 2, 9, 8],
+            3,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 0, 1, 1],
+            1,
+            true,
+            Some("SAME_UPPER"),
+        );
+        // SAME_LOWER puts the odd pad at the start.
+        check_conv(
+            [1, 2, 9, 8],
+            3,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 0],
+            1,
+            true,
+            Some("SAME_LOWER"),
+        );
+        check_conv(
+            [1, 2, 7, 7],
+            3,
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            1,
+            false,
+            Some("SAME_UPPER"),
+        );
+        check_conv(
+            [1, 2, 9, 8],
+            3,
+            [3, 2],
+            [2, 2],
+            [1, 1],
+            [0, 0, 0, 0],
+            1,
+            true,
+            Some("VALID"),
+        );
+    }
+
+    #[test]
+    fn conv_1d_and_3d() {
+        // 1-D against the 2-D naive with H = 1.
+        let (n, c, w, m, k) = (2, 4, 13, 6, 3);
+        let x = rnd(n * c * w, 5);
+        let wt = rnd(m * (c / 2) * k, 6);
+        let b = rnd(m, 7);
+        let (want, _) = naive_conv(
+            &x,
+            [n, c, 1, w],
+            &wt,
+            [m, c / 2, 1, k],
+            Some(&b),
+            [1, 2],
+            [1, 2],
+            [0, 1, 0, 2],
+            2,
+        );
+        let out = run(
+            "Conv",
+            11,
+            vec![
+                ("strides", ints(&[2])),
+                ("dilations", ints(&[2])),
+                ("pads", ints(&[1, 2])),
+                ("group", AttrValue::Int(2)),
+            ],
+            &[t(&[n, c, w], &x), t(&[m, c / 2, k], &wt), t(&[m], &b)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(out[0].shape, vec![n, m, 6]);
+        assert_close(&vals::<f32>(&out[0]), &want, 1e-5);
+        // 3-D with depth kernel 1 equals 2-D conv per depth slice when D = 1.
+        let x = rnd(2 * 5 * 6, 8);
+        let wt = rnd(3 * 2 * 3 * 3, 9);
+        let (want, ys) = naive_conv(
+            &x,
+            [1, 2, 5, 6],
+            &wt,
+            [3, 2, 3, 3],
+            None,
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            1,
+        );
+        let out = run(
+            "Conv",
+            11,
+            vec![("pads", ints(&[0, 1, 1, 0, 1, 1]))],
+            &[t(&[1, 2, 1, 5, 6], &x), t(&[3, 2, 1, 3, 3], &wt)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(out[0].shape, vec![1, 3, 1, ys[2], ys[3]]);
+        assert_close(&vals::<f32>(&out[0]), &want, 1e-5);
+    }
+
+    #[test]
+    fn conv_rejects_bad_shapes() {
+        let x = rnd(3 * 4 * 4, 1);
+        let w = rnd(2 * 2 * 3 * 3, 2);
+        assert!(run(
+            "Conv",
+            11,
+            vec![],
+            &[t(&[1, 3, 4, 4], &x), t(&[2, 2, 3, 3], &w)],
+            1
+        )
+        .is_err());
+        let w = rnd(2 * 3 * 5 * 5, 2);
+        assert!(run(
+            "Conv",
+            11,
+            vec![],
+            &[t(&[1, 3, 4, 4], &x), t(&[2, 3, 5, 5], &w)],
+            1
+        )
+        .is_err());
+    }
+
+    /// Naive 2-D transposed conv by scatter; w [c, m/g, kh, kw].
+    #[allow(clippy::too_many_arguments)]
+    fn naive_convt(
+        x: &[f32],
+        xs: [usize; 4],
+        w: &[f32],
+        ws: [usize; 4],
+        b: Option<&[f32]>,
+        s: [usize; 2],
+        d: [usize; 2],
+        p: [usize; 4],
+        op: [usize; 2],
+        group: usize,
+    ) -> (Vec<f32>, [usize; 4]) {
+        let [n, c, h, wd] = xs;
+        let [_, mg, kh, kw] = ws;
+        let m = mg * group;
+        let cg = c / group;
+        let oh = s[0] * (h - 1) + op[0] + (kh - 1) * d[0] + 1 - p[0] - p[2];
+        let ow = s[1] * (wd - 1) + op[1] + (kw - 1) * d[1] + 1 - p[1] - p[3];
+        let mut y = vec![0f32; n * m * oh * ow];
+        for ni in 0..n {
+            for oc in 0..m {
+                for i in 0..oh * ow {
+                    y[(ni * m + oc) * oh * ow + i] = b.map_or(0.0, |b| b[oc]);
+                }
+            }
+            for ic in 0..c {
+                let g = ic / cg;
+                for ih in 0..h {
+                    for iw in 0..wd {
+                        let xv = x[((ni * c + ic) * h + ih) * wd + iw];
+                        for mo in 0..mg {
+                            let oc = g * mg + mo;
+                            for a in 0..kh {
+                                for bb in 0..kw {
+                                    let yh = (ih * s[0] + a * d[0]) as isize - p[0] as isize;
+                                    let yw = (iw * s[1] + bb * d[1]) as isize - p[1] as isize;
+                                    if yh < 0 || yw < 0 || yh >= oh as isize || yw >= ow as isize {
+                                        continue;
+                                    }
+                                    y[((ni * m + oc) * oh + yh as usize) * ow + yw as usize] +=
+                                        xv * w[((ic * mg + mo) * kh + a) * kw + bb];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (y, [n, m, oh, ow])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_convt(
+        xs: [usize; 4],
+        mg: usize,
+        k: [usize; 2],
+        s: [usize; 2],
+        d: [usize; 2],
+        p: [usize; 4],
+        op: [usize; 2],
+        group: usize,
+        extra: Vec<(&str, AttrValue)>,
+    ) {
+        let ws = [xs[1], mg, k[0], k[1]];
+        let m = mg * group;
+        let x = rnd(xs.iter().product(), 11);
+        let w = rnd(ws.iter().product(), 12);
+        let b = rnd(m, 13);
+        let (want, ys) = naive_convt(&x, xs, &w, ws, Some(&b), s, d, p, op, group);
+        let mut attrs = vec![
+            ("strides", ints(&[s[0] as i64, s[1] as i64])),
+            ("dilations", ints(&[d[0] as i64, d[1] as i64])),
+            ("group", AttrValue::Int(group as i64)),
+            ("output_padding", ints(&[op[0] as i64, op[1] as i64])),
+        ];
+        if extra.is_empty() {
+            attrs.push(("pads", ints(&p.map(|v| v as i64))));
+        }
+        attrs.extend(extra);
+        let out = run(
+            "ConvTranspose",
+            11,
+            attrs,
+            &[t(&xs, &x), t(&ws, &w), t(&[m], &b)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(out[0].shape, ys.to_vec());
+        assert_close(&vals::<f32>(&out[0]), &want, 1e-5);
+    }
+
+    #[test]
+    fn conv_transpose_2d() {
+        check_convt(
+            [2, 4, 5, 6],
+            3,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            vec![],
+        );
+        check_convt(
+            [1, 4, 5, 6],
+            3,
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [0, 0],
+            1,
+            vec![],
+        );
+        check_convt(
+            [1, 4, 5, 6],
+            2,
+            [3, 2],
+            [2, 3],
+            [2, 1],
+            [2, 0, 1, 1],
+            [1, 2],
+            2,
+            vec![],
+        );
+        check_convt(
+            [1, 4, 4, 4],
+            1,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            4,
+            vec![],
+        );
+        check_convt(
+            [1, 2, 4, 5],
+            3,
+            [4, 4],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            [0, 0],
+            1,
+            vec![],
+        );
+    }
+
+    #[test]
+    fn conv_transpose_output_shape_and_auto_pad() {
+        // in 5x6, k3, s2: full 11x13; output_shape 10x12 -> total pads 1: begin 1, end 0.
+        check_convt(
+            [1, 2, 5, 6],
+            3,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 0, 0],
+            [0, 0],
+            1,
+            vec![("output_shape", ints(&[10, 12]))],
+        );
+        // SAME_UPPER: output in*s = 10x12, extra pad at the end.
+        check_convt(
+            [1, 2, 5, 6],
+            3,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [0, 0, 1, 1],
+            [0, 0],
+            1,
+            vec![("auto_pad", AttrValue::Str(b"SAME_UPPER".to_vec()))],
+        );
+    }
+
+    #[test]
+    fn conv_transpose_1d() {
+        let (c, w, mg, k) = (3, 7, 2, 3);
+        let x = rnd(c * w, 21);
+        let wt = rnd(c * mg * k, 22);
+        let (want, ys) = naive_convt(
+            &x,
+            [1, c, 1, w],
+            &wt,
+            [c, mg, 1, k],
+            None,
+            [1, 2],
+            [1, 1],
+            [0, 1, 0, 0],
+            [0, 1],
+            1,
+        );
+        let out = run(
+            "ConvTranspose",
+            11,
+            vec![
+                ("strides", ints(&[2])),
+                ("pads", ints(&[1, 0])),
+                ("output_padding", ints(&[1])),
+            ],
+            &[t(&[1, c, w], &x), t(&[c, mg, k], &wt)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(out[0].shape, vec![1, mg, ys[3]]);
+        assert_close(&vals::<f32>(&out[0]), &want, 1e-5);
+    }
+}

@@ -1,6 +1,463 @@
-//! matmul operators.
+//! Matrix products: Gemm and MatMul, over one shared [`sgemm`].
 
-use crate::ops::OpDef;
+use crate::error::{Error, ErrorKind, Result};
+use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
+use crate::DType;
+use alloc::vec::Vec;
 
 /// Operators of this family.
-pub const OPS: &[OpDef] = &[];
+pub const OPS: &[OpDef] = &[OpDef::onnx("Gemm", 7, prepare_gemm), OpDef::onnx("MatMul", 1, prepare_matmul)];
+
+fn len_err(expected: usize, got: usize) -> Error {
+    Error::new(ErrorKind::Len { expected: expected as u64, got: got as u64 })
+}
+
+/// Minimum slice length holding a `rows x cols` row-major matrix with
+/// leading dimension `ld`.
+fn needed(rows: usize, cols: usize, ld: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * ld + cols
+    }
+}
+
+/// `C = alpha * op(A) * op(B) + beta * C`, row-major.
+///
+/// `op(A)` is `m x k`: `A(i, p)` is `a[i * lda + p]`, or `a[p * lda + i]`
+/// when `transa`. `op(B)` is `k x n`: `B(p, j)` is `b[p * ldb + j]`, or
+/// `b[j * ldb + p]` when `transb`. `C(i, j)` is `c[i * ldc + j]`. With
+/// `beta == 0` C is overwritten (never read). Does not allocate.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    transa: bool,
+    b: &[f32],
+    ldb: usize,
+    transb: bool,
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) -> Result<()> {
+    let need_a = if transa { needed(k, m, lda) } else { needed(m, k, lda) };
+    let need_b = if transb { needed(n, k, ldb) } else { needed(k, n, ldb) };
+    let need_c = needed(m, n, ldc);
+    if a.len() < need_a {
+        return Err(len_err(need_a, a.len()));
+    }
+    if b.len() < need_b {
+        return Err(len_err(need_b, b.len()));
+    }
+    if c.len() < need_c {
+        return Err(len_err(need_c, c.len()));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // Scale C by beta.
+    for i in 0..m {
+        let row = &mut c[i * ldc..i * ldc + n];
+        if beta == 0.0 {
+            row.fill(0.0);
+        } else if beta != 1.0 {
+            for v in row.iter_mut() {
+                *v *= beta;
+            }
+        }
+    }
+    if k == 0 {
+        return Ok(());
+    }
+    let a_at = |i: usize, p: usize| if transa { a[p * lda + i] } else { a[i * lda + p] };
+    if !transb {
+        // i-k-j: the inner loop runs contiguously over a row of B and of C.
+        for i in 0..m {
+            let crow = &mut c[i * ldc..i * ldc + n];
+            let mut p = 0;
+            while p + 4 <= k {
+                let a0 = alpha * a_at(i, p);
+                let a1 = alpha * a_at(i, p + 1);
+                let a2 = alpha * a_at(i, p + 2);
+                let a3 = alpha * a_at(i, p + 3);
+                let b0 = &b[p * ldb..p * ldb + n];
+                let b1 = &b[(p + 1) * ldb..(p + 1) * ldb + n];
+                let b2 = &b[(p + 2) * ldb..(p + 2) * ldb + n];
+                let b3 = &b[(p + 3) * ldb..(p + 3) * ldb + n];
+                for ((((cv, &x0), &x1), &x2), &x3) in crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3) {
+                    *cv += a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3;
+                }
+                p += 4;
+            }
+            while p < k {
+                let a0 = alpha * a_at(i, p);
+                let b0 = &b[p * ldb..p * ldb + n];
+                for (cv, &x0) in crow.iter_mut().zip(b0) {
+                    *cv += a0 * x0;
+                }
+                p += 1;
+            }
+        }
+    } else if !transa {
+        // Both operands contiguous over k: dot products, 4 accumulators.
+        for i in 0..m {
+            let arow = &a[i * lda..i * lda + k];
+            for j in 0..n {
+                let brow = &b[j * ldb..j * ldb + k];
+                let mut s = [0.0f32; 4];
+                let mut ac = arow.chunks_exact(4);
+                let mut bc = brow.chunks_exact(4);
+                for (x, y) in (&mut ac).zip(&mut bc) {
+                    s[0] += x[0] * y[0];
+                    s[1] += x[1] * y[1];
+                    s[2] += x[2] * y[2];
+                    s[3] += x[3] * y[3];
+                }
+                let mut t = (s[0] + s[1]) + (s[2] + s[3]);
+                for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
+                    t += x * y;
+                }
+                c[i * ldc + j] += alpha * t;
+            }
+        }
+    } else {
+        // A^T B^T: A(i, p) = a[p*lda + i]; keep the dot over k, 4 columns of
+        // C at a time.
+        for i in 0..m {
+            let mut j = 0;
+            while j + 4 <= n {
+                let mut s = [0.0f32; 4];
+                for p in 0..k {
+                    let av = a[p * lda + i];
+                    s[0] += av * b[j * ldb + p];
+                    s[1] += av * b[(j + 1) * ldb + p];
+                    s[2] += av * b[(j + 2) * ldb + p];
+                    s[3] += av * b[(j + 3) * ldb + p];
+                }
+                for (q, sv) in s.iter().enumerate() {
+                    c[i * ldc + j + q] += alpha * sv;
+                }
+                j += 4;
+            }
+            while j < n {
+                let mut t = 0.0f32;
+                for p in 0..k {
+                    t += a[p * lda + i] * b[j * ldb + p];
+                }
+                c[i * ldc + j] += alpha * t;
+                j += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let a = ctx.input(0)?;
+    let b = ctx.input(1)?;
+    util::dtype_in(a.dtype, &[DType::F32], "Gemm A")?;
+    util::dtype_in(b.dtype, &[DType::F32], "Gemm B")?;
+    if a.shape.len() != 2 {
+        return Err(Error::new(ErrorKind::Rank { expected: 2, got: a.shape.len() }));
+    }
+    if b.shape.len() != 2 {
+        return Err(Error::new(ErrorKind::Rank { expected: 2, got: b.shape.len() }));
+    }
+    let transa = ctx.attr_int("transA", 0)? != 0;
+    let transb = ctx.attr_int("transB", 0)? != 0;
+    let alpha = ctx.attr_float("alpha", 1.0)?;
+    let beta = ctx.attr_float("beta", 1.0)?;
+    let (m, k) = if transa { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
+    let (kb, n) = if transb { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+    if k != kb {
+        return Err(Error::new(ErrorKind::Dim { axis: if transb { 1 } else { 0 }, expected: k as u64, got: kb as u64 }));
+    }
+    let lda = a.shape[1];
+    let ldb = b.shape[1];
+    // C: unidirectional broadcast to (M, N); strides (row, col) into C.
+    let c_strides = match ctx.opt_input(2) {
+        None => None,
+        Some(c) => {
+            util::dtype_in(c.dtype, &[DType::F32], "Gemm C")?;
+            if c.shape.len() > 2 {
+                return Err(Error::new(ErrorKind::Rank { expected: 2, got: c.shape.len() }));
+            }
+            let out = [m, n];
+            let off = 2 - c.shape.len();
+            for (i, &d) in c.shape.iter().enumerate() {
+                if d != 1 && d != out[i + off] {
+                    return Err(Error::new(ErrorKind::Shape("Gemm C does not broadcast to (M, N)")));
+                }
+            }
+            let s = broadcast_strides(c.shape, &out);
+            Some((s[0], s[1]))
+        }
+    };
+    Ok(Prepared::single(
+        DType::F32,
+        &[m, n],
+        kernel("Gemm", move |io| {
+            let a = io.input_slice::<f32>(0)?;
+            let b = io.input_slice::<f32>(1)?;
+            let c = match c_strides {
+                Some(s) if beta != 0.0 => Some((io.input_slice::<f32>(2)?, s)),
+                _ => None,
+            };
+            let y = io.output_slice::<f32>(0)?;
+            let beta_eff = match c {
+                Some((cv, (s0, s1))) => {
+                    let need = if m == 0 || n == 0 { 0 } else { (m - 1) * s0 + (n - 1) * s1 + 1 };
+                    if cv.len() < need {
+                        return Err(len_err(need, cv.len()));
+                    }
+                    if y.len() < m * n {
+                        return Err(len_err(m * n, y.len()));
+                    }
+                    for i in 0..m {
+                        for j in 0..n {
+                            y[i * n + j] = beta * cv[i * s0 + j * s1];
+                        }
+                    }
+                    1.0
+                }
+                None => 0.0,
+            };
+            sgemm(m, n, k, a, lda, transa, b, ldb, transb, y, n, alpha, beta_eff)
+        }),
+    ))
+}
+
+fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let a = ctx.input(0)?;
+    let b = ctx.input(1)?;
+    util::dtype_in(a.dtype, &[DType::F32], "MatMul A")?;
+    util::dtype_in(b.dtype, &[DType::F32], "MatMul B")?;
+    if a.shape.is_empty() || b.shape.is_empty() {
+        return Err(Error::new(ErrorKind::Shape("MatMul inputs must have rank >= 1")));
+    }
+    let ra = a.shape.len();
+    let rb = b.shape.len();
+    let (m, k, a_batch) = if ra == 1 { (1, a.shape[0], &a.shape[..0]) } else { (a.shape[ra - 2], a.shape[ra - 1], &a.shape[..ra - 2]) };
+    let (kb, n, b_batch) = if rb == 1 { (b.shape[0], 1, &b.shape[..0]) } else { (b.shape[rb - 2], b.shape[rb - 1], &b.shape[..rb - 2]) };
+    if k != kb {
+        return Err(Error::new(ErrorKind::Dim { axis: if rb == 1 { 0 } else { rb - 2 }, expected: k as u64, got: kb as u64 }));
+    }
+    let mut bs = [0usize; MAX_RANK];
+    let br = broadcast_shapes(a_batch, b_batch, &mut bs)?;
+    let batch: Vec<usize> = bs[..br].to_vec();
+    let mut out_shape = batch.clone();
+    if ra != 1 {
+        out_shape.push(m);
+    }
+    if rb != 1 {
+        out_shape.push(n);
+    }
+    if out_shape.len() > MAX_RANK {
+        return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
+    }
+    let mut sa = broadcast_strides(a_batch, &batch);
+    let mut sb = broadcast_strides(b_batch, &batch);
+    for v in sa.iter_mut() {
+        *v *= m * k;
+    }
+    for v in sb.iter_mut() {
+        *v *= k * n;
+    }
+    Ok(Prepared::single(
+        DType::F32,
+        &out_shape,
+        kernel("MatMul", move |io| {
+            let a = io.input_slice::<f32>(0)?;
+            let b = io.input_slice::<f32>(1)?;
+            let y = io.output_slice::<f32>(0)?;
+            let mn = m * n;
+            for (bi, [oa, ob]) in StridedIter::new(&batch, [sa, sb]).enumerate() {
+                let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
+                let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
+                let yv = y.get_mut(bi * mn..bi * mn + mn).ok_or(Error::new(ErrorKind::Internal("MatMul output")))?;
+                sgemm(m, n, k, av, k, false, bv, n, false, yv, n, 1.0, 0.0)?;
+            }
+            Ok(())
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::AttrValue;
+    use crate::ops::testing::{assert_close, run, t, vals};
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn rnd(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn naive_gemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: bool, alpha: f32) -> Vec<f32> {
+        let mut y = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0;
+                for p in 0..k {
+                    let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                    let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                    s += av * bv;
+                }
+                y[i * n + j] = alpha * s;
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn gemm_trans_and_c_broadcast() {
+        let (m, n, k) = (5, 7, 9);
+        let a = rnd(m * k, 1);
+        let b = rnd(k * n, 2);
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let ash = if ta { [k, m] } else { [m, k] };
+                let bsh = if tb { [n, k] } else { [k, n] };
+                let base = naive_gemm(m, n, k, &a, ta, &b, tb, 0.5);
+                let attrs = || {
+                    vec![
+                        ("transA", AttrValue::Int(ta as i64)),
+                        ("transB", AttrValue::Int(tb as i64)),
+                        ("alpha", AttrValue::Float(0.5)),
+                        ("beta", AttrValue::Float(2.0)),
+                    ]
+                };
+                // No C.
+                let r = run("Gemm", 13, attrs(), &[t(&ash, &a), t(&bsh, &b)], 1).unwrap();
+                assert_eq!(r[0].shape, vec![m, n]);
+                assert_close(&vals::<f32>(&r[0]), &base, 1e-5);
+                // C forms.
+                let forms: Vec<Vec<usize>> = vec![vec![], vec![1], vec![n], vec![1, n], vec![m, 1], vec![m, n], vec![1, 1]];
+                for cs in forms {
+                    let cn: usize = cs.iter().product();
+                    let c = rnd(cn, 7);
+                    let want: Vec<f32> = (0..m * n)
+                        .map(|idx| {
+                            let (i, j) = (idx / n, idx % n);
+                            let ci = match cs.as_slice() {
+                                [] | [1] | [1, 1] => 0,
+                                [x] if *x == n => j,
+                                [1, _] => j,
+                                [_, 1] => i,
+                                _ => idx,
+                            };
+                            base[idx] + 2.0 * c[ci]
+                        })
+                        .collect();
+                    let r = run("Gemm", 13, attrs(), &[t(&ash, &a), t(&bsh, &b), t(&cs, &c)], 1).unwrap();
+                    assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
+                }
+            }
+        }
+        // Bad C shape.
+        assert!(run("Gemm", 13, vec![], &[t(&[m, k], &a), t(&[k, n], &b), t(&[2, n], &rnd(2 * n, 3))], 1).is_err());
+        // Inner dim mismatch.
+        assert!(run("Gemm", 13, vec![], &[t(&[m, k], &a), t(&[n, k], &b)], 1).is_err());
+    }
+
+    #[test]
+    fn sgemm_larger_and_leading_dims() {
+        let (m, n, k) = (17, 33, 21);
+        let a = rnd(m * k, 4);
+        let b = rnd(k * n, 5);
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let mut c = vec![1.0f32; m * n];
+                let lda = if ta { m } else { k };
+                let ldb = if tb { k } else { n };
+                super::sgemm(m, n, k, &a, lda, ta, &b, ldb, tb, &mut c, n, 1.5, 0.5).unwrap();
+                let want: Vec<f32> = naive_gemm(m, n, k, &a, ta, &b, tb, 1.5).iter().map(|v| v + 0.5).collect();
+                assert_close(&c, &want, 1e-5);
+            }
+        }
+        let mut c = vec![0.0f32; 4];
+        assert!(super::sgemm(2, 2, 2, &a[..3], 2, false, &b, 2, false, &mut c, 2, 1.0, 0.0).is_err());
+    }
+
+    fn naive_matmul(ash: &[usize], a: &[f32], bsh: &[usize], b: &[f32]) -> (Vec<usize>, Vec<f32>) {
+        // Uses explicit broadcasting over rank-3 padded shapes.
+        let pa: Vec<usize> = if ash.len() == 1 { vec![1, ash[0]] } else { ash.to_vec() };
+        let pb: Vec<usize> = if bsh.len() == 1 { vec![bsh[0], 1] } else { bsh.to_vec() };
+        let r = pa.len().max(pb.len());
+        let pad = |s: &[usize]| {
+            let mut v = vec![1; r - s.len()];
+            v.extend_from_slice(s);
+            v
+        };
+        let (pa, pb) = (pad(&pa), pad(&pb));
+        let (m, k, n) = (pa[r - 2], pa[r - 1], pb[r - 1]);
+        let batch: Vec<usize> = (0..r - 2).map(|i| pa[i].max(pb[i])).collect();
+        let nb: usize = batch.iter().product();
+        let mut y = Vec::new();
+        for bi in 0..nb {
+            // Decompose bi into batch index.
+            let mut rem = bi;
+            let mut idx = vec![0; batch.len()];
+            for d in (0..batch.len()).rev() {
+                idx[d] = rem % batch[d];
+                rem /= batch[d];
+            }
+            let off = |s: &[usize], mat: usize| {
+                let mut o = 0;
+                for d in 0..batch.len() {
+                    o = o * s[d] + if s[d] == 1 { 0 } else { idx[d] };
+                }
+                o * mat
+            };
+            let oa = off(&pa, m * k);
+            let ob = off(&pb, k * n);
+            y.extend(naive_gemm(m, n, k, &a[oa..oa + m * k], false, &b[ob..ob + k * n], false, 1.0));
+        }
+        let mut shape = batch.clone();
+        if ash.len() != 1 {
+            shape.push(m);
+        }
+        if bsh.len() != 1 {
+            shape.push(n);
+        }
+        (shape, y)
+    }
+
+    #[test]
+    fn matmul_broadcast_and_1d() {
+        let cases: Vec<(Vec<usize>, Vec<usize>)> = vec![
+            (vec![3, 4], vec![4, 5]),
+            (vec![2, 3, 4], vec![4, 5]),
+            (vec![3, 4], vec![2, 4, 5]),
+            (vec![2, 1, 3, 4], vec![3, 4, 6]),
+            (vec![4], vec![4, 5]),
+            (vec![3, 4], vec![4]),
+            (vec![4], vec![4]),
+            (vec![4], vec![2, 4, 5]),
+            (vec![2, 3, 4], vec![4]),
+            (vec![1, 3, 0], vec![0, 2]),
+        ];
+        for (i, (ash, bsh)) in cases.iter().enumerate() {
+            let a = rnd(ash.iter().product(), 10 + i as u64);
+            let b = rnd(bsh.iter().product(), 20 + i as u64);
+            let (shape, want) = naive_matmul(ash, &a, bsh, &b);
+            let r = run("MatMul", 13, vec![], &[t(ash, &a), t(bsh, &b)], 1).unwrap();
+            assert_eq!(r[0].shape, shape, "case {i}");
+            assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
+        }
+        assert!(run("MatMul", 13, vec![], &[t(&[3, 4], &rnd(12, 1)), t(&[3, 4], &rnd(12, 2))], 1).is_err());
+        assert!(run("MatMul", 13, vec![], &[t(&[2, 3, 4], &rnd(24, 1)), t(&[3, 4, 2], &rnd(24, 2))], 1).is_err());
+    }
+}

@@ -1,6 +1,1852 @@
-//! shape operators.
+//! Shape and data-movement operators: zero-copy views (Reshape, Flatten,
+//! Squeeze, Unsqueeze, Identity, Dropout), build-time values (Shape, Size,
+//! Range), strided copies (Transpose, Slice, Expand, Tile), Concat, Split,
+//! Gather, Pad, Cast, ConstantOfShape, Where, comparisons and Not.
+//!
+//! Data-movement kernels work on raw bytes, so they handle every dtype.
 
-use crate::ops::OpDef;
+use alloc::vec::Vec;
+
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::model::Const;
+use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
+use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
+use crate::{DType, Element};
 
 /// Operators of this family.
-pub const OPS: &[OpDef] = &[];
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("Reshape", 1, prepare_reshape),
+    OpDef::onnx("Flatten", 1, prepare_flatten),
+    OpDef::onnx("Squeeze", 1, prepare_squeeze),
+    OpDef::onnx("Unsqueeze", 1, prepare_unsqueeze),
+    OpDef::onnx("Identity", 1, prepare_identity),
+    OpDef::onnx("Dropout", 1, prepare_dropout),
+    OpDef::onnx("Shape", 1, prepare_shape),
+    OpDef::onnx("Size", 1, prepare_size),
+    OpDef::onnx("Transpose", 1, prepare_transpose),
+    OpDef::onnx("Concat", 1, prepare_concat),
+    OpDef::onnx("Split", 1, prepare_split),
+    OpDef::onnx("Slice", 1, prepare_slice),
+    OpDef::onnx("Gather", 1, prepare_gather),
+    OpDef::onnx("Pad", 2, prepare_pad),
+    OpDef::onnx("Cast", 6, prepare_cast),
+    OpDef::onnx("ConstantOfShape", 9, prepare_constant_of_shape),
+    OpDef::onnx("Range", 11, prepare_range),
+    OpDef::onnx("Expand", 8, prepare_expand),
+    OpDef::onnx("Tile", 6, prepare_tile),
+    OpDef::onnx("Where", 9, prepare_where),
+    OpDef::onnx("Equal", 7, prepare_equal),
+    OpDef::onnx("Less", 7, prepare_less),
+    OpDef::onnx("Greater", 7, prepare_greater),
+    OpDef::onnx("LessOrEqual", 12, prepare_less_equal),
+    OpDef::onnx("GreaterOrEqual", 12, prepare_greater_equal),
+    OpDef::onnx("Not", 1, prepare_not),
+];
+
+fn shape_err(s: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(s))
+}
+
+fn attr_err(name: &'static str, problem: &'static str) -> Error {
+    Error::new(ErrorKind::Attribute { name, problem })
+}
+
+fn internal(s: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(s))
+}
+
+/// Integer list from attribute `name` before `input_since`, from constant
+/// input `input` from then on.
+fn ints_attr_or_input(
+    ctx: &PrepareCtx<'_>,
+    name: &'static str,
+    input: usize,
+    input_since: i64,
+) -> Result<Option<Vec<i64>>> {
+    if ctx.opset < input_since {
+        Ok(ctx.attr_ints(name)?.map(|v| v.to_vec()))
+    } else {
+        ctx.const_ints(input)
+    }
+}
+
+/// Normalizes a possibly negative axis; `Err` if outside `[-rank, rank)`.
+fn norm_axis(a: i64, rank: usize, name: &'static str) -> Result<usize> {
+    let r = rank as i64;
+    let v = if a < 0 { a + r } else { a };
+    if v < 0 || v >= r {
+        return Err(attr_err(name, "axis out of range"));
+    }
+    Ok(v as usize)
+}
+
+/// Bytes of one element of `dt` holding the value `v` (floats rounded,
+/// integers truncated toward zero).
+fn value_bytes(dt: DType, v: f64) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    let iv = v as i128;
+    match dt {
+        DType::F32 => b[..4].copy_from_slice(&(v as f32).to_le_bytes()),
+        DType::F64 => b.copy_from_slice(&v.to_le_bytes()),
+        DType::F16 => b[..2].copy_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+        DType::BF16 => b[..2].copy_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+        DType::Bool => b[0] = (v != 0.0) as u8,
+        _ => b = (iv as u64).to_le_bytes(),
+    }
+    b
+}
+
+// ---------------------------------------------------------------------------
+// Zero-copy views.
+
+fn prepare_reshape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let spec: Vec<i64> = if ctx.opset < 5 {
+        ctx.attr_ints("shape")?
+            .ok_or(attr_err("shape", "required"))?
+            .to_vec()
+    } else {
+        ctx.const_ints(1)?
+            .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?
+    };
+    let allowzero = ctx.opset >= 14 && ctx.attr_int("allowzero", 0)? != 0;
+    let numel = x.numel();
+    let mut out = Vec::with_capacity(spec.len());
+    let mut infer: Option<usize> = None;
+    for (i, &d) in spec.iter().enumerate() {
+        match d {
+            -1 => {
+                if infer.is_some() {
+                    return Err(shape_err("Reshape: more than one -1"));
+                }
+                infer = Some(i);
+                out.push(1);
+            }
+            0 if !allowzero => out.push(
+                *x.shape
+                    .get(i)
+                    .ok_or(shape_err("Reshape: 0 beyond the input rank"))?,
+            ),
+            d if d < 0 => return Err(shape_err("Reshape: negative dimension")),
+            d => out.push(d as usize),
+        }
+    }
+    let known = checked_numel(&out)?;
+    if let Some(i) = infer {
+        if known == 0 || numel % known != 0 {
+            return Err(shape_err("Reshape: cannot infer -1"));
+        }
+        out[i] = numel / known;
+    }
+    if checked_numel(&out)? != numel {
+        return Err(shape_err("Reshape: element count differs"));
+    }
+    Ok(Prepared::alias(x.dtype, &out))
+}
+
+fn prepare_flatten(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len() as i64;
+    let mut a = ctx.attr_int("axis", 1)?;
+    if a < 0 {
+        a += r;
+    }
+    if a < 0 || a > r {
+        return Err(attr_err("axis", "axis out of range"));
+    }
+    let a = a as usize;
+    let outer = checked_numel(&x.shape[..a])?;
+    let inner = checked_numel(&x.shape[a..])?;
+    Ok(Prepared::alias(x.dtype, &[outer, inner]))
+}
+
+fn prepare_squeeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    let axes = ints_attr_or_input(ctx, "axes", 1, 13)?;
+    let mut drop = [false; 64];
+    if r > drop.len() {
+        return Err(Error::new(ErrorKind::Unsupported("rank above 64")));
+    }
+    match axes {
+        Some(axes) => {
+            for &a in &axes {
+                let a = norm_axis(a, r, "axes")?;
+                if x.shape[a] != 1 {
+                    return Err(shape_err("Squeeze: axis is not of size 1"));
+                }
+                drop[a] = true;
+            }
+        }
+        None => {
+            for (i, &d) in x.shape.iter().enumerate() {
+                drop[i] = d == 1;
+            }
+        }
+    }
+    let out: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !drop[*i])
+        .map(|(_, &d)| d)
+        .collect();
+    Ok(Prepared::alias(x.dtype, &out))
+}
+
+fn prepare_unsqueeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let axes = ints_attr_or_input(ctx, "axes", 1, 13)?.ok_or(attr_err("axes", "required"))?;
+    let r = x.shape.len() + axes.len();
+    let mut ins = [false; 64];
+    if r > ins.len() {
+        return Err(Error::new(ErrorKind::Unsupported("rank above 64")));
+    }
+    for &a in &axes {
+        let a = norm_axis(a, r, "axes")?;
+        if ins[a] {
+            return Err(attr_err("axes", "repeated axis"));
+        }
+        ins[a] = true;
+    }
+    let mut src = x.shape.iter();
+    let mut out = Vec::with_capacity(r);
+    for &new in ins.iter().take(r) {
+        out.push(if new {
+            1
+        } else {
+            *src.next().ok_or(internal("unsqueeze"))?
+        });
+    }
+    Ok(Prepared::alias(x.dtype, &out))
+}
+
+fn prepare_identity(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    Ok(Prepared::alias(x.dtype, x.shape))
+}
+
+fn prepare_dropout(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    if ctx.opset >= 12 {
+        if let Some(tm) = ctx.opt_input(2) {
+            if let Some(v) = tm.value {
+                if v.numel() > 0 && v.f64_at(0).unwrap_or(0.0) != 0.0 {
+                    return Err(Error::new(ErrorKind::Unsupported(
+                        "Dropout in training mode",
+                    )));
+                }
+            }
+        }
+    }
+    if !ctx.has_output(1) {
+        return Ok(Prepared::alias(x.dtype, x.shape));
+    }
+    let mask_dt = if ctx.opset >= 10 {
+        DType::Bool
+    } else {
+        x.dtype
+    };
+    let one = value_bytes(mask_dt, 1.0);
+    let es = mask_dt.size();
+    let outputs = alloc::vec![
+        crate::ops::OutputInfo::new(x.dtype, x.shape),
+        crate::ops::OutputInfo::new(mask_dt, x.shape),
+    ];
+    Ok(Prepared::new(
+        outputs,
+        kernel("Dropout", move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            io.output(0)?.bytes_mut().copy_from_slice(src);
+            let mut m = io.output(1)?;
+            for c in m.bytes_mut().chunks_exact_mut(es) {
+                c.copy_from_slice(&one[..es]);
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Build-time values.
+
+fn prepare_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len() as i64;
+    let clampi = |v: i64| -> usize {
+        let v = if v < 0 { v + r } else { v };
+        v.max(0).min(r) as usize
+    };
+    let (s, e) = if ctx.opset >= 15 {
+        (
+            clampi(ctx.attr_int("start", 0)?),
+            clampi(ctx.attr_int("end", r)?),
+        )
+    } else {
+        (0, r as usize)
+    };
+    let dims: Vec<i64> = if s < e {
+        x.shape[s..e].iter().map(|&d| d as i64).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Prepared::values(alloc::vec![Const::from_slice::<i64>(
+        &[dims.len()],
+        &dims
+    )?]))
+}
+
+fn prepare_size(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    Ok(Prepared::values(alloc::vec![Const::from_slice::<i64>(
+        &[],
+        &[x.numel() as i64]
+    )?]))
+}
+
+fn scalar_f64(ctx: &PrepareCtx<'_>, i: usize) -> Result<f64> {
+    let x = ctx.input(i)?;
+    let v = x.value.ok_or(Error::new(ErrorKind::Unsupported(
+        "Range inputs must be known at build time",
+    )))?;
+    if v.numel() != 1 {
+        return Err(shape_err("Range: inputs must be scalars"));
+    }
+    v.f64_at(0).ok_or(Error::new(ErrorKind::UnsupportedDType {
+        what: "Range",
+        code: v.dtype().onnx_code(),
+    }))
+}
+
+fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let dt = ctx.input(0)?.dtype;
+    util::dtype_in(
+        dt,
+        &[DType::F32, DType::F64, DType::I16, DType::I32, DType::I64],
+        "Range",
+    )?;
+    for i in 1..3 {
+        if ctx.input(i)?.dtype != dt {
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: dt,
+                got: ctx.input(i)?.dtype,
+            }));
+        }
+    }
+    let c = if dt.is_int() {
+        let get = |i: usize| -> Result<i128> {
+            let v = ctx
+                .input(i)?
+                .value
+                .ok_or(Error::new(ErrorKind::Unsupported(
+                    "Range inputs must be constant",
+                )))?;
+            if v.numel() != 1 {
+                return Err(shape_err("Range: inputs must be scalars"));
+            }
+            v.int_at(0).map(|x| x as i128).ok_or(internal("range int"))
+        };
+        let (s, l, d) = (get(0)?, get(1)?, get(2)?);
+        if d == 0 {
+            return Err(shape_err("Range: delta is 0"));
+        }
+        let span = l - s;
+        let n = if (span > 0) == (d > 0) && span != 0 {
+            let q = span / d;
+            if span % d != 0 {
+                q + 1
+            } else {
+                q
+            }
+        } else {
+            0
+        };
+        let n = usize::try_from(n.max(0)).map_err(|_| Error::new(ErrorKind::Overflow))?;
+        let vals = (0..n).map(|k| s + d * k as i128);
+        match dt {
+            DType::I64 => {
+                Const::from_slice::<i64>(&[n], &vals.map(|v| v as i64).collect::<Vec<_>>())?
+            }
+            DType::I32 => {
+                Const::from_slice::<i32>(&[n], &vals.map(|v| v as i32).collect::<Vec<_>>())?
+            }
+            _ => Const::from_slice::<i16>(&[n], &vals.map(|v| v as i16).collect::<Vec<_>>())?,
+        }
+    } else {
+        let (s, l, d) = (
+            scalar_f64(ctx, 0)?,
+            scalar_f64(ctx, 1)?,
+            scalar_f64(ctx, 2)?,
+        );
+        if d == 0.0 {
+            return Err(shape_err("Range: delta is 0"));
+        }
+        let nf = libm::ceil((l - s) / d);
+        let n = if nf.is_nan() || nf <= 0.0 {
+            0
+        } else {
+            nf as usize
+        };
+        if n > (1 << 32) {
+            return Err(Error::new(ErrorKind::Overflow));
+        }
+        if dt == DType::F32 {
+            let (s, d) = (s as f32, d as f32);
+            Const::from_slice::<f32>(&[n], &(0..n).map(|k| s + k as f32 * d).collect::<Vec<_>>())?
+        } else {
+            Const::from_slice::<f64>(&[n], &(0..n).map(|k| s + k as f64 * d).collect::<Vec<_>>())?
+        }
+    };
+    Ok(Prepared::values(alloc::vec![c]))
+}
+
+// ---------------------------------------------------------------------------
+// Strided copies.
+
+const WR: usize = 2 * MAX_RANK;
+
+/// A strided read of the input, written densely in row-major output order.
+#[derive(Clone, Copy, Debug)]
+struct Walk {
+    rank: usize,
+    shape: [usize; WR],
+    stride: [isize; WR],
+    base: isize,
+}
+
+impl Walk {
+    /// Drops size-1 axes and merges axes that are contiguous in the input.
+    fn simplify(self) -> Walk {
+        let mut w = Walk {
+            rank: 0,
+            shape: [1; WR],
+            stride: [0; WR],
+            base: self.base,
+        };
+        for i in 0..self.rank {
+            if self.shape[i] == 1 {
+                continue;
+            }
+            if self.shape[i] == 0 {
+                return Walk {
+                    rank: 1,
+                    shape: [0; WR],
+                    stride: [0; WR],
+                    base: 0,
+                };
+            }
+            if w.rank > 0 && w.stride[w.rank - 1] == self.stride[i] * self.shape[i] as isize {
+                w.shape[w.rank - 1] *= self.shape[i];
+                w.stride[w.rank - 1] = self.stride[i];
+            } else {
+                w.shape[w.rank] = self.shape[i];
+                w.stride[w.rank] = self.stride[i];
+                w.rank += 1;
+            }
+        }
+        w
+    }
+
+    fn copy(&self, src: &[u8], dst: &mut [u8], es: usize) -> Result<()> {
+        let n: usize = self.shape[..self.rank].iter().product();
+        if n == 0 {
+            return Ok(());
+        }
+        let bad = || internal("strided copy out of range");
+        let (inner_len, inner_stride, outer) = if self.rank == 0 {
+            (1, 1, 0)
+        } else {
+            (
+                self.shape[self.rank - 1],
+                self.stride[self.rank - 1],
+                self.rank - 1,
+            )
+        };
+        let mut idx = [0usize; WR];
+        let mut off = self.base;
+        let mut d = 0usize;
+        loop {
+            if inner_stride == 1 {
+                let s = usize::try_from(off).map_err(|_| bad())? * es;
+                let len = inner_len * es;
+                let from = src.get(s..s + len).ok_or_else(bad)?;
+                dst.get_mut(d..d + len)
+                    .ok_or_else(bad)?
+                    .copy_from_slice(from);
+                d += len;
+            } else {
+                let mut o = off;
+                for _ in 0..inner_len {
+                    let s = usize::try_from(o).map_err(|_| bad())? * es;
+                    let from = src.get(s..s + es).ok_or_else(bad)?;
+                    dst.get_mut(d..d + es)
+                        .ok_or_else(bad)?
+                        .copy_from_slice(from);
+                    d += es;
+                    o += inner_stride;
+                }
+            }
+            let mut ax = outer;
+            loop {
+                if ax == 0 {
+                    return Ok(());
+                }
+                ax -= 1;
+                idx[ax] += 1;
+                off += self.stride[ax];
+                if idx[ax] < self.shape[ax] {
+                    break;
+                }
+                off -= self.stride[ax] * self.shape[ax] as isize;
+                idx[ax] = 0;
+            }
+        }
+    }
+}
+
+fn in_strides(shape: &[usize]) -> Result<[isize; MAX_RANK]> {
+    let s =
+        crate::tensor::strides(shape).ok_or(Error::new(ErrorKind::Unsupported("rank above 8")))?;
+    let mut o = [0isize; MAX_RANK];
+    for i in 0..MAX_RANK {
+        o[i] = s[i] as isize;
+    }
+    Ok(o)
+}
+
+fn walk_prepared(name: &'static str, dt: DType, out_shape: &[usize], w: Walk) -> Prepared {
+    let w = w.simplify();
+    let es = dt.size();
+    Prepared::single(
+        dt,
+        out_shape,
+        kernel(name, move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            w.copy(src, io.output(0)?.bytes_mut(), es)
+        }),
+    )
+}
+
+fn prepare_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    let perm: Vec<usize> = match ctx.attr_ints("perm")? {
+        Some(p) => p
+            .iter()
+            .map(|&a| norm_axis(a, r, "perm"))
+            .collect::<Result<_>>()?,
+        None => (0..r).rev().collect(),
+    };
+    if perm.len() != r {
+        return Err(attr_err("perm", "length differs from the rank"));
+    }
+    let mut seen = [false; MAX_RANK];
+    let st = in_strides(x.shape)?;
+    let mut w = Walk {
+        rank: r,
+        shape: [1; WR],
+        stride: [0; WR],
+        base: 0,
+    };
+    let mut out = Vec::with_capacity(r);
+    for (i, &p) in perm.iter().enumerate() {
+        if seen[p] {
+            return Err(attr_err("perm", "not a permutation"));
+        }
+        seen[p] = true;
+        w.shape[i] = x.shape[p];
+        w.stride[i] = st[p];
+        out.push(x.shape[p]);
+    }
+    Ok(walk_prepared("Transpose", x.dtype, &out, w))
+}
+
+fn prepare_slice(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    let (starts, ends, axes, steps) = if ctx.opset < 10 {
+        (
+            ctx.attr_ints("starts")?
+                .ok_or(attr_err("starts", "required"))?
+                .to_vec(),
+            ctx.attr_ints("ends")?
+                .ok_or(attr_err("ends", "required"))?
+                .to_vec(),
+            ctx.attr_ints("axes")?.map(|v| v.to_vec()),
+            None,
+        )
+    } else {
+        (
+            ctx.const_ints(1)?
+                .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?,
+            ctx.const_ints(2)?
+                .ok_or(Error::new(ErrorKind::MissingInput { index: 2 }))?,
+            ctx.const_ints(3)?,
+            ctx.const_ints(4)?,
+        )
+    };
+    let n = starts.len();
+    if ends.len() != n
+        || axes.as_ref().is_some_and(|a| a.len() != n)
+        || steps.as_ref().is_some_and(|s| s.len() != n)
+    {
+        return Err(shape_err(
+            "Slice: starts, ends, axes and steps differ in length",
+        ));
+    }
+    let st = in_strides(x.shape)?;
+    let mut w = Walk {
+        rank: r,
+        shape: [1; WR],
+        stride: [0; WR],
+        base: 0,
+    };
+    for i in 0..r {
+        w.shape[i] = x.shape[i];
+        w.stride[i] = st[i];
+    }
+    let mut seen = [false; MAX_RANK];
+    for k in 0..n {
+        let a = match &axes {
+            Some(ax) => norm_axis(ax[k], r, "axes")?,
+            None => k,
+        };
+        if a >= r || seen[a] {
+            return Err(attr_err("axes", "repeated or out of range"));
+        }
+        seen[a] = true;
+        let step = steps.as_ref().map_or(1, |s| s[k]);
+        if step == 0 {
+            return Err(shape_err("Slice: step is 0"));
+        }
+        let d = x.shape[a] as i128;
+        let (mut s, mut e, step) = (starts[k] as i128, ends[k] as i128, step as i128);
+        if s < 0 {
+            s += d;
+        }
+        if e < 0 {
+            e += d;
+        }
+        let len = if step > 0 {
+            s = s.max(0).min(d);
+            e = e.max(0).min(d);
+            if e > s {
+                (e - s + step - 1) / step
+            } else {
+                0
+            }
+        } else {
+            s = s.max(0).min(d - 1);
+            e = e.max(-1).min(d - 1);
+            if s > e {
+                (s - e + (-step) - 1) / (-step)
+            } else {
+                0
+            }
+        };
+        if len > 0 {
+            w.base += (s as isize) * st[a];
+        }
+        w.stride[a] = st[a] * step as isize;
+        w.shape[a] = len as usize;
+    }
+    let out: Vec<usize> = w.shape[..r].to_vec();
+    Ok(walk_prepared("Slice", x.dtype, &out, w))
+}
+
+fn prepare_expand(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let shape = ctx
+        .const_ints(1)?
+        .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
+    let shape: Vec<usize> = shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| shape_err("Expand: negative dim")))
+        .collect::<Result<_>>()?;
+    let mut out = [0usize; MAX_RANK];
+    let r = broadcast_shapes(x.shape, &shape, &mut out)?;
+    let out = &out[..r];
+    let bs = broadcast_strides(x.shape, out);
+    let mut w = Walk {
+        rank: r,
+        shape: [1; WR],
+        stride: [0; WR],
+        base: 0,
+    };
+    for i in 0..r {
+        w.shape[i] = out[i];
+        w.stride[i] = bs[i] as isize;
+    }
+    Ok(walk_prepared("Expand", x.dtype, out, w))
+}
+
+fn prepare_tile(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    let reps = ctx
+        .const_ints(1)?
+        .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
+    if reps.len() != r {
+        return Err(shape_err("Tile: repeats length differs from the rank"));
+    }
+    let st = in_strides(x.shape)?;
+    let mut w = Walk {
+        rank: 2 * r,
+        shape: [1; WR],
+        stride: [0; WR],
+        base: 0,
+    };
+    let mut out = Vec::with_capacity(r);
+    for i in 0..r {
+        let rep = usize::try_from(reps[i]).map_err(|_| shape_err("Tile: negative repeat"))?;
+        w.shape[2 * i] = rep;
+        w.stride[2 * i] = 0;
+        w.shape[2 * i + 1] = x.shape[i];
+        w.stride[2 * i + 1] = st[i];
+        out.push(
+            rep.checked_mul(x.shape[i])
+                .ok_or(Error::new(ErrorKind::Overflow))?,
+        );
+    }
+    Ok(walk_prepared("Tile", x.dtype, &out, w))
+}
+
+// ---------------------------------------------------------------------------
+// Concat, Split, Gather.
+
+fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x0 = ctx.input(0)?;
+    let r = x0.shape.len();
+    let axis = norm_axis(
+        ctx.attr_int("axis", if ctx.opset < 4 { 1 } else { i64::MAX })?,
+        r,
+        "axis",
+    )?;
+    let mut out: Vec<usize> = x0.shape.to_vec();
+    out[axis] = 0;
+    let inner = checked_numel(&x0.shape[axis + 1..])?;
+    let es = x0.dtype.size();
+    let mut rows = Vec::with_capacity(ctx.num_inputs());
+    for i in 0..ctx.num_inputs() {
+        let x = ctx.input(i)?;
+        if x.dtype != x0.dtype {
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: x0.dtype,
+                got: x.dtype,
+            }));
+        }
+        if x.shape.len() != r {
+            return Err(Error::new(ErrorKind::Rank {
+                expected: r,
+                got: x.shape.len(),
+            }));
+        }
+        for a in 0..r {
+            if a != axis && x.shape[a] != x0.shape[a] {
+                return Err(Error::new(ErrorKind::Dim {
+                    axis: a,
+                    expected: x0.shape[a] as u64,
+                    got: x.shape[a] as u64,
+                }));
+            }
+        }
+        out[axis] += x.shape[axis];
+        rows.push(x.shape[axis] * inner * es);
+    }
+    let outer = checked_numel(&x0.shape[..axis])?;
+    let out_row: usize = rows.iter().sum();
+    Ok(Prepared::single(
+        x0.dtype,
+        &out,
+        kernel("Concat", move |io: &mut KernelIo<'_>| {
+            let bad = || internal("concat range");
+            let mut acc = 0usize;
+            for (i, &row) in rows.iter().enumerate() {
+                let src = io.input(i)?.bytes();
+                let mut y = io.output(0)?;
+                let dst = y.bytes_mut();
+                for o in 0..outer {
+                    let from = src.get(o * row..(o + 1) * row).ok_or_else(bad)?;
+                    let d0 = o * out_row + acc;
+                    dst.get_mut(d0..d0 + row)
+                        .ok_or_else(bad)?
+                        .copy_from_slice(from);
+                }
+                acc += row;
+            }
+            Ok(())
+        }),
+    ))
+}
+
+fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    let axis = norm_axis(ctx.attr_int("axis", 0)?, r, "axis")?;
+    let d = x.shape[axis];
+    let nout = ctx.num_outputs();
+    let split = if ctx.opset < 13 {
+        ctx.attr_ints("split")?.map(|v| v.to_vec())
+    } else {
+        ctx.const_ints(1)?
+    };
+    let sizes: Vec<usize> = match split {
+        Some(s) => {
+            let s: Vec<usize> = s
+                .iter()
+                .map(|&v| usize::try_from(v).map_err(|_| attr_err("split", "negative")))
+                .collect::<Result<_>>()?;
+            if s.iter().sum::<usize>() != d || s.len() != nout {
+                return Err(attr_err(
+                    "split",
+                    "sizes do not sum to the axis or count differs from the outputs",
+                ));
+            }
+            s
+        }
+        None => {
+            let n = if ctx.opset >= 18 {
+                ctx.attr_int("num_outputs", nout as i64)? as usize
+            } else {
+                nout
+            };
+            if n == 0 || n != nout {
+                return Err(attr_err("num_outputs", "differs from the node's outputs"));
+            }
+            if ctx.opset >= 18 && ctx.node.attr("num_outputs").is_some() {
+                let c = d.div_ceil(n);
+                (0..n).map(|k| c.min(d.saturating_sub(c * k))).collect()
+            } else {
+                if d % n != 0 {
+                    return Err(shape_err("Split: axis not divisible by the output count"));
+                }
+                alloc::vec![d / n; n]
+            }
+        }
+    };
+    let inner = checked_numel(&x.shape[axis + 1..])? * x.dtype.size();
+    let outer = checked_numel(&x.shape[..axis])?;
+    let mut outputs = Vec::with_capacity(nout);
+    let mut rows = Vec::with_capacity(nout);
+    for &s in &sizes {
+        let mut sh = x.shape.to_vec();
+        sh[axis] = s;
+        outputs.push(crate::ops::OutputInfo::new(x.dtype, &sh));
+        rows.push(s * inner);
+    }
+    let in_row = d * inner;
+    Ok(Prepared::new(
+        outputs,
+        kernel("Split", move |io: &mut KernelIo<'_>| {
+            let bad = || internal("split range");
+            let src = io.input(0)?.bytes();
+            let mut acc = 0usize;
+            for (j, &row) in rows.iter().enumerate() {
+                if io.has_output(j) {
+                    let mut y = io.output(j)?;
+                    let dst = y.bytes_mut();
+                    for o in 0..outer {
+                        let s0 = o * in_row + acc;
+                        let from = src.get(s0..s0 + row).ok_or_else(bad)?;
+                        dst.get_mut(o * row..(o + 1) * row)
+                            .ok_or_else(bad)?
+                            .copy_from_slice(from);
+                    }
+                }
+                acc += row;
+            }
+            Ok(())
+        }),
+    ))
+}
+
+fn prepare_gather(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let idx = ctx.input(1)?;
+    util::dtype_in(idx.dtype, &[DType::I32, DType::I64], "Gather indices")?;
+    let r = x.shape.len();
+    let axis = norm_axis(ctx.attr_int("axis", 0)?, r, "axis")?;
+    let mut out: Vec<usize> = x.shape[..axis].to_vec();
+    out.extend_from_slice(idx.shape);
+    out.extend_from_slice(&x.shape[axis + 1..]);
+    let es = x.dtype.size();
+    let outer = checked_numel(&x.shape[..axis])?;
+    let dim = x.shape[axis];
+    let inner = checked_numel(&x.shape[axis + 1..])? * es;
+    let nidx = idx.numel();
+    Ok(Prepared::single(
+        x.dtype,
+        &out,
+        kernel("Gather", move |io: &mut KernelIo<'_>| {
+            let bad = || internal("gather range");
+            let src = io.input(0)?.bytes();
+            let iv = io.input(1)?;
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            let mut d = 0usize;
+            for o in 0..outer {
+                for j in 0..nidx {
+                    let mut k = iv.int_at(j).ok_or_else(bad)?;
+                    if k < 0 {
+                        k += dim as i64;
+                    }
+                    if k < 0 || k >= dim as i64 {
+                        return Err(shape_err("Gather: index out of range"));
+                    }
+                    let s0 = (o * dim + k as usize) * inner;
+                    let from = src.get(s0..s0 + inner).ok_or_else(bad)?;
+                    dst.get_mut(d..d + inner)
+                        .ok_or_else(bad)?
+                        .copy_from_slice(from);
+                    d += inner;
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Pad.
+
+fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    if r > MAX_RANK {
+        return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
+    }
+    let dt = x.dtype;
+    let es = dt.size();
+    let mode = ctx.attr_str("mode", "constant")?;
+    let (pads_spec, default_val) = if ctx.opset < 11 {
+        let p = ctx
+            .attr_ints(if ctx.opset < 2 { "paddings" } else { "pads" })?
+            .ok_or(attr_err("pads", "required"))?;
+        (
+            p.to_vec(),
+            value_bytes(dt, ctx.attr_float("value", 0.0)? as f64),
+        )
+    } else {
+        (
+            ctx.const_ints(1)?
+                .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?,
+            [0u8; 8],
+        )
+    };
+    let axes: Vec<usize> = match if ctx.opset >= 18 {
+        ctx.const_ints(3)?
+    } else {
+        None
+    } {
+        Some(a) => a
+            .iter()
+            .map(|&v| norm_axis(v, r, "axes"))
+            .collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    let na = axes.len();
+    if pads_spec.len() != 2 * na {
+        return Err(attr_err("pads", "length is not twice the number of axes"));
+    }
+    let mut begin = [0i64; MAX_RANK];
+    let mut end = [0i64; MAX_RANK];
+    for (k, &a) in axes.iter().enumerate() {
+        begin[a] = pads_spec[k];
+        end[a] = pads_spec[k + na];
+    }
+    #[derive(Clone, Copy, PartialEq)]
+    enum M {
+        Constant,
+        Reflect,
+        Edge,
+        Wrap,
+    }
+    let m = match mode {
+        "constant" => M::Constant,
+        "reflect" => M::Reflect,
+        "edge" => M::Edge,
+        "wrap" => M::Wrap,
+        _ => return Err(attr_err("mode", "unknown pad mode")),
+    };
+    let st = in_strides(x.shape)?;
+    let mut out = Vec::with_capacity(r);
+    // Per axis and output coordinate: input offset (in elements), or -1.
+    let mut table: Vec<isize> = Vec::new();
+    let mut starts = [0usize; MAX_RANK];
+    for a in 0..r {
+        let d = x.shape[a] as i64;
+        let o = d + begin[a] + end[a];
+        if o < 0 {
+            return Err(shape_err("Pad: negative output dimension"));
+        }
+        out.push(o as usize);
+        starts[a] = table.len();
+        for i in 0..o {
+            let c = i - begin[a];
+            let c = if (0..d).contains(&c) {
+                c
+            } else {
+                match m {
+                    M::Constant => -1,
+                    _ if d == 0 => {
+                        return Err(shape_err("Pad: cannot pad an empty axis in this mode"))
+                    }
+                    M::Edge => c.max(0).min(d - 1),
+                    M::Wrap => c.rem_euclid(d),
+                    M::Reflect => {
+                        if d == 1 {
+                            0
+                        } else {
+                            let p = 2 * (d - 1);
+                            let c = c.rem_euclid(p);
+                            if c >= d {
+                                p - c
+                            } else {
+                                c
+                            }
+                        }
+                    }
+                }
+            };
+            table.push(if c < 0 { -1 } else { c as isize * st[a] });
+        }
+    }
+    let oshape: [usize; MAX_RANK] = {
+        let mut s = [1usize; MAX_RANK];
+        s[..r].copy_from_slice(&out);
+        s
+    };
+    let has_cv = ctx.opset >= 11 && ctx.opt_input(2).is_some();
+    Ok(Prepared::single(
+        dt,
+        &out,
+        kernel("Pad", move |io: &mut KernelIo<'_>| {
+            let bad = || internal("pad range");
+            let src = io.input(0)?.bytes();
+            let mut val = default_val;
+            if has_cv {
+                if let Some(cv) = io.opt_input(2)? {
+                    if cv.numel() > 0 {
+                        let b = cv.bytes().get(..es).ok_or_else(bad)?;
+                        val[..es].copy_from_slice(b);
+                    }
+                }
+            }
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            if dst.is_empty() {
+                return Ok(());
+            }
+            let mut idx = [0usize; MAX_RANK];
+            for chunk in dst.chunks_exact_mut(es) {
+                let mut off = 0isize;
+                let mut constant = false;
+                for a in 0..r {
+                    let t = *table.get(starts[a] + idx[a]).ok_or_else(bad)?;
+                    if t < 0 {
+                        constant = true;
+                        break;
+                    }
+                    off += t;
+                }
+                if constant {
+                    chunk.copy_from_slice(&val[..es]);
+                } else {
+                    let s = off as usize * es;
+                    chunk.copy_from_slice(src.get(s..s + es).ok_or_else(bad)?);
+                }
+                let mut a = r;
+                while a > 0 {
+                    a -= 1;
+                    idx[a] += 1;
+                    if idx[a] < oshape[a] {
+                        break;
+                    }
+                    idx[a] = 0;
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Cast, ConstantOfShape.
+
+#[derive(Clone, Copy)]
+enum Num {
+    F(f64),
+    I(i128),
+}
+
+#[inline]
+fn read_num(dt: DType, b: &[u8]) -> Num {
+    let mut w = [0u8; 8];
+    w[..b.len().min(8)].copy_from_slice(&b[..b.len().min(8)]);
+    match dt {
+        DType::F32 => Num::F(f32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64),
+        DType::F64 => Num::F(f64::from_le_bytes(w)),
+        DType::F16 => Num::F(half::f16::from_le_bytes([w[0], w[1]]).to_f64()),
+        DType::BF16 => Num::F(half::bf16::from_le_bytes([w[0], w[1]]).to_f64()),
+        DType::I8 => Num::I(w[0] as i8 as i128),
+        DType::U8 | DType::Bool => Num::I(w[0] as i128),
+        DType::I16 => Num::I(i16::from_le_bytes([w[0], w[1]]) as i128),
+        DType::U16 => Num::I(u16::from_le_bytes([w[0], w[1]]) as i128),
+        DType::I32 => Num::I(i32::from_le_bytes([w[0], w[1], w[2], w[3]]) as i128),
+        DType::U32 => Num::I(u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as i128),
+        DType::I64 => Num::I(i64::from_le_bytes(w) as i128),
+        DType::U64 => Num::I(u64::from_le_bytes(w) as i128),
+    }
+}
+
+#[inline]
+fn write_num(dt: DType, v: Num, out: &mut [u8]) {
+    let mut w = [0u8; 8];
+    let es = dt.size();
+    let (f, i) = match v {
+        Num::F(f) => (f, f as i64 as i128),
+        Num::I(i) => (i as f64, i),
+    };
+    match dt {
+        DType::F32 => {
+            let x = match v {
+                Num::F(f) => f as f32,
+                Num::I(i) => i as f32,
+            };
+            w[..4].copy_from_slice(&x.to_le_bytes())
+        }
+        DType::F64 => w.copy_from_slice(&f.to_le_bytes()),
+        DType::F16 => w[..2].copy_from_slice(&half::f16::from_f64(f).to_le_bytes()),
+        DType::BF16 => w[..2].copy_from_slice(&half::bf16::from_f64(f).to_le_bytes()),
+        DType::Bool => {
+            w[0] = match v {
+                Num::F(f) => (f != 0.0) as u8,
+                Num::I(i) => (i != 0) as u8,
+            }
+        }
+        DType::U64 => {
+            let u = match v {
+                // Negative floats wrap through i64 like a C cast on x86.
+                Num::F(f) if f >= i64::MAX as f64 => f as u64,
+                _ => i as u64,
+            };
+            w = u.to_le_bytes()
+        }
+        _ => w = (i as u64).to_le_bytes(),
+    }
+    out.copy_from_slice(&w[..es]);
+}
+
+fn prepare_cast(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let code = ctx.attr_int("to", 0)?;
+    let to = DType::from_onnx(code as i32).ok_or(Error::new(ErrorKind::UnsupportedDType {
+        what: "Cast to",
+        code: code as i32,
+    }))?;
+    let from = x.dtype;
+    if from == to {
+        return Ok(Prepared::alias(to, x.shape));
+    }
+    let (ei, eo) = (from.size(), to.size());
+    Ok(Prepared::single(
+        to,
+        x.shape,
+        kernel("Cast", move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            let mut y = io.output(0)?;
+            for (i, o) in src.chunks_exact(ei).zip(y.bytes_mut().chunks_exact_mut(eo)) {
+                write_num(to, read_num(from, i), o);
+            }
+            Ok(())
+        }),
+    ))
+}
+
+fn prepare_constant_of_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let shape = ctx
+        .const_ints(0)?
+        .ok_or(Error::new(ErrorKind::MissingInput { index: 0 }))?;
+    let shape: Vec<usize> = shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| shape_err("ConstantOfShape: negative dim")))
+        .collect::<Result<_>>()?;
+    let (dt, val) = match ctx.attr_tensor("value")? {
+        Some(c) => {
+            let mut v = [0u8; 8];
+            let es = c.dtype.size();
+            let b = c
+                .data
+                .bytes()
+                .get(..es)
+                .ok_or(attr_err("value", "empty tensor"))?;
+            v[..es].copy_from_slice(b);
+            (c.dtype, v)
+        }
+        None => (DType::F32, [0u8; 8]),
+    };
+    let es = dt.size();
+    Ok(Prepared::single(
+        dt,
+        &shape,
+        kernel("ConstantOfShape", move |io: &mut KernelIo<'_>| {
+            let mut y = io.output(0)?;
+            for c in y.bytes_mut().chunks_exact_mut(es) {
+                c.copy_from_slice(&val[..es]);
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Where, comparisons, Not.
+
+fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let c = ctx.input_of(0, DType::Bool)?;
+    let x = ctx.input(1)?;
+    let y = ctx.input(2)?;
+    if x.dtype != y.dtype {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: x.dtype,
+            got: y.dtype,
+        }));
+    }
+    let mut t = [0usize; MAX_RANK];
+    let r1 = broadcast_shapes(x.shape, y.shape, &mut t)?;
+    let mut o = [0usize; MAX_RANK];
+    let r = broadcast_shapes(c.shape, &t[..r1], &mut o)?;
+    let out: Vec<usize> = o[..r].to_vec();
+    let strides = [
+        broadcast_strides(c.shape, &out),
+        broadcast_strides(x.shape, &out),
+        broadcast_strides(y.shape, &out),
+    ];
+    let es = x.dtype.size();
+    let shape_c = out.clone();
+    Ok(Prepared::single(
+        x.dtype,
+        &out,
+        kernel("Where", move |io: &mut KernelIo<'_>| {
+            let bad = || internal("where range");
+            let cb = io.input(0)?.bytes();
+            let xb = io.input(1)?.bytes();
+            let yb = io.input(2)?.bytes();
+            let mut out = io.output(0)?;
+            let dst = out.bytes_mut();
+            for (d, [ic, ix, iy]) in dst
+                .chunks_exact_mut(es)
+                .zip(StridedIter::new(&shape_c, strides))
+            {
+                let src = if *cb.get(ic).ok_or_else(bad)? != 0 {
+                    xb.get(ix * es..ix * es + es)
+                } else {
+                    yb.get(iy * es..iy * es + es)
+                };
+                d.copy_from_slice(src.ok_or_else(bad)?);
+            }
+            Ok(())
+        }),
+    ))
+}
+
+fn cmp_typed<T: Element + PartialOrd>(
+    a: &[usize],
+    b: &[usize],
+    name: &'static str,
+    f: fn(T, T) -> bool,
+) -> Result<Prepared> {
+    let mut o = [0usize; MAX_RANK];
+    let r = broadcast_shapes(a, b, &mut o)?;
+    let out: Vec<usize> = o[..r].to_vec();
+    let strides = [broadcast_strides(a, &out), broadcast_strides(b, &out)];
+    let shape_c = out.clone();
+    Ok(Prepared::single(
+        DType::Bool,
+        &out,
+        kernel(name, move |io: &mut KernelIo<'_>| {
+            let bad = || internal("compare range");
+            let xa = io.input(0)?.as_slice::<T>()?;
+            let xb = io.input(1)?.as_slice::<T>()?;
+            let mut y = io.output(0)?;
+            for (d, [ia, ib]) in y
+                .bytes_mut()
+                .iter_mut()
+                .zip(StridedIter::new(&shape_c, strides))
+            {
+                *d = f(*xa.get(ia).ok_or_else(bad)?, *xb.get(ib).ok_or_else(bad)?) as u8;
+            }
+            Ok(())
+        }),
+    ))
+}
+
+#[derive(Clone, Copy)]
+enum Cmp {
+    Eq,
+    Lt,
+    Gt,
+    Le,
+    Ge,
+}
+
+macro_rules! cmp_fn {
+    ($c:expr, $t:ty) => {
+        match $c {
+            Cmp::Eq => (|a: $t, b: $t| a == b) as fn($t, $t) -> bool,
+            Cmp::Lt => |a: $t, b: $t| a < b,
+            Cmp::Gt => |a: $t, b: $t| a > b,
+            Cmp::Le => |a: $t, b: $t| a <= b,
+            Cmp::Ge => |a: $t, b: $t| a >= b,
+        }
+    };
+}
+
+fn prepare_cmp(ctx: &PrepareCtx<'_>, name: &'static str, c: Cmp) -> Result<Prepared> {
+    let a = ctx.input(0)?;
+    let b = ctx.input(1)?;
+    if a.dtype != b.dtype {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: a.dtype,
+            got: b.dtype,
+        }));
+    }
+    let (sa, sb) = (a.shape, b.shape);
+    match a.dtype {
+        DType::F32 => cmp_typed::<f32>(sa, sb, name, cmp_fn!(c, f32)),
+        DType::F64 => cmp_typed::<f64>(sa, sb, name, cmp_fn!(c, f64)),
+        DType::I8 => cmp_typed::<i8>(sa, sb, name, cmp_fn!(c, i8)),
+        DType::U8 | DType::Bool => cmp_typed::<u8>(sa, sb, name, cmp_fn!(c, u8)),
+        DType::I16 => cmp_typed::<i16>(sa, sb, name, cmp_fn!(c, i16)),
+        DType::U16 => cmp_typed::<u16>(sa, sb, name, cmp_fn!(c, u16)),
+        DType::I32 => cmp_typed::<i32>(sa, sb, name, cmp_fn!(c, i32)),
+        DType::U32 => cmp_typed::<u32>(sa, sb, name, cmp_fn!(c, u32)),
+        DType::I64 => cmp_typed::<i64>(sa, sb, name, cmp_fn!(c, i64)),
+        DType::U64 => cmp_typed::<u64>(sa, sb, name, cmp_fn!(c, u64)),
+        DType::F16 => cmp_typed::<half::f16>(sa, sb, name, cmp_fn!(c, half::f16)),
+        DType::BF16 => cmp_typed::<half::bf16>(sa, sb, name, cmp_fn!(c, half::bf16)),
+    }
+}
+
+fn prepare_equal(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_cmp(ctx, "Equal", Cmp::Eq)
+}
+fn prepare_less(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_cmp(ctx, "Less", Cmp::Lt)
+}
+fn prepare_greater(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_cmp(ctx, "Greater", Cmp::Gt)
+}
+fn prepare_less_equal(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_cmp(ctx, "LessOrEqual", Cmp::Le)
+}
+fn prepare_greater_equal(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_cmp(ctx, "GreaterOrEqual", Cmp::Ge)
+}
+
+fn prepare_not(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input_of(0, DType::Bool)?;
+    Ok(Prepared::single(
+        DType::Bool,
+        x.shape,
+        kernel("Not", move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            let mut y = io.output(0)?;
+            for (o, &i) in y.bytes_mut().iter_mut().zip(src) {
+                *o = (i == 0) as u8;
+            }
+            Ok(())
+        }),
+    ))
+}
+
+#[cfg(test)]
+#[allow(clippy::cloned_ref_to_slice_refs)]
+mod tests {
+    use crate::model::{AttrValue, Const};
+    use crate::ops::testing::{run, t, vals};
+    use alloc::vec;
+    use alloc::vec::Vec;
+    use half::f16;
+
+    fn ints(v: &[i64]) -> AttrValue {
+        AttrValue::Ints(v.to_vec())
+    }
+    fn iv(v: &[i64]) -> Option<Const> {
+        t::<i64>(&[v.len()], v)
+    }
+    fn seq(n: usize) -> Vec<f32> {
+        (0..n).map(|i| i as f32).collect()
+    }
+
+    #[test]
+    fn reshape_zero_and_minus_one() {
+        let r = run(
+            "Reshape",
+            13,
+            vec![],
+            &[t(&[2, 3, 4], &seq(24)), iv(&[0, -1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 12]);
+        assert_eq!(vals::<f32>(&r[0]), seq(24));
+        let r = run(
+            "Reshape",
+            14,
+            vec![("allowzero", AttrValue::Int(1))],
+            &[t::<f32>(&[0, 3], &[]), iv(&[3, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![3, 0]);
+        assert!(run(
+            "Reshape",
+            13,
+            vec![],
+            &[t(&[2, 3], &seq(6)), iv(&[4, 2])],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn flatten_axes() {
+        let r = run(
+            "Flatten",
+            13,
+            vec![("axis", AttrValue::Int(-1))],
+            &[t(&[2, 3, 4], &seq(24))],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![6, 4]);
+        let r = run(
+            "Flatten",
+            13,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2, 3], &seq(6))],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 6]);
+    }
+
+    #[test]
+    fn squeeze_unsqueeze_both_forms() {
+        let x = t(&[1, 3, 1, 2], &seq(6));
+        let r = run(
+            "Squeeze",
+            11,
+            vec![("axes", ints(&[0, -2]))],
+            &[x.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![3, 2]);
+        let r = run("Squeeze", 13, vec![], &[x.clone(), iv(&[2])], 1).unwrap();
+        assert_eq!(r[0].shape, vec![1, 3, 2]);
+        let r = run("Squeeze", 13, vec![], &[x.clone()], 1).unwrap();
+        assert_eq!(r[0].shape, vec![3, 2]);
+        assert!(run("Squeeze", 13, vec![], &[x, iv(&[1])], 1).is_err());
+        let y = t(&[3, 2], &seq(6));
+        let r = run(
+            "Unsqueeze",
+            11,
+            vec![("axes", ints(&[0, -1]))],
+            &[y.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 3, 2, 1]);
+        let r = run("Unsqueeze", 13, vec![], &[y, iv(&[1])], 1).unwrap();
+        assert_eq!(r[0].shape, vec![3, 1, 2]);
+    }
+
+    #[test]
+    fn shape_size_identity() {
+        let x = t(&[2, 3, 4], &seq(24));
+        let r = run(
+            "Shape",
+            15,
+            vec![("start", AttrValue::Int(1))],
+            &[x.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![3, 4]);
+        let r = run("Shape", 13, vec![], &[x.clone()], 1).unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![2, 3, 4]);
+        let r = run("Size", 13, vec![], &[x.clone()], 1).unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![24]);
+        let r = run("Identity", 13, vec![], &[x.clone()], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), seq(24));
+        let r = run("Dropout", 13, vec![], &[x], 2).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), seq(24));
+        assert_eq!(r[1].dtype, crate::DType::Bool);
+        assert!(r[1].data.bytes().iter().all(|&b| b == 1));
+    }
+
+    #[test]
+    fn transpose_3d() {
+        let r = run(
+            "Transpose",
+            13,
+            vec![("perm", ints(&[2, 0, 1]))],
+            &[t(&[2, 3, 4], &seq(24))],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![4, 2, 3]);
+        let v = vals::<f32>(&r[0]);
+        for k in 0..4 {
+            for i in 0..2 {
+                for j in 0..3 {
+                    assert_eq!(v[k * 6 + i * 3 + j], (i * 12 + j * 4 + k) as f32);
+                }
+            }
+        }
+        let r = run(
+            "Transpose",
+            13,
+            vec![],
+            &[t::<i64>(&[2, 3], &[1, 2, 3, 4, 5, 6])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![1, 4, 2, 5, 3, 6]);
+    }
+
+    #[test]
+    fn concat_axis1_with_empty() {
+        let a = t::<i32>(&[2, 1], &[1, 2]);
+        let b = t::<i32>(&[2, 2], &[3, 4, 5, 6]);
+        let e = t::<i32>(&[2, 0], &[]);
+        let r = run(
+            "Concat",
+            13,
+            vec![("axis", AttrValue::Int(1))],
+            &[a, e, b],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 3]);
+        assert_eq!(vals::<i32>(&r[0]), vec![1, 3, 4, 2, 5, 6]);
+    }
+
+    #[test]
+    fn split_uneven() {
+        let x = t(&[2, 5], &seq(10));
+        let r = run(
+            "Split",
+            13,
+            vec![("axis", AttrValue::Int(1))],
+            &[x.clone(), iv(&[2, 3])],
+            2,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 1., 5., 6.]);
+        assert_eq!(vals::<f32>(&r[1]), vec![2., 3., 4., 7., 8., 9.]);
+        let r = run(
+            "Split",
+            18,
+            vec![
+                ("axis", AttrValue::Int(1)),
+                ("num_outputs", AttrValue::Int(2)),
+            ],
+            &[x.clone()],
+            2,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 3]);
+        assert_eq!(r[1].shape, vec![2, 2]);
+        assert_eq!(vals::<f32>(&r[1]), vec![3., 4., 8., 9.]);
+        let r = run("Split", 11, vec![("axis", AttrValue::Int(0))], &[x], 2).unwrap();
+        assert_eq!(vals::<f32>(&r[1]), vec![5., 6., 7., 8., 9.]);
+    }
+
+    #[test]
+    fn slice_negative_step_and_clamp() {
+        let x = t(&[2, 4], &seq(8));
+        let r = run(
+            "Slice",
+            13,
+            vec![],
+            &[x.clone(), iv(&[-1]), iv(&[i64::MIN]), iv(&[1]), iv(&[-2])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(vals::<f32>(&r[0]), vec![3., 1., 7., 5.]);
+        let r = run(
+            "Slice",
+            13,
+            vec![],
+            &[x.clone(), iv(&[1, 1]), iv(&[i64::MAX, 3])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![5., 6.]);
+        let r = run(
+            "Slice",
+            9,
+            vec![
+                ("starts", ints(&[0])),
+                ("ends", ints(&[-1])),
+                ("axes", ints(&[1])),
+            ],
+            &[x],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 1., 2., 4., 5., 6.]);
+    }
+
+    #[test]
+    fn gather_negative_and_out_of_range() {
+        let x = t(&[3, 2], &seq(6));
+        let r = run(
+            "Gather",
+            13,
+            vec![],
+            &[x.clone(), t::<i64>(&[2], &[-1, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(vals::<f32>(&r[0]), vec![4., 5., 0., 1.]);
+        let r = run(
+            "Gather",
+            13,
+            vec![("axis", AttrValue::Int(1))],
+            &[x.clone(), t::<i32>(&[], &[1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 3., 5.]);
+        assert!(run("Gather", 13, vec![], &[x, t::<i64>(&[1], &[3])], 1).is_err());
+    }
+
+    #[test]
+    fn pad_modes() {
+        let x = t(&[3], &[1f32, 2., 3.]);
+        let p = |mode: &str| {
+            let r = run(
+                "Pad",
+                13,
+                vec![("mode", AttrValue::Str(mode.into()))],
+                &[x.clone(), iv(&[2, 2])],
+                1,
+            )
+            .unwrap();
+            vals::<f32>(&r[0])
+        };
+        assert_eq!(p("reflect"), vec![3., 2., 1., 2., 3., 2., 1.]);
+        assert_eq!(p("edge"), vec![1., 1., 1., 2., 3., 3., 3.]);
+        assert_eq!(p("wrap"), vec![2., 3., 1., 2., 3., 1., 2.]);
+        let r = run(
+            "Pad",
+            13,
+            vec![],
+            &[x.clone(), iv(&[1, -1]), t::<f32>(&[], &[9.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![9., 1., 2.]);
+        let r = run(
+            "Pad",
+            2,
+            vec![
+                ("pads", ints(&[0, 1, 0, 1])),
+                ("value", AttrValue::Float(7.)),
+            ],
+            &[t(&[1, 2], &[1f32, 2.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![7., 1., 2., 7.]);
+    }
+
+    #[test]
+    fn cast_variants() {
+        let x = t(&[5], &[1.7f32, -1.7, 0.0, 300.0, -0.0]);
+        let r = run("Cast", 13, vec![("to", AttrValue::Int(7))], &[x.clone()], 1).unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![1, -1, 0, 300, 0]);
+        let r = run(
+            "Cast",
+            13,
+            vec![("to", AttrValue::Int(10))],
+            &[x.clone()],
+            1,
+        )
+        .unwrap();
+        let h: Vec<f32> = vals::<f16>(&r[0]).iter().map(|v| v.to_f32()).collect();
+        assert_eq!(
+            h,
+            vec![
+                f16::from_f32(1.7).to_f32(),
+                f16::from_f32(-1.7).to_f32(),
+                0.0,
+                300.0,
+                0.0
+            ]
+        );
+        let r = run("Cast", 13, vec![("to", AttrValue::Int(9))], &[x.clone()], 1).unwrap();
+        assert_eq!(r[0].data.bytes(), &[1, 1, 0, 1, 0]);
+        let r = run("Cast", 13, vec![("to", AttrValue::Int(2))], &[x], 1).unwrap();
+        assert_eq!(vals::<u8>(&r[0]), vec![1, 255, 0, 44, 0]);
+        let r = run(
+            "Cast",
+            13,
+            vec![("to", AttrValue::Int(1))],
+            &[t::<i64>(&[2], &[-3, 5])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![-3., 5.]);
+        let r = run(
+            "Cast",
+            13,
+            vec![("to", AttrValue::Int(6))],
+            &[t::<i64>(&[2], &[(1i64 << 32) + 7, -1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![7, -1]);
+        let r = run(
+            "Cast",
+            13,
+            vec![("to", AttrValue::Int(16))],
+            &[t(&[1], &[1.5f32])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<half::bf16>(&r[0])[0].to_f32(), 1.5);
+        let r = run(
+            "Cast",
+            13,
+            vec![("to", AttrValue::Int(1))],
+            &[t(&[1], &[f16::from_f32(2.5)])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![2.5]);
+    }
+
+    #[test]
+    fn range_and_constant_of_shape() {
+        let r = run(
+            "Range",
+            11,
+            vec![],
+            &[
+                t::<f32>(&[], &[1.]),
+                t::<f32>(&[], &[2.]),
+                t::<f32>(&[], &[0.3]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![4]);
+        let r = run(
+            "Range",
+            11,
+            vec![],
+            &[
+                t::<i64>(&[], &[10]),
+                t::<i64>(&[], &[4]),
+                t::<i64>(&[], &[-3]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![10, 7]);
+        let r = run(
+            "Range",
+            11,
+            vec![],
+            &[
+                t::<i32>(&[], &[0]),
+                t::<i32>(&[], &[-1]),
+                t::<i32>(&[], &[1]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![0]);
+        let v = Const::from_slice::<i64>(&[1], &[5]).unwrap();
+        let r = run(
+            "ConstantOfShape",
+            9,
+            vec![("value", AttrValue::Tensor(v))],
+            &[iv(&[2, 2])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![5; 4]);
+    }
+
+    #[test]
+    fn expand_and_tile() {
+        let r = run(
+            "Expand",
+            13,
+            vec![],
+            &[t(&[3, 1], &[1f32, 2., 3.]), iv(&[2, 1, 2])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 3, 2]);
+        assert_eq!(
+            vals::<f32>(&r[0]),
+            vec![1., 1., 2., 2., 3., 3., 1., 1., 2., 2., 3., 3.]
+        );
+        let r = run(
+            "Tile",
+            13,
+            vec![],
+            &[t::<i32>(&[2, 2], &[1, 2, 3, 4]), iv(&[1, 2])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![1, 2, 1, 2, 3, 4, 3, 4]);
+    }
+
+    #[test]
+    fn where_compare_not() {
+        let c = Const {
+            dtype: crate::DType::Bool,
+            shape: vec![2],
+            data: crate::model::ConstData::from_bytes(&[1, 0]).unwrap(),
+        };
+        let r = run(
+            "Where",
+            16,
+            vec![],
+            &[Some(c), t(&[2, 1], &[1f32, 2.]), t(&[], &[0f32])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 0., 2., 0.]);
+        let r = run(
+            "Less",
+            13,
+            vec![],
+            &[t::<i64>(&[3], &[1, 5, 3]), t::<i64>(&[], &[3])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].data.bytes(), &[1, 0, 0]);
+        let r = run(
+            "Equal",
+            13,
+            vec![],
+            &[t(&[3], &[1f32, 5., 3.]), t(&[], &[3f32])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].data.bytes(), &[0, 0, 1]);
+        let r = run("Not", 1, vec![], &[Some(r[0].clone())], 1).unwrap();
+        assert_eq!(r[0].data.bytes(), &[1, 1, 0]);
+    }
+}
