@@ -12,7 +12,10 @@ use std::sync::OnceLock;
 
 /// Repository root.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// Directory of generated test models (`MOTE_TEST_MODELS` or `.cache/test-models`).
@@ -41,8 +44,15 @@ pub fn python() -> String {
     if let Ok(p) = std::env::var("MOTE_PYTHON") {
         return p;
     }
-    let out = Command::new("bash").arg(repo().join("scripts/venv.sh")).output().expect("run scripts/venv.sh");
-    assert!(out.status.success(), "scripts/venv.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/venv.sh"))
+        .output()
+        .expect("run scripts/venv.sh");
+    assert!(
+        out.status.success(),
+        "scripts/venv.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = String::from_utf8_lossy(&out.stdout);
     s.lines().last().unwrap_or("python3").trim().to_string()
 }

@@ -122,7 +122,11 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 impl Error {
     /// An error with no location yet.
     pub const fn new(kind: ErrorKind) -> Self {
-        Error { kind, node: None, tensor: None }
+        Error {
+            kind,
+            node: None,
+            tensor: None,
+        }
     }
     /// Sets the node (keeps an inner, more precise one).
     pub const fn at_node(mut self, node: NodeId) -> Self {
@@ -149,21 +153,40 @@ impl From<ErrorKind> for Error {
 impl core::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match *self {
-            ErrorKind::Decode => f.write_str("not a valid ONNX model (protobuf decode failed: truncated or not ONNX)"),
+            ErrorKind::Decode => f.write_str(
+                "not a valid ONNX model (protobuf decode failed: truncated or not ONNX)",
+            ),
             ErrorKind::Invalid(s) => write!(f, "invalid model: {s}"),
-            ErrorKind::UnsupportedOp { opset } => write!(f, "unsupported operator at opset {opset}"),
+            ErrorKind::UnsupportedOp { opset } => {
+                write!(f, "unsupported operator at opset {opset}")
+            }
             ErrorKind::UnsupportedDType { what, code } => {
                 write!(f, "unsupported dtype {} for {what}", DType::onnx_name(code))
             }
             ErrorKind::Unsupported(s) => write!(f, "unsupported: {s}"),
-            ErrorKind::DTypeMismatch { expected, got } => write!(f, "dtype mismatch: expected {expected}, got {got}"),
-            ErrorKind::Shape(s) => write!(f, "shape error: {s}"),
-            ErrorKind::Rank { expected, got } => write!(f, "rank mismatch: expected {expected}, got {got}"),
-            ErrorKind::Dim { axis, expected, got } => {
-                write!(f, "dimension {axis} mismatch: expected {expected}, got {got}")
+            ErrorKind::DTypeMismatch { expected, got } => {
+                write!(f, "dtype mismatch: expected {expected}, got {got}")
             }
-            ErrorKind::Len { expected, got } => write!(f, "length mismatch: expected {expected}, got {got}"),
-            ErrorKind::MissingTensor => f.write_str("tensor is used but never produced, initialized or given as input"),
+            ErrorKind::Shape(s) => write!(f, "shape error: {s}"),
+            ErrorKind::Rank { expected, got } => {
+                write!(f, "rank mismatch: expected {expected}, got {got}")
+            }
+            ErrorKind::Dim {
+                axis,
+                expected,
+                got,
+            } => {
+                write!(
+                    f,
+                    "dimension {axis} mismatch: expected {expected}, got {got}"
+                )
+            }
+            ErrorKind::Len { expected, got } => {
+                write!(f, "length mismatch: expected {expected}, got {got}")
+            }
+            ErrorKind::MissingTensor => {
+                f.write_str("tensor is used but never produced, initialized or given as input")
+            }
             ErrorKind::MissingInput { index } => write!(f, "required input {index} is missing"),
             ErrorKind::Cycle => f.write_str("graph has a cycle"),
             ErrorKind::Attribute { name, problem } => write!(f, "attribute '{name}': {problem}"),
@@ -174,7 +197,10 @@ impl core::fmt::Display for ErrorKind {
                 write!(f, "arena too small: needs {needed} bytes, got {got}")
             }
             ErrorKind::OverBudget { needed, budget } => {
-                write!(f, "memory budget exceeded: needs {needed} bytes, budget {budget}")
+                write!(
+                    f,
+                    "memory budget exceeded: needs {needed} bytes, budget {budget}"
+                )
             }
             ErrorKind::Internal(s) => write!(f, "internal error (a bug in mote): {s}"),
         }

@@ -15,7 +15,10 @@
 //! and the planner interface are built (compiled models come later).
 #![no_std]
 #![deny(missing_docs)]
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 #[cfg(feature = "alloc")]
 extern crate alloc;

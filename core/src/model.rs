@@ -31,7 +31,10 @@ pub enum ConstData {
 
 impl Default for ConstData {
     fn default() -> Self {
-        ConstData::Owned { words: Vec::new(), len: 0 }
+        ConstData::Owned {
+            words: Vec::new(),
+            len: 0,
+        }
     }
 }
 
@@ -40,7 +43,9 @@ impl ConstData {
     pub fn zeroed(len: usize) -> Result<Self> {
         let n = len.div_ceil(8);
         let mut words = Vec::new();
-        words.try_reserve_exact(n).map_err(|_| Error::new(ErrorKind::Overflow))?;
+        words
+            .try_reserve_exact(n)
+            .map_err(|_| Error::new(ErrorKind::Overflow))?;
         words.resize(n, 0);
         Ok(ConstData::Owned { words, len })
     }
@@ -109,9 +114,16 @@ impl Const {
     pub fn from_slice<T: crate::Element>(shape: &[usize], v: &[T]) -> Result<Self> {
         let n = crate::error::checked_numel(shape)?;
         if n != v.len() {
-            return Err(Error::new(ErrorKind::Len { expected: n as u64, got: v.len() as u64 }));
+            return Err(Error::new(ErrorKind::Len {
+                expected: n as u64,
+                got: v.len() as u64,
+            }));
         }
-        Ok(Const { dtype: T::DTYPE, shape: shape.into(), data: ConstData::from_bytes(bytemuck::cast_slice(v))? })
+        Ok(Const {
+            dtype: T::DTYPE,
+            shape: shape.into(),
+            data: ConstData::from_bytes(bytemuck::cast_slice(v))?,
+        })
     }
     /// Size in bytes.
     pub fn byte_len(&self) -> usize {
@@ -221,15 +233,22 @@ pub struct Graph {
 impl Graph {
     /// The tensor of this name.
     pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
-        self.tensors.iter().position(|t| t.name == name).map(|i| i as TensorId)
+        self.tensors
+            .iter()
+            .position(|t| t.name == name)
+            .map(|i| i as TensorId)
     }
     /// Tensor info by id.
     pub fn tensor(&self, id: TensorId) -> Result<&TensorInfo> {
-        self.tensors.get(id as usize).ok_or(Error::new(ErrorKind::Internal("bad tensor id")).at_tensor(id))
+        self.tensors
+            .get(id as usize)
+            .ok_or(Error::new(ErrorKind::Internal("bad tensor id")).at_tensor(id))
     }
     /// Node by id.
     pub fn node(&self, id: NodeId) -> Result<&Node> {
-        self.nodes.get(id as usize).ok_or(Error::new(ErrorKind::Internal("bad node id")).at_node(id))
+        self.nodes
+            .get(id as usize)
+            .ok_or(Error::new(ErrorKind::Internal("bad node id")).at_node(id))
     }
 
     /// Nodes in a topological order (stable: file order where free). A node
@@ -240,11 +259,15 @@ impl Graph {
         let mut producer: Vec<Option<NodeId>> = alloc::vec![None; nt];
         for (ni, n) in self.nodes.iter().enumerate() {
             for &o in n.outputs.iter().flatten() {
-                let slot = producer.get_mut(o as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+                let slot = producer
+                    .get_mut(o as usize)
+                    .ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
                 if slot.is_some() {
-                    return Err(Error::new(ErrorKind::Invalid("tensor produced by two nodes"))
-                        .at_node(ni as NodeId)
-                        .at_tensor(o));
+                    return Err(
+                        Error::new(ErrorKind::Invalid("tensor produced by two nodes"))
+                            .at_node(ni as NodeId)
+                            .at_tensor(o),
+                    );
                 }
                 *slot = Some(ni as NodeId);
             }
@@ -252,9 +275,11 @@ impl Graph {
         for (ti, t) in self.tensors.iter().enumerate() {
             if t.value.is_some() {
                 if let Some(Some(n)) = producer.get(ti) {
-                    return Err(Error::new(ErrorKind::Invalid("node output has the name of an initializer"))
-                        .at_node(*n)
-                        .at_tensor(ti as TensorId));
+                    return Err(Error::new(ErrorKind::Invalid(
+                        "node output has the name of an initializer",
+                    ))
+                    .at_node(*n)
+                    .at_tensor(ti as TensorId));
                 }
             }
         }
@@ -269,7 +294,10 @@ impl Graph {
         let mut consumers: Vec<Vec<NodeId>> = alloc::vec![Vec::new(); self.nodes.len()];
         for (ni, n) in self.nodes.iter().enumerate() {
             for &i in n.inputs.iter().flatten() {
-                let t = self.tensors.get(i as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+                let t = self
+                    .tensors
+                    .get(i as usize)
+                    .ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
                 match producer.get(i as usize).copied().flatten() {
                     Some(p) => {
                         if p as usize == ni {
@@ -283,8 +311,11 @@ impl Graph {
                         }
                     }
                     None => {
-                        if t.value.is_none() && !is_input.get(i as usize).copied().unwrap_or(false) {
-                            return Err(Error::new(ErrorKind::MissingTensor).at_node(ni as NodeId).at_tensor(i));
+                        if t.value.is_none() && !is_input.get(i as usize).copied().unwrap_or(false)
+                        {
+                            return Err(Error::new(ErrorKind::MissingTensor)
+                                .at_node(ni as NodeId)
+                                .at_tensor(i));
                         }
                     }
                 }
@@ -292,7 +323,10 @@ impl Graph {
         }
         // Kahn's algorithm with a min-heap on file order keeps the order stable.
         let mut ready: alloc::collections::BinaryHeap<core::cmp::Reverse<NodeId>> =
-            (0..self.nodes.len()).filter(|&i| pending[i] == 0).map(|i| core::cmp::Reverse(i as NodeId)).collect();
+            (0..self.nodes.len())
+                .filter(|&i| pending[i] == 0)
+                .map(|i| core::cmp::Reverse(i as NodeId))
+                .collect();
         let mut order = Vec::with_capacity(self.nodes.len());
         while let Some(core::cmp::Reverse(n)) = ready.pop() {
             order.push(n);
@@ -314,7 +348,8 @@ impl Graph {
         for &o in &self.outputs {
             let produced = producer.get(o as usize).copied().flatten().is_some();
             let t = self.tensor(o)?;
-            if !produced && t.value.is_none() && !is_input.get(o as usize).copied().unwrap_or(false) {
+            if !produced && t.value.is_none() && !is_input.get(o as usize).copied().unwrap_or(false)
+            {
                 return Err(Error::new(ErrorKind::MissingTensor).at_tensor(o));
             }
         }
@@ -341,23 +376,37 @@ impl Model {
     /// Opset version imported for a domain (`""` or `ai.onnx` is the default).
     pub fn opset(&self, domain: &str) -> Option<i64> {
         let d = if domain == "ai.onnx" { "" } else { domain };
-        self.opsets.iter().find(|(n, _)| n == d || (d.is_empty() && n == "ai.onnx")).map(|&(_, v)| v)
+        self.opsets
+            .iter()
+            .find(|(n, _)| n == d || (d.is_empty() && n == "ai.onnx"))
+            .map(|&(_, v)| v)
     }
 
     /// Names of the graph inputs the caller feeds (not initializers).
     pub fn input_names(&self) -> impl Iterator<Item = &str> {
-        self.graph.inputs.iter().filter_map(|&i| self.graph.tensors.get(i as usize)).map(|t| t.name.as_str())
+        self.graph
+            .inputs
+            .iter()
+            .filter_map(|&i| self.graph.tensors.get(i as usize))
+            .map(|t| t.name.as_str())
     }
 
     /// Names of the graph outputs.
     pub fn output_names(&self) -> impl Iterator<Item = &str> {
-        self.graph.outputs.iter().filter_map(|&i| self.graph.tensors.get(i as usize)).map(|t| t.name.as_str())
+        self.graph
+            .outputs
+            .iter()
+            .filter_map(|&i| self.graph.tensors.get(i as usize))
+            .map(|t| t.name.as_str())
     }
 
     /// Resolves an error's node and tensor indices to names, for display:
     /// `unsupported operator at opset 13: node 'conv1' (Conv)`.
     pub fn explain<'a>(&'a self, e: &'a Error) -> Explained<'a> {
-        Explained { graph: Some(&self.graph), error: e }
+        Explained {
+            graph: Some(&self.graph),
+            error: e,
+        }
     }
 }
 
@@ -375,11 +424,25 @@ impl core::fmt::Display for Explained<'_> {
         };
         self.error.kind.fmt(f)?;
         if let Some(n) = self.error.node.and_then(|n| g.nodes.get(n as usize)) {
-            let dom = if n.domain.is_empty() { String::new() } else { alloc::format!("{}.", n.domain) };
-            if n.name.is_empty() {
-                write!(f, ": node #{} ({dom}{}, opset {})", self.error.node.unwrap_or(0), n.op_type, n.opset)?;
+            let dom = if n.domain.is_empty() {
+                String::new()
             } else {
-                write!(f, ": node '{}' ({dom}{}, opset {})", n.name, n.op_type, n.opset)?;
+                alloc::format!("{}.", n.domain)
+            };
+            if n.name.is_empty() {
+                write!(
+                    f,
+                    ": node #{} ({dom}{}, opset {})",
+                    self.error.node.unwrap_or(0),
+                    n.op_type,
+                    n.opset
+                )?;
+            } else {
+                write!(
+                    f,
+                    ": node '{}' ({dom}{}, opset {})",
+                    n.name, n.op_type, n.opset
+                )?;
             }
         }
         if let Some(t) = self.error.tensor.and_then(|t| g.tensors.get(t as usize)) {

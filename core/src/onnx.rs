@@ -40,7 +40,8 @@ impl Model {
         // Decoding from a slice copies each `bytes` field out of it; those
         // copies are heap blocks, so `from_shared` usually keeps them as they
         // are: one copy of the weights in all.
-        let proto = mote_proto::ModelProto::decode(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
+        let proto =
+            mote_proto::ModelProto::decode(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
         import_model(proto)
     }
 
@@ -62,22 +63,26 @@ pub fn import_model(proto: mote_proto::ModelProto) -> Result<Model> {
     }
     let default = opsets.iter().find(|(d, _)| d.is_empty()).map(|&(_, v)| v);
     match default {
-        None => {
-            // ONNX says an absent default import means opset 1; ask for a
-            // real one rather than guessing.
-            if proto.opset_import.is_empty() {
-                return Err(Error::new(ErrorKind::Invalid("model has no opset_import")));
-            }
+        // ONNX says an absent import means opset 1; ask for a real one
+        // rather than guessing.
+        None if proto.opset_import.is_empty() => {
+            return Err(Error::new(ErrorKind::Invalid("model has no opset_import")));
         }
         Some(v) if v < MIN_OPSET => {
-            return Err(Error::new(ErrorKind::Unsupported("default-domain opset below 7")));
+            return Err(Error::new(ErrorKind::Unsupported(
+                "default-domain opset below 7",
+            )));
         }
         Some(v) if v > MAX_OPSET => {
-            return Err(Error::new(ErrorKind::Unsupported("default-domain opset newer than mote knows (max 28)")));
+            return Err(Error::new(ErrorKind::Unsupported(
+                "default-domain opset newer than mote knows (max 28)",
+            )));
         }
         _ => {}
     }
-    let g = proto.graph.ok_or(Error::new(ErrorKind::Invalid("model has no graph")))?;
+    let g = proto
+        .graph
+        .ok_or(Error::new(ErrorKind::Invalid("model has no graph")))?;
     let graph = import_graph(g, &opsets, 0)?;
     Ok(Model {
         producer: proto.producer_name.unwrap_or_default(),
@@ -130,14 +135,22 @@ fn declare(t: &mut TensorInfo, tp: &Option<mote_proto::TypeProto>) {
     }
 }
 
-fn import_graph(g: mote_proto::GraphProto, opsets: &[(String, i64)], depth: usize) -> Result<Graph> {
+fn import_graph(
+    g: mote_proto::GraphProto,
+    opsets: &[(String, i64)],
+    depth: usize,
+) -> Result<Graph> {
     if depth > MAX_GRAPH_DEPTH {
-        return Err(Error::new(ErrorKind::Invalid("subgraphs nested too deeply")));
+        return Err(Error::new(ErrorKind::Invalid(
+            "subgraphs nested too deeply",
+        )));
     }
     if !g.sparse_initializer.is_empty() {
         return Err(Error::new(ErrorKind::Unsupported("sparse initializers")));
     }
-    let mut b = Builder { graph: Graph::default() };
+    let mut b = Builder {
+        graph: Graph::default(),
+    };
     // Initializers first: their names shadow graph inputs of the same name.
     for t in g.initializer {
         let name = t.name.clone().unwrap_or_default();
@@ -146,7 +159,11 @@ fn import_graph(g: mote_proto::GraphProto, opsets: &[(String, i64)], depth: usiz
         }
         let id = b.id(&name);
         let c = tensor_from_proto(t).map_err(|e| e.at_tensor(id))?;
-        let info = b.graph.tensors.get_mut(id as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+        let info = b
+            .graph
+            .tensors
+            .get_mut(id as usize)
+            .ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
         if info.value.is_some() {
             return Err(Error::new(ErrorKind::Invalid("duplicate initializer")).at_tensor(id));
         }
@@ -158,7 +175,11 @@ fn import_graph(g: mote_proto::GraphProto, opsets: &[(String, i64)], depth: usiz
     for vi in &g.input {
         let name = vi.name.clone().unwrap_or_default();
         let id = b.id(&name);
-        let info = b.graph.tensors.get_mut(id as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+        let info = b
+            .graph
+            .tensors
+            .get_mut(id as usize)
+            .ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
         if info.value.is_some() {
             continue; // an initializer with a declared input: a constant here
         }
@@ -182,18 +203,36 @@ fn import_graph(g: mote_proto::GraphProto, opsets: &[(String, i64)], depth: usiz
             None | Some("ai.onnx") => String::new(),
             Some(d) => d.to_string(),
         };
-        let opset = opsets.iter().find(|(d, _)| *d == domain).map(|&(_, v)| v).unwrap_or(0);
+        let opset = opsets
+            .iter()
+            .find(|(d, _)| *d == domain)
+            .map(|&(_, v)| v)
+            .unwrap_or(0);
         let op_type = n.op_type.clone().unwrap_or_default();
         let node_id = b.graph.nodes.len() as u32;
         let mut attrs = Vec::with_capacity(n.attribute.len());
         for a in n.attribute {
             attrs.push(import_attr(a, opsets, depth).map_err(|e| e.at_node(node_id))?);
         }
-        let inputs: Vec<Option<TensorId>> =
-            n.input.iter().map(|s| if s.is_empty() { None } else { Some(b.id(s)) }).collect();
-        let outputs: Vec<Option<TensorId>> =
-            n.output.iter().map(|s| if s.is_empty() { None } else { Some(b.id(s)) }).collect();
-        let node = Node { name: n.name.clone().unwrap_or_default(), op_type, domain, opset, inputs, outputs, attrs };
+        let inputs: Vec<Option<TensorId>> = n
+            .input
+            .iter()
+            .map(|s| if s.is_empty() { None } else { Some(b.id(s)) })
+            .collect();
+        let outputs: Vec<Option<TensorId>> = n
+            .output
+            .iter()
+            .map(|s| if s.is_empty() { None } else { Some(b.id(s)) })
+            .collect();
+        let node = Node {
+            name: n.name.clone().unwrap_or_default(),
+            op_type,
+            domain,
+            opset,
+            inputs,
+            outputs,
+            attrs,
+        };
         if node.op_type == "Constant" && node.domain.is_empty() {
             let out = node.outputs.first().copied().flatten().ok_or(
                 Error::new(ErrorKind::Invalid("Constant node without output")).at_node(ni as u32),
@@ -201,11 +240,17 @@ fn import_graph(g: mote_proto::GraphProto, opsets: &[(String, i64)], depth: usiz
             // Keep a placeholder node so errors keep pointing at it; its
             // value lives on the output tensor.
             let c = constant_value(&node).map_err(|e| e.at_node(node_id))?;
-            let info = b.graph.tensors.get_mut(out as usize).ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
+            let info = b
+                .graph
+                .tensors
+                .get_mut(out as usize)
+                .ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
             if info.value.is_some() {
-                return Err(Error::new(ErrorKind::Invalid("Constant output has the name of an initializer"))
-                    .at_node(node_id)
-                    .at_tensor(out));
+                return Err(Error::new(ErrorKind::Invalid(
+                    "Constant output has the name of an initializer",
+                ))
+                .at_node(node_id)
+                .at_tensor(out));
             }
             info.dtype = Some(c.dtype);
             info.shape = Some(c.shape.iter().map(|&d| Dim::Fixed(d)).collect());
@@ -231,11 +276,17 @@ fn attr_err(problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name: "?", problem })
 }
 
-fn import_attr(a: mote_proto::AttributeProto, opsets: &[(String, i64)], depth: usize) -> Result<Attr> {
+fn import_attr(
+    a: mote_proto::AttributeProto,
+    opsets: &[(String, i64)],
+    depth: usize,
+) -> Result<Attr> {
     use mote_proto::attribute_proto::AttributeType as T;
     let name = a.name.clone().unwrap_or_default();
     if a.ref_attr_name.is_some() {
-        return Err(Error::new(ErrorKind::Unsupported("attribute references (functions)")));
+        return Err(Error::new(ErrorKind::Unsupported(
+            "attribute references (functions)",
+        )));
     }
     let ty = a.r#type.and_then(|t| T::try_from(t).ok());
     // Old exporters leave `type` unset; infer it from the field present.
@@ -270,7 +321,9 @@ fn import_attr(a: mote_proto::AttributeProto, opsets: &[(String, i64)], depth: u
         T::Floats => AttrValue::Floats(a.floats),
         T::Ints => AttrValue::Ints(a.ints),
         T::Strings => AttrValue::Strings(a.strings.into_iter().map(|b| b.to_vec()).collect()),
-        T::Tensor => AttrValue::Tensor(tensor_from_proto(a.t.ok_or(attr_err("TENSOR attribute without tensor"))?)?),
+        T::Tensor => AttrValue::Tensor(tensor_from_proto(
+            a.t.ok_or(attr_err("TENSOR attribute without tensor"))?,
+        )?),
         T::Graph => AttrValue::Graph(Box::new(import_graph(
             a.g.ok_or(attr_err("GRAPH attribute without graph"))?,
             opsets,
@@ -289,16 +342,24 @@ fn import_attr(a: mote_proto::AttributeProto, opsets: &[(String, i64)], depth: u
 }
 
 fn constant_value(n: &Node) -> Result<Const> {
-    let a = n.attrs.first().ok_or(Error::new(ErrorKind::Invalid("Constant node without value attribute")))?;
+    let a = n.attrs.first().ok_or(Error::new(ErrorKind::Invalid(
+        "Constant node without value attribute",
+    )))?;
     match (&a.name[..], &a.value) {
         ("value", AttrValue::Tensor(t)) => Ok(t.clone()),
         ("value_float", AttrValue::Float(f)) => Const::from_slice(&[], &[*f]),
         ("value_floats", AttrValue::Floats(f)) => Const::from_slice(&[f.len()], f),
         ("value_int", AttrValue::Int(i)) => Const::from_slice(&[], &[*i]),
         ("value_ints", AttrValue::Ints(i)) => Const::from_slice(&[i.len()], i),
-        ("value_string" | "value_strings", _) => Err(Error::new(ErrorKind::UnsupportedDType { what: "Constant", code: 8 })),
+        ("value_string" | "value_strings", _) => Err(Error::new(ErrorKind::UnsupportedDType {
+            what: "Constant",
+            code: 8,
+        })),
         ("sparse_value", _) => Err(Error::new(ErrorKind::Unsupported("sparse Constant"))),
-        _ => Err(Error::new(ErrorKind::Attribute { name: "value", problem: "unrecognized Constant attribute" })),
+        _ => Err(Error::new(ErrorKind::Attribute {
+            name: "value",
+            problem: "unrecognized Constant attribute",
+        })),
     }
 }
 
@@ -307,9 +368,14 @@ fn constant_value(n: &Node) -> Result<Const> {
 /// mote-std resolves it against the model's folder first.
 pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
     let code = t.data_type.unwrap_or(0);
-    let dtype = DType::from_onnx(code).ok_or(Error::new(ErrorKind::UnsupportedDType { what: "tensor data", code }))?;
+    let dtype = DType::from_onnx(code).ok_or(Error::new(ErrorKind::UnsupportedDType {
+        what: "tensor data",
+        code,
+    }))?;
     if t.data_location == Some(1) || !t.external_data.is_empty() {
-        return Err(Error::new(ErrorKind::Unsupported("external tensor data (load the model from a file)")));
+        return Err(Error::new(ErrorKind::Unsupported(
+            "external tensor data (load the model from a file)",
+        )));
     }
     if t.segment.is_some() {
         return Err(Error::new(ErrorKind::Unsupported("segmented tensors")));
@@ -317,18 +383,31 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
     let mut shape = Vec::with_capacity(t.dims.len());
     for &d in &t.dims {
         if d < 0 {
-            return Err(Error::new(ErrorKind::Shape("negative dimension in tensor data")));
+            return Err(Error::new(ErrorKind::Shape(
+                "negative dimension in tensor data",
+            )));
         }
         shape.push(usize::try_from(d).map_err(|_| Error::new(ErrorKind::Overflow))?);
     }
     let n = crate::error::checked_numel(&shape)?;
-    let bytes = n.checked_mul(dtype.size()).ok_or(Error::new(ErrorKind::Overflow))?;
-    let len_err = |got: usize| Error::new(ErrorKind::Len { expected: bytes as u64, got: got as u64 });
+    let bytes = n
+        .checked_mul(dtype.size())
+        .ok_or(Error::new(ErrorKind::Overflow))?;
+    let len_err = |got: usize| {
+        Error::new(ErrorKind::Len {
+            expected: bytes as u64,
+            got: got as u64,
+        })
+    };
     if let Some(raw) = t.raw_data {
         if raw.len() != bytes {
             return Err(len_err(raw.len()));
         }
-        return Ok(Const { dtype, shape, data: ConstData::from_shared(raw)? });
+        return Ok(Const {
+            dtype,
+            shape,
+            data: ConstData::from_shared(raw)?,
+        });
     }
     // Typed fields: the ONNX rules of which field carries which dtype.
     let count = match dtype {
@@ -346,11 +425,21 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
     let sz = dtype.size();
     for (i, chunk) in out.chunks_exact_mut(sz).enumerate() {
         match dtype {
-            DType::F32 => chunk.copy_from_slice(&t.float_data.get(i).copied().unwrap_or(0.0).to_le_bytes()),
-            DType::F64 => chunk.copy_from_slice(&t.double_data.get(i).copied().unwrap_or(0.0).to_le_bytes()),
-            DType::I64 => chunk.copy_from_slice(&t.int64_data.get(i).copied().unwrap_or(0).to_le_bytes()),
-            DType::U64 => chunk.copy_from_slice(&t.uint64_data.get(i).copied().unwrap_or(0).to_le_bytes()),
-            DType::U32 => chunk.copy_from_slice(&(t.uint64_data.get(i).copied().unwrap_or(0) as u32).to_le_bytes()),
+            DType::F32 => {
+                chunk.copy_from_slice(&t.float_data.get(i).copied().unwrap_or(0.0).to_le_bytes())
+            }
+            DType::F64 => {
+                chunk.copy_from_slice(&t.double_data.get(i).copied().unwrap_or(0.0).to_le_bytes())
+            }
+            DType::I64 => {
+                chunk.copy_from_slice(&t.int64_data.get(i).copied().unwrap_or(0).to_le_bytes())
+            }
+            DType::U64 => {
+                chunk.copy_from_slice(&t.uint64_data.get(i).copied().unwrap_or(0).to_le_bytes())
+            }
+            DType::U32 => chunk.copy_from_slice(
+                &(t.uint64_data.get(i).copied().unwrap_or(0) as u32).to_le_bytes(),
+            ),
             _ => {
                 // int32_data carries every type of 32 bits or less (f16/bf16
                 // as their bit patterns), low bytes first.

@@ -64,7 +64,11 @@ pub struct SessionBuilder<'m> {
 impl<'m> SessionBuilder<'m> {
     /// Options for `model`.
     pub fn new(model: &'m Model) -> Self {
-        SessionBuilder { model: Some(model), in_place: true, ..Default::default() }
+        SessionBuilder {
+            model: Some(model),
+            in_place: true,
+            ..Default::default()
+        }
     }
     /// Binds a symbolic dimension (`dim_param`) such as `batch`.
     pub fn dim(mut self, name: &str, value: usize) -> Self {
@@ -88,7 +92,9 @@ impl<'m> SessionBuilder<'m> {
     }
     /// Infers shapes, folds constants and plans the arena.
     pub fn plan(&self) -> Result<Plan> {
-        let model = self.model.ok_or(Error::new(ErrorKind::Internal("builder without model")))?;
+        let model = self
+            .model
+            .ok_or(Error::new(ErrorKind::Internal("builder without model")))?;
         build(model, self)
     }
 }
@@ -156,30 +162,62 @@ impl Plan {
     }
     /// Inferred dtype and shape of a tensor, if it was reached.
     pub fn tensor_type(&self, id: TensorId) -> Option<(DType, &[usize])> {
-        self.slots.get(id as usize).filter(|s| s.loc != Loc::None || !s.shape.is_empty()).map(|s| (s.dtype, &s.shape[..]))
+        self.slots
+            .get(id as usize)
+            .filter(|s| s.loc != Loc::None || !s.shape.is_empty())
+            .map(|s| (s.dtype, &s.shape[..]))
     }
 }
 
-fn bind_input(model: &Model, id: TensorId, opts: &SessionBuilder<'_>, defaulted: &mut Vec<String>) -> Result<Slot> {
+fn bind_input(
+    model: &Model,
+    id: TensorId,
+    opts: &SessionBuilder<'_>,
+    defaulted: &mut Vec<String>,
+) -> Result<Slot> {
     let t = model.graph.tensor(id)?;
-    let dtype = t.dtype.ok_or(Error::new(ErrorKind::UnsupportedDType { what: "graph input", code: t.onnx_type }).at_tensor(id))?;
+    let dtype = t.dtype.ok_or(
+        Error::new(ErrorKind::UnsupportedDType {
+            what: "graph input",
+            code: t.onnx_type,
+        })
+        .at_tensor(id),
+    )?;
     if let Some((_, s)) = opts.shapes.iter().find(|(n, _)| *n == t.name) {
         if let Some(decl) = &t.shape {
             if decl.len() != s.len() {
-                return Err(Error::new(ErrorKind::Rank { expected: decl.len(), got: s.len() }).at_tensor(id));
+                return Err(Error::new(ErrorKind::Rank {
+                    expected: decl.len(),
+                    got: s.len(),
+                })
+                .at_tensor(id));
             }
             for (axis, (d, &v)) in decl.iter().zip(s).enumerate() {
                 if let Dim::Fixed(f) = d {
                     if *f != v {
-                        return Err(Error::new(ErrorKind::Dim { axis, expected: *f as u64, got: v as u64 }).at_tensor(id));
+                        return Err(Error::new(ErrorKind::Dim {
+                            axis,
+                            expected: *f as u64,
+                            got: v as u64,
+                        })
+                        .at_tensor(id));
                     }
                 }
             }
         }
         checked_numel(s).map_err(|e| e.at_tensor(id))?;
-        return Ok(Slot { dtype, shape: s.clone(), loc: Loc::None });
+        return Ok(Slot {
+            dtype,
+            shape: s.clone(),
+            loc: Loc::None,
+        });
     }
-    let decl = t.shape.as_ref().ok_or(Error::new(ErrorKind::Binding("graph input has no declared shape: give it one")).at_tensor(id))?;
+    let decl = t.shape.as_ref().ok_or(
+        Error::new(ErrorKind::Binding(
+            "graph input has no declared shape: give it one",
+        ))
+        .at_tensor(id),
+    )?;
     let mut shape = Vec::with_capacity(decl.len());
     for (axis, d) in decl.iter().enumerate() {
         shape.push(match d {
@@ -200,19 +238,32 @@ fn bind_input(model: &Model, id: TensorId, opts: &SessionBuilder<'_>, defaulted:
         });
     }
     checked_numel(&shape).map_err(|e| e.at_tensor(id))?;
-    Ok(Slot { dtype, shape, loc: Loc::None })
+    Ok(Slot {
+        dtype,
+        shape,
+        loc: Loc::None,
+    })
 }
 
 fn byte_len(s: &Slot) -> Result<usize> {
-    checked_numel(&s.shape)?.checked_mul(s.dtype.size()).ok_or(Error::new(ErrorKind::Overflow))
+    checked_numel(&s.shape)?
+        .checked_mul(s.dtype.size())
+        .ok_or(Error::new(ErrorKind::Overflow))
 }
 
 /// Runs one node on constant inputs with heap buffers (folding; op tests).
 pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> Result<Vec<Const>> {
-    let def = ops::find(&node.domain, &node.op_type, opset).ok_or(Error::new(ErrorKind::UnsupportedOp { opset }))?;
+    let def = ops::find(&node.domain, &node.op_type, opset)
+        .ok_or(Error::new(ErrorKind::UnsupportedOp { opset }))?;
     let infos: Vec<Option<InputInfo<'_>>> = inputs
         .iter()
-        .map(|c| c.map(|c| InputInfo { dtype: c.dtype, shape: &c.shape, value: Some(c.view()) }))
+        .map(|c| {
+            c.map(|c| InputInfo {
+                dtype: c.dtype,
+                shape: &c.shape,
+                value: Some(c.view()),
+            })
+        })
         .collect();
     let ctx = PrepareCtx::new(node, opset, &infos);
     let prep = (def.prepare)(&ctx)?;
@@ -226,34 +277,61 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
         match c {
             Some(c) => {
                 folded.push((*c).clone());
-                slots.push(Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Folded((folded.len() - 1) as u32) });
+                slots.push(Slot {
+                    dtype: c.dtype,
+                    shape: c.shape.clone(),
+                    loc: Loc::Folded((folded.len() - 1) as u32),
+                });
                 ins.push(Some((slots.len() - 1) as TensorId));
             }
             None => ins.push(None),
         }
     }
     if prep.alias {
-        let o = prep.outputs.first().ok_or(Error::new(ErrorKind::Internal("alias without output")))?;
-        let src = inputs.first().copied().flatten().ok_or(Error::new(ErrorKind::MissingInput { index: 0 }))?;
-        return Ok(alloc::vec![Const { dtype: o.dtype, shape: o.shape.clone(), data: src.data.clone() }]);
+        let o = prep
+            .outputs
+            .first()
+            .ok_or(Error::new(ErrorKind::Internal("alias without output")))?;
+        let src = inputs
+            .first()
+            .copied()
+            .flatten()
+            .ok_or(Error::new(ErrorKind::MissingInput { index: 0 }))?;
+        return Ok(alloc::vec![Const {
+            dtype: o.dtype,
+            shape: o.shape.clone(),
+            data: src.data.clone()
+        }]);
     }
     let mut off = 0usize;
     let mut outs = Vec::new();
     for (i, o) in prep.outputs.iter().enumerate() {
-        let s = Slot { dtype: o.dtype, shape: o.shape.clone(), loc: Loc::None };
+        let s = Slot {
+            dtype: o.dtype,
+            shape: o.shape.clone(),
+            loc: Loc::None,
+        };
         let len = byte_len(&s)?;
         let present = matches!(node.outputs.get(i), Some(Some(_))) || node.outputs.is_empty();
         if present {
-            slots.push(Slot { loc: Loc::Arena { offset: off, len }, ..s });
+            slots.push(Slot {
+                loc: Loc::Arena { offset: off, len },
+                ..s
+            });
             outs.push(Some((slots.len() - 1) as TensorId));
-            off = planner::align_up(off.checked_add(len).ok_or(Error::new(ErrorKind::Overflow))?)
-                .ok_or(Error::new(ErrorKind::Overflow))?;
+            off = planner::align_up(
+                off.checked_add(len)
+                    .ok_or(Error::new(ErrorKind::Overflow))?,
+            )
+            .ok_or(Error::new(ErrorKind::Overflow))?;
         } else {
             outs.push(None);
         }
     }
     let scratch = (off, prep.scratch);
-    let total = off.checked_add(prep.scratch).ok_or(Error::new(ErrorKind::Overflow))?;
+    let total = off
+        .checked_add(prep.scratch)
+        .ok_or(Error::new(ErrorKind::Overflow))?;
     let mut buf = ConstData::zeroed(total)?;
     let graph = crate::model::Graph::default();
     {
@@ -274,16 +352,32 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
     }
     let mut result = Vec::new();
     for (i, o) in outs.iter().enumerate() {
-        let info = prep.outputs.get(i).ok_or(Error::new(ErrorKind::Internal("outputs")))?;
+        let info = prep
+            .outputs
+            .get(i)
+            .ok_or(Error::new(ErrorKind::Internal("outputs")))?;
         match o {
             Some(id) => {
-                let Loc::Arena { offset, len } = slots.get(*id as usize).map(|s| s.loc).unwrap_or(Loc::None) else {
+                let Loc::Arena { offset, len } =
+                    slots.get(*id as usize).map(|s| s.loc).unwrap_or(Loc::None)
+                else {
                     return Err(Error::new(ErrorKind::Internal("fold slot")));
                 };
-                let b = buf.bytes().get(offset..offset + len).ok_or(Error::new(ErrorKind::Internal("fold range")))?;
-                result.push(Const { dtype: info.dtype, shape: info.shape.clone(), data: ConstData::from_bytes(b)? });
+                let b = buf
+                    .bytes()
+                    .get(offset..offset + len)
+                    .ok_or(Error::new(ErrorKind::Internal("fold range")))?;
+                result.push(Const {
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    data: ConstData::from_bytes(b)?,
+                });
             }
-            None => result.push(Const { dtype: info.dtype, shape: info.shape.clone(), data: ConstData::default() }),
+            None => result.push(Const {
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                data: ConstData::default(),
+            }),
         }
     }
     Ok(result)
@@ -293,7 +387,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     let g = &model.graph;
     for (n, _) in &opts.shapes {
         if !model.input_names().any(|i| i == n) {
-            return Err(Error::new(ErrorKind::Binding("input_shape names no graph input")));
+            return Err(Error::new(ErrorKind::Binding(
+                "input_shape names no graph input",
+            )));
         }
     }
     let order = g.topo_order()?;
@@ -302,8 +398,16 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         .iter()
         .enumerate()
         .map(|(i, t)| match &t.value {
-            Some(c) => Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Model(i as TensorId) },
-            None => Slot { dtype: DType::F32, shape: Vec::new(), loc: Loc::None },
+            Some(c) => Slot {
+                dtype: c.dtype,
+                shape: c.shape.clone(),
+                loc: Loc::Model(i as TensorId),
+            },
+            None => Slot {
+                dtype: DType::F32,
+                shape: Vec::new(),
+                loc: Loc::None,
+            },
         })
         .collect();
     let mut known = alloc::vec![false; slots.len()];
@@ -327,38 +431,68 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
 
     for &ni in &order {
         let node = g.node(ni)?;
-        let opset = if node.domain.is_empty() { node.opset } else { node.opset.max(1) };
-        let def = ops::find(&node.domain, &node.op_type, opset).ok_or(Error::new(ErrorKind::UnsupportedOp { opset }).at_node(ni))?;
+        let opset = if node.domain.is_empty() {
+            node.opset
+        } else {
+            node.opset.max(1)
+        };
+        let def = ops::find(&node.domain, &node.op_type, opset)
+            .ok_or(Error::new(ErrorKind::UnsupportedOp { opset }).at_node(ni))?;
         let mut infos: Vec<Option<InputInfo<'_>>> = Vec::with_capacity(node.inputs.len());
         let mut all_const = true;
         for &inp in &node.inputs {
             match inp {
                 None => infos.push(None),
                 Some(t) => {
-                    let s = slots.get(t as usize).ok_or(Error::new(ErrorKind::Internal("slot")).at_node(ni))?;
+                    let s = slots
+                        .get(t as usize)
+                        .ok_or(Error::new(ErrorKind::Internal("slot")).at_node(ni))?;
                     if !known.get(t as usize).copied().unwrap_or(false) {
-                        return Err(Error::new(ErrorKind::MissingTensor).at_node(ni).at_tensor(t));
+                        return Err(Error::new(ErrorKind::MissingTensor)
+                            .at_node(ni)
+                            .at_tensor(t));
                     }
                     let value = match s.loc {
-                        Loc::Model(m) => g.tensors.get(m as usize).and_then(|t| t.value.as_ref()).map(|c| {
+                        Loc::Model(m) => g
+                            .tensors
+                            .get(m as usize)
+                            .and_then(|t| t.value.as_ref())
+                            .map(|c| {
+                                crate::tensor::TensorView::from_parts(
+                                    s.dtype,
+                                    &s.shape,
+                                    c.data.bytes(),
+                                )
+                            }),
+                        Loc::Folded(f) => folded.get(f as usize).map(|c| {
                             crate::tensor::TensorView::from_parts(s.dtype, &s.shape, c.data.bytes())
                         }),
-                        Loc::Folded(f) => folded
-                            .get(f as usize)
-                            .map(|c| crate::tensor::TensorView::from_parts(s.dtype, &s.shape, c.data.bytes())),
                         _ => None,
                     };
                     if value.is_none() {
                         all_const = false;
                     }
-                    infos.push(Some(InputInfo { dtype: s.dtype, shape: &s.shape, value }));
+                    infos.push(Some(InputInfo {
+                        dtype: s.dtype,
+                        shape: &s.shape,
+                        value,
+                    }));
                 }
             }
         }
         let ctx = PrepareCtx::new(node, opset, &infos);
         let prep = (def.prepare)(&ctx).map_err(|e| e.at_node(ni))?;
-        if prep.outputs.len() < node.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
-            return Err(Error::new(ErrorKind::Invalid("node has more outputs than the op defines")).at_node(ni));
+        if prep.outputs.len()
+            < node
+                .outputs
+                .iter()
+                .rposition(|o| o.is_some())
+                .map_or(0, |p| p + 1)
+        {
+            return Err(Error::new(ErrorKind::Invalid(
+                "node has more outputs than the op defines",
+            ))
+            .at_node(ni));
         }
         for o in &prep.outputs {
             checked_numel(&o.shape).map_err(|e| e.at_node(ni))?;
@@ -369,22 +503,42 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             for (o, v) in node.outputs.iter().zip(values) {
                 if let Some(o) = o {
                     folded.push(v);
-                    let c = folded.last().ok_or(Error::new(ErrorKind::Internal("fold")))?;
-                    slots[*o as usize] = Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Folded((folded.len() - 1) as u32) };
+                    let c = folded
+                        .last()
+                        .ok_or(Error::new(ErrorKind::Internal("fold")))?;
+                    slots[*o as usize] = Slot {
+                        dtype: c.dtype,
+                        shape: c.shape.clone(),
+                        loc: Loc::Folded((folded.len() - 1) as u32),
+                    };
                     known[*o as usize] = true;
                 }
             }
             continue;
         }
         if prep.alias {
-            let src = node.inputs.first().copied().flatten().ok_or(Error::new(ErrorKind::MissingInput { index: 0 }).at_node(ni))?;
-            let out_info = prep.outputs.first().ok_or(Error::new(ErrorKind::Internal("alias output")).at_node(ni))?;
+            let src = node
+                .inputs
+                .first()
+                .copied()
+                .flatten()
+                .ok_or(Error::new(ErrorKind::MissingInput { index: 0 }).at_node(ni))?;
+            let out_info = prep
+                .outputs
+                .first()
+                .ok_or(Error::new(ErrorKind::Internal("alias output")).at_node(ni))?;
             if let Some(Some(o)) = node.outputs.first() {
                 let src_loc = slots[src as usize].loc;
                 let src_len = byte_len(&slots[src as usize])?;
-                let out_slot = Slot { dtype: out_info.dtype, shape: out_info.shape.clone(), loc: Loc::None };
+                let out_slot = Slot {
+                    dtype: out_info.dtype,
+                    shape: out_info.shape.clone(),
+                    loc: Loc::None,
+                };
                 if byte_len(&out_slot)? != src_len {
-                    return Err(Error::new(ErrorKind::Internal("alias changes byte size")).at_node(ni));
+                    return Err(
+                        Error::new(ErrorKind::Internal("alias changes byte size")).at_node(ni)
+                    );
                 }
                 let loc = match src_loc {
                     Loc::Model(_) | Loc::Folded(_) => src_loc,
@@ -407,12 +561,20 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                     Some(t) => {
                         let s = &slots[t as usize];
                         let data = match s.loc {
-                            Loc::Model(m) => g.tensors.get(m as usize).and_then(|t| t.value.as_ref()).map(|c| c.data.clone()),
+                            Loc::Model(m) => g
+                                .tensors
+                                .get(m as usize)
+                                .and_then(|t| t.value.as_ref())
+                                .map(|c| c.data.clone()),
                             Loc::Folded(f) => folded.get(f as usize).map(|c| c.data.clone()),
                             _ => None,
                         }
                         .ok_or(Error::new(ErrorKind::Internal("const input")).at_node(ni))?;
-                        Some(Const { dtype: s.dtype, shape: s.shape.clone(), data })
+                        Some(Const {
+                            dtype: s.dtype,
+                            shape: s.shape.clone(),
+                            data,
+                        })
                     }
                 });
             }
@@ -421,8 +583,14 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             for (o, v) in node.outputs.iter().zip(values) {
                 if let Some(o) = o {
                     folded.push(v);
-                    let c = folded.last().ok_or(Error::new(ErrorKind::Internal("fold")))?;
-                    slots[*o as usize] = Slot { dtype: c.dtype, shape: c.shape.clone(), loc: Loc::Folded((folded.len() - 1) as u32) };
+                    let c = folded
+                        .last()
+                        .ok_or(Error::new(ErrorKind::Internal("fold")))?;
+                    slots[*o as usize] = Slot {
+                        dtype: c.dtype,
+                        shape: c.shape.clone(),
+                        loc: Loc::Folded((folded.len() - 1) as u32),
+                    };
                     known[*o as usize] = true;
                 }
             }
@@ -430,7 +598,11 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         }
         for (o, info) in node.outputs.iter().zip(&prep.outputs) {
             if let Some(o) = o {
-                slots[*o as usize] = Slot { dtype: info.dtype, shape: info.shape.clone(), loc: Loc::None };
+                slots[*o as usize] = Slot {
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    loc: Loc::None,
+                };
                 known[*o as usize] = true;
             }
         }
@@ -440,7 +612,12 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             node: ni,
             kernel: prep.kernel,
             inputs: node.inputs.clone(),
-            outputs: node.outputs.iter().take(prep.outputs.len()).copied().collect(),
+            outputs: node
+                .outputs
+                .iter()
+                .take(prep.outputs.len())
+                .copied()
+                .collect(),
             scratch: (0, 0),
             inplace: false,
         });
@@ -500,11 +677,12 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     let nt = slots.len();
     let mut first = alloc::vec![usize::MAX; nt];
     let mut last = alloc::vec![0usize; nt];
-    let in_arena = |t: TensorId, slots: &[Slot]| matches!(slots.get(t as usize).map(|s| s.loc), Some(Loc::None));
+    let in_arena = |t: TensorId, slots: &[Slot]| {
+        matches!(slots.get(t as usize).map(|s| s.loc), Some(Loc::None))
+    };
     for &i in &g.inputs {
         let r = root(i, &alias_of);
         first[r as usize] = 0;
-        last[r as usize] = last[r as usize].max(0);
     }
     for (si, st) in steps.iter().enumerate() {
         for &o in st.outputs.iter().flatten() {
@@ -542,19 +720,30 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             if !kept_inplace[si] {
                 continue;
             }
-            let (Some(Some(i0)), Some(Some(o0))) = (steps[si].inputs.first().copied(), steps[si].outputs.first().copied())
-            else {
+            let (Some(Some(i0)), Some(Some(o0))) = (
+                steps[si].inputs.first().copied(),
+                steps[si].outputs.first().copied(),
+            ) else {
                 continue;
             };
             if !in_arena(i0, &slots) {
                 continue;
             }
             // Input 0 must not appear as another input of the same step.
-            if steps[si].inputs.iter().skip(1).flatten().any(|&t| root(t, &alias_of) == root(i0, &alias_of)) {
+            if steps[si]
+                .inputs
+                .iter()
+                .skip(1)
+                .flatten()
+                .any(|&t| root(t, &alias_of) == root(i0, &alias_of))
+            {
                 continue;
             }
             let r = root(i0, &alias_of) as usize;
-            if last[r] != si || is_graph_output_root[r] || byte_len(&slots[i0 as usize])? != byte_len(&slots[o0 as usize])? {
+            if last[r] != si
+                || is_graph_output_root[r]
+                || byte_len(&slots[i0 as usize])? != byte_len(&slots[o0 as usize])?
+            {
                 continue;
             }
             let ro = root(o0, &alias_of) as usize;
@@ -571,7 +760,6 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         }
     }
 
-
     // Buffers: one per root tensor in the arena, plus one scratch per step.
     let mut bufs: Vec<Buffer> = Vec::new();
     let mut buf_of = alloc::vec![usize::MAX; nt];
@@ -580,24 +768,37 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             continue;
         }
         buf_of[t] = bufs.len();
-        bufs.push(Buffer { size: byte_len(&slots[t])?, first: first[t], last: last[t].max(first[t]) });
+        bufs.push(Buffer {
+            size: byte_len(&slots[t])?,
+            first: first[t],
+            last: last[t].max(first[t]),
+        });
     }
     let mut scratch_buf = alloc::vec![usize::MAX; n_steps];
     for (si, &sc) in kept_scratch.iter().enumerate() {
         if sc > 0 {
             scratch_buf[si] = bufs.len();
-            bufs.push(Buffer { size: sc, first: si, last: si });
+            bufs.push(Buffer {
+                size: sc,
+                first: si,
+                last: si,
+            });
         }
     }
     let offsets = GreedyBySize.place(&bufs)?;
     let arena_bytes = planner::arena_size(&bufs, &offsets)?;
     let lower_bound = planner::lower_bound(&bufs)?;
     if !planner::check_no_overlap(&bufs, &offsets) {
-        return Err(Error::new(ErrorKind::Internal("planner produced overlapping buffers")));
+        return Err(Error::new(ErrorKind::Internal(
+            "planner produced overlapping buffers",
+        )));
     }
     if let Some(max) = opts.max_arena {
         if arena_bytes > max {
-            return Err(Error::new(ErrorKind::OverBudget { needed: arena_bytes, budget: max }));
+            return Err(Error::new(ErrorKind::OverBudget {
+                needed: arena_bytes,
+                budget: max,
+            }));
         }
     }
     for t in 0..nt {
@@ -610,7 +811,10 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             continue; // never produced nor used (dead)
         }
         let len = byte_len(&slots[t])?;
-        slots[t].loc = Loc::Arena { offset: offsets[b], len };
+        slots[t].loc = Loc::Arena {
+            offset: offsets[b],
+            len,
+        };
     }
     let mut scratch_max = 0;
     for (si, st) in steps.iter_mut().enumerate() {
@@ -623,13 +827,28 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     let io = |id: TensorId| -> Result<IoInfo> {
         let t = g.tensor(id)?;
         let s = &slots[id as usize];
-        Ok(IoInfo { name: t.name.clone(), dtype: s.dtype, shape: s.shape.clone(), id })
+        Ok(IoInfo {
+            name: t.name.clone(),
+            dtype: s.dtype,
+            shape: s.shape.clone(),
+            id,
+        })
     };
-    let inputs = g.inputs.iter().map(|&i| io(i)).collect::<Result<Vec<_>>>()?;
-    let outputs = g.outputs.iter().map(|&i| io(i)).collect::<Result<Vec<_>>>()?;
+    let inputs = g
+        .inputs
+        .iter()
+        .map(|&i| io(i))
+        .collect::<Result<Vec<_>>>()?;
+    let outputs = g
+        .outputs
+        .iter()
+        .map(|&i| io(i))
+        .collect::<Result<Vec<_>>>()?;
     for o in &outputs {
         if matches!(slots[o.id as usize].loc, Loc::None) {
-            return Err(Error::new(ErrorKind::Internal("graph output was not placed")).at_tensor(o.id));
+            return Err(
+                Error::new(ErrorKind::Internal("graph output was not placed")).at_tensor(o.id),
+            );
         }
     }
     Ok(Plan {

@@ -65,7 +65,10 @@ impl MemoryPlanner for GreedyBySize {
         // Largest first; ties by earlier start, then index (deterministic).
         order.sort_by(|&a, &b| {
             let (x, y) = (&buffers[a], &buffers[b]);
-            y.size.cmp(&x.size).then(x.first.cmp(&y.first)).then(a.cmp(&b))
+            y.size
+                .cmp(&x.size)
+                .then(x.first.cmp(&y.first))
+                .then(a.cmp(&b))
         });
         let mut offsets = alloc::vec![usize::MAX; buffers.len()];
         let mut placed: Vec<usize> = Vec::with_capacity(buffers.len());
@@ -77,7 +80,9 @@ impl MemoryPlanner for GreedyBySize {
             for &j in &placed {
                 if buffers[j].overlaps_in_time(&b) && buffers[j].size > 0 {
                     let end = offsets[j]
-                        .checked_add(align_up(buffers[j].size).ok_or(Error::new(ErrorKind::Overflow))?)
+                        .checked_add(
+                            align_up(buffers[j].size).ok_or(Error::new(ErrorKind::Overflow))?,
+                        )
                         .ok_or(Error::new(ErrorKind::Overflow))?;
                     live.push((offsets[j], end));
                 }
@@ -184,7 +189,10 @@ mod tests {
         let bufs = [b(100, 0, 1), b(50, 1, 3), b(50, 2, 4), b(100, 4, 5)];
         let off = GreedyBySize.place(&bufs).unwrap();
         assert!(check_no_overlap(&bufs, &off));
-        assert_eq!(arena_size(&bufs, &off).unwrap(), lower_bound(&bufs).unwrap());
+        assert_eq!(
+            arena_size(&bufs, &off).unwrap(),
+            lower_bound(&bufs).unwrap()
+        );
     }
 
     #[test]

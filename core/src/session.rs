@@ -47,14 +47,24 @@ impl<'a> Session<'a> {
     /// not 16-byte aligned: [`Plan::arena_bytes_unaligned`] always fits).
     pub fn new(model: &'a Model, plan: &'a Plan, arena: &'a mut [u8]) -> Result<Self> {
         if plan.fingerprint != (model.graph.tensors.len(), model.graph.nodes.len()) {
-            return Err(Error::new(ErrorKind::Binding("plan was built from another model")));
+            return Err(Error::new(ErrorKind::Binding(
+                "plan was built from another model",
+            )));
         }
         let pad = arena.as_ptr().align_offset(ALIGN);
-        let needed = plan.arena_bytes.checked_add(pad).ok_or(Error::new(ErrorKind::Overflow))?;
+        let needed = plan
+            .arena_bytes
+            .checked_add(pad)
+            .ok_or(Error::new(ErrorKind::Overflow))?;
         if pad >= ALIGN || arena.len() < needed {
-            return Err(Error::new(ErrorKind::ArenaTooSmall { needed, got: arena.len() }));
+            return Err(Error::new(ErrorKind::ArenaTooSmall {
+                needed,
+                got: arena.len(),
+            }));
         }
-        let usable = arena.get_mut(pad..).ok_or(Error::new(ErrorKind::Internal("pad")))?;
+        let usable = arena
+            .get_mut(pad..)
+            .ok_or(Error::new(ErrorKind::Internal("pad")))?;
         Ok(Session {
             model,
             plan,
@@ -81,12 +91,20 @@ impl<'a> Session<'a> {
 
     /// Index of the graph input of this name.
     pub fn input_index(&self, name: &str) -> Result<usize> {
-        self.plan.inputs.iter().position(|i| i.name == name).ok_or(Error::new(ErrorKind::UnknownName))
+        self.plan
+            .inputs
+            .iter()
+            .position(|i| i.name == name)
+            .ok_or(Error::new(ErrorKind::UnknownName))
     }
 
     /// Index of the graph output of this name.
     pub fn output_index(&self, name: &str) -> Result<usize> {
-        self.plan.outputs.iter().position(|i| i.name == name).ok_or(Error::new(ErrorKind::UnknownName))
+        self.plan
+            .outputs
+            .iter()
+            .position(|i| i.name == name)
+            .ok_or(Error::new(ErrorKind::UnknownName))
     }
 
     fn arena_slice(&self, loc: Loc) -> Result<(*mut u8, usize)> {
@@ -102,8 +120,16 @@ impl<'a> Session<'a> {
     /// The arena buffer of input `i`, to fill in place (no copy) before
     /// [`Session::invoke`].
     pub fn input_mut(&mut self, i: usize) -> Result<TensorMut<'_>> {
-        let info = self.plan.inputs.get(i).ok_or(Error::new(ErrorKind::UnknownName))?;
-        let slot = self.plan.slots.get(info.id as usize).ok_or(Error::new(ErrorKind::Internal("slot")))?;
+        let info = self
+            .plan
+            .inputs
+            .get(i)
+            .ok_or(Error::new(ErrorKind::UnknownName))?;
+        let slot = self
+            .plan
+            .slots
+            .get(info.id as usize)
+            .ok_or(Error::new(ErrorKind::Internal("slot")))?;
         let (p, len) = self.arena_slice(slot.loc)?;
         // SAFETY: an in-bounds range of the exclusively borrowed arena;
         // `&mut self` keeps it the only view.
@@ -119,14 +145,26 @@ impl<'a> Session<'a> {
                 Error::new(ErrorKind::Binding("a graph input was not given")).at_tensor(info.id),
             )?;
             if v.dtype() != info.dtype {
-                return Err(Error::new(ErrorKind::DTypeMismatch { expected: info.dtype, got: v.dtype() }).at_tensor(info.id));
+                return Err(Error::new(ErrorKind::DTypeMismatch {
+                    expected: info.dtype,
+                    got: v.dtype(),
+                })
+                .at_tensor(info.id));
             }
             if v.shape() != &info.shape[..] {
                 if v.shape().len() != info.shape.len() {
-                    return Err(Error::new(ErrorKind::Rank { expected: info.shape.len(), got: v.shape().len() })
-                        .at_tensor(info.id));
+                    return Err(Error::new(ErrorKind::Rank {
+                        expected: info.shape.len(),
+                        got: v.shape().len(),
+                    })
+                    .at_tensor(info.id));
                 }
-                let axis = v.shape().iter().zip(&info.shape).position(|(a, b)| a != b).unwrap_or(0);
+                let axis = v
+                    .shape()
+                    .iter()
+                    .zip(&info.shape)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
                 return Err(Error::new(ErrorKind::Dim {
                     axis,
                     expected: info.shape.get(axis).copied().unwrap_or(0) as u64,
@@ -168,8 +206,16 @@ impl<'a> Session<'a> {
     /// Output `i` after a run: a view into the arena (or into the model,
     /// for outputs that are constants).
     pub fn output(&self, i: usize) -> Result<TensorView<'_>> {
-        let info = self.plan.outputs.get(i).ok_or(Error::new(ErrorKind::UnknownName))?;
-        let slot = self.plan.slots.get(info.id as usize).ok_or(Error::new(ErrorKind::Internal("slot")))?;
+        let info = self
+            .plan
+            .outputs
+            .get(i)
+            .ok_or(Error::new(ErrorKind::UnknownName))?;
+        let slot = self
+            .plan
+            .slots
+            .get(info.id as usize)
+            .ok_or(Error::new(ErrorKind::Internal("slot")))?;
         let data: &[u8] = match slot.loc {
             Loc::Arena { .. } => {
                 let (p, len) = self.arena_slice(slot.loc)?;
@@ -185,9 +231,12 @@ impl<'a> Session<'a> {
                 .and_then(|t| t.value.as_ref())
                 .map(|c| c.data.bytes())
                 .ok_or(Error::new(ErrorKind::Internal("const output")))?,
-            Loc::Folded(f) => {
-                self.plan.folded.get(f as usize).map(|c| c.data.bytes()).ok_or(Error::new(ErrorKind::Internal("folded")))?
-            }
+            Loc::Folded(f) => self
+                .plan
+                .folded
+                .get(f as usize)
+                .map(|c| c.data.bytes())
+                .ok_or(Error::new(ErrorKind::Internal("folded")))?,
             Loc::None => return Err(Error::new(ErrorKind::Internal("output not placed"))),
         };
         TensorView::from_bytes(slot.dtype, &slot.shape, data)

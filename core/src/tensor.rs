@@ -36,26 +36,39 @@ pub struct TensorView<'a> {
 fn cast<T: Element>(dtype: DType, data: &[u8]) -> Result<&[T]> {
     let ok = dtype == T::DTYPE || (dtype == DType::Bool && T::DTYPE == DType::U8);
     if !ok {
-        return Err(Error::new(ErrorKind::DTypeMismatch { expected: T::DTYPE, got: dtype }));
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: T::DTYPE,
+            got: dtype,
+        }));
     }
-    bytemuck::try_cast_slice(data).map_err(|_| Error::new(ErrorKind::Internal("misaligned tensor data")))
+    bytemuck::try_cast_slice(data)
+        .map_err(|_| Error::new(ErrorKind::Internal("misaligned tensor data")))
 }
 
 fn cast_mut<T: Element>(dtype: DType, data: &mut [u8]) -> Result<&mut [T]> {
     let ok = dtype == T::DTYPE || (dtype == DType::Bool && T::DTYPE == DType::U8);
     if !ok {
-        return Err(Error::new(ErrorKind::DTypeMismatch { expected: T::DTYPE, got: dtype }));
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: T::DTYPE,
+            got: dtype,
+        }));
     }
-    bytemuck::try_cast_slice_mut(data).map_err(|_| Error::new(ErrorKind::Internal("misaligned tensor data")))
+    bytemuck::try_cast_slice_mut(data)
+        .map_err(|_| Error::new(ErrorKind::Internal("misaligned tensor data")))
 }
 
 impl<'a> TensorView<'a> {
     /// A view over raw little-endian bytes; checks the length against the shape.
     pub fn from_bytes(dtype: DType, shape: &'a [usize], data: &'a [u8]) -> Result<Self> {
         let n = crate::error::checked_numel(shape)?;
-        let bytes = n.checked_mul(dtype.size()).ok_or(Error::new(ErrorKind::Overflow))?;
+        let bytes = n
+            .checked_mul(dtype.size())
+            .ok_or(Error::new(ErrorKind::Overflow))?;
         if bytes != data.len() {
-            return Err(Error::new(ErrorKind::Len { expected: bytes as u64, got: data.len() as u64 }));
+            return Err(Error::new(ErrorKind::Len {
+                expected: bytes as u64,
+                got: data.len() as u64,
+            }));
         }
         Ok(TensorView { dtype, shape, data })
     }
@@ -137,9 +150,14 @@ impl<'a> TensorMut<'a> {
     /// A mutable view over raw bytes; checks the length against the shape.
     pub fn from_bytes(dtype: DType, shape: &'a [usize], data: &'a mut [u8]) -> Result<Self> {
         let n = crate::error::checked_numel(shape)?;
-        let bytes = n.checked_mul(dtype.size()).ok_or(Error::new(ErrorKind::Overflow))?;
+        let bytes = n
+            .checked_mul(dtype.size())
+            .ok_or(Error::new(ErrorKind::Overflow))?;
         if bytes != data.len() {
-            return Err(Error::new(ErrorKind::Len { expected: bytes as u64, got: data.len() as u64 }));
+            return Err(Error::new(ErrorKind::Len {
+                expected: bytes as u64,
+                got: data.len() as u64,
+            }));
         }
         Ok(TensorMut { dtype, shape, data })
     }
@@ -181,7 +199,11 @@ impl<'a> TensorMut<'a> {
     }
     /// A read-only view of the same data.
     pub fn view(&self) -> TensorView<'_> {
-        TensorView { dtype: self.dtype, shape: self.shape, data: self.data }
+        TensorView {
+            dtype: self.dtype,
+            shape: self.shape,
+            data: self.data,
+        }
     }
 }
 
@@ -193,8 +215,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize], out: &mut [usize; MAX_RANK]) -
         return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
     }
     for i in 0..r {
-        let da = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-        let db = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
         out[i] = if da == db {
             da
         } else if da == 1 {
@@ -244,7 +274,14 @@ impl<const N: usize> StridedIter<N> {
         let mut sh = [1usize; MAX_RANK];
         sh[..rank].copy_from_slice(&shape[..rank]);
         let remaining = sh[..rank].iter().product();
-        StridedIter { shape: sh, strides, rank, idx: [0; MAX_RANK], offs: [0; N], remaining }
+        StridedIter {
+            shape: sh,
+            strides,
+            rank,
+            idx: [0; MAX_RANK],
+            offs: [0; N],
+            remaining,
+        }
     }
 }
 
@@ -269,7 +306,8 @@ impl<const N: usize> Iterator for StridedIter<N> {
                 break;
             }
             for k in 0..N {
-                self.offs[k] = self.offs[k].wrapping_sub(self.strides[k][ax].wrapping_mul(self.shape[ax]));
+                self.offs[k] =
+                    self.offs[k].wrapping_sub(self.strides[k][ax].wrapping_mul(self.shape[ax]));
             }
             self.idx[ax] = 0;
         }

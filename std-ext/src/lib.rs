@@ -29,8 +29,16 @@ pub use tensor::{fmt_shape, Tensor};
 /// become `_` (`logits/Softmax:0` → `logits_Softmax_0`); an empty name, `.`
 /// and `..` become `_`-prefixed so they stay plain file names.
 pub fn safe_name(name: &str) -> String {
-    let s: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     match s.as_str() {
         "" => "_".into(),
         "." | ".." => format!("_{s}"),

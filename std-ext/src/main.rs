@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use mote_std::{check_declared, fmt_declared, fmt_shape, load_model, safe_name, DType, Model, Session, SessionBuilder, Tensor};
+use mote_std::{
+    check_declared, fmt_declared, fmt_shape, load_model, safe_name, DType, Model, Session,
+    SessionBuilder, Tensor,
+};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -56,8 +59,13 @@ enum Cmd {
 }
 
 fn parse_dim(s: &str) -> std::result::Result<(String, usize), String> {
-    let (n, v) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
-    let v = v.trim().parse::<usize>().map_err(|_| format!("dim '{n}': '{v}' is not a non-negative integer"))?;
+    let (n, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
+    let v = v
+        .trim()
+        .parse::<usize>()
+        .map_err(|_| format!("dim '{n}': '{v}' is not a non-negative integer"))?;
     if n.is_empty() {
         return Err(format!("expected NAME=VALUE, got '{s}'"));
     }
@@ -65,7 +73,9 @@ fn parse_dim(s: &str) -> std::result::Result<(String, usize), String> {
 }
 
 fn parse_input(s: &str) -> std::result::Result<(String, PathBuf), String> {
-    let (n, f) = s.split_once('=').ok_or_else(|| format!("expected NAME=FILE.npy, got '{s}'"))?;
+    let (n, f) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=FILE.npy, got '{s}'"))?;
     if n.is_empty() || f.is_empty() {
         return Err(format!("expected NAME=FILE.npy, got '{s}'"));
     }
@@ -102,37 +112,66 @@ fn main() {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "panic".into());
-        eprintln!("error: internal error (a bug in mote): {}", msg.lines().next().unwrap_or(""));
+        eprintln!(
+            "error: internal error (a bug in mote): {}",
+            msg.lines().next().unwrap_or("")
+        );
         std::process::exit(1);
     }));
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind as K;
-            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 e.exit();
             }
             let s = e.to_string();
-            let first = s.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            let first = s
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
             eprintln!("error: {}", first.trim_start_matches("error: ").trim());
             std::process::exit(1);
         }
     };
-    let mut out = Out { text: String::new(), notes: String::new(), json: false };
+    let mut out = Out {
+        text: String::new(),
+        notes: String::new(),
+        json: false,
+    };
     let r = match cli.cmd {
         Cmd::Inspect { model, dims, json } => {
             out.json = json;
             inspect(&model, &dims, &mut out)
         }
-        Cmd::Run { model, inputs, dims, output_dir, seed, json } => {
+        Cmd::Run {
+            model,
+            inputs,
+            dims,
+            output_dir,
+            seed,
+            json,
+        } => {
             out.json = json;
-            run(&model, &inputs, &dims, output_dir.as_deref(), seed, &mut out)
+            run(
+                &model,
+                &inputs,
+                &dims,
+                output_dir.as_deref(),
+                seed,
+                &mut out,
+            )
         }
         Cmd::Ops => ops(&mut out),
     };
     let mut stdout = std::io::stdout().lock();
     // A closed pipe (`mote ops | head`) is not an error worth reporting.
-    let _ = stdout.write_all(out.text.as_bytes()).and_then(|_| stdout.flush());
+    let _ = stdout
+        .write_all(out.text.as_bytes())
+        .and_then(|_| stdout.flush());
     eprint!("{}", out.notes);
     if let Err(e) = r {
         // The chain, without repeating a cause its parent already shows.
@@ -171,8 +210,13 @@ fn domain_name(d: &str) -> &str {
 }
 
 fn declared_json(model: &Model, id: u32) -> Value {
-    let Some(t) = model.graph.tensors.get(id as usize) else { return Value::Null };
-    let dtype = t.dtype.map_or_else(|| DType::onnx_name(t.onnx_type).to_string(), |d| d.to_string());
+    let Some(t) = model.graph.tensors.get(id as usize) else {
+        return Value::Null;
+    };
+    let dtype = t.dtype.map_or_else(
+        || DType::onnx_name(t.onnx_type).to_string(),
+        |d| d.to_string(),
+    );
     let shape: Value = match &t.shape {
         None => Value::Null,
         Some(s) => s
@@ -197,7 +241,11 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
     let g = &model.graph;
     let mut op_counts: BTreeMap<String, usize> = BTreeMap::new();
     for n in &g.nodes {
-        let key = if n.domain.is_empty() { n.op_type.clone() } else { format!("{}.{}", n.domain, n.op_type) };
+        let key = if n.domain.is_empty() {
+            n.op_type.clone()
+        } else {
+            format!("{}.{}", n.domain, n.op_type)
+        };
         *op_counts.entry(key).or_default() += 1;
     }
     let (mut params, mut param_bytes) = (0usize, 0usize);
@@ -209,7 +257,10 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
     }
     let io = |ids: &[u32], planned: Option<&[mote_std::IoInfo]>| -> Vec<Value> {
         match planned {
-            Some(p) => p.iter().map(|i| json!({"name": i.name, "dtype": i.dtype.name(), "shape": i.shape})).collect(),
+            Some(p) => p
+                .iter()
+                .map(|i| json!({"name": i.name, "dtype": i.dtype.name(), "shape": i.shape}))
+                .collect(),
             None => ids.iter().map(|&i| declared_json(&model, i)).collect(),
         }
     };
@@ -238,26 +289,46 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
         }
         out.line(v.to_string());
     } else {
-        let producer = if model.producer.is_empty() { "(unknown)" } else { &model.producer };
+        let producer = if model.producer.is_empty() {
+            "(unknown)"
+        } else {
+            &model.producer
+        };
         out.line(format!("model: {}", path.display()));
         out.line(format!("producer: {producer} {}", model.producer_version).trim_end());
         out.line(format!("ir_version: {}", model.ir_version));
-        let ops: Vec<String> = model.opsets.iter().map(|(d, v)| format!("{} {v}", domain_name(d))).collect();
+        let ops: Vec<String> = model
+            .opsets
+            .iter()
+            .map(|(d, v)| format!("{} {v}", domain_name(d)))
+            .collect();
         out.line(format!("opsets: {}", ops.join(", ")));
-        for (label, ids, planned) in
-            [("input", &g.inputs, plan.map(|p| p.inputs())), ("output", &g.outputs, plan.map(|p| p.outputs()))]
-        {
+        for (label, ids, planned) in [
+            ("input", &g.inputs, plan.map(|p| p.inputs())),
+            ("output", &g.outputs, plan.map(|p| p.outputs())),
+        ] {
             match planned {
                 Some(p) => {
                     for i in p {
-                        out.line(format!("{label} '{}': {} {}", i.name, i.dtype, fmt_shape(&i.shape)));
+                        out.line(format!(
+                            "{label} '{}': {} {}",
+                            i.name,
+                            i.dtype,
+                            fmt_shape(&i.shape)
+                        ));
                     }
                 }
                 None => {
                     for &id in ids.iter() {
                         if let Some(t) = g.tensors.get(id as usize) {
-                            let dt = t.dtype.map_or_else(|| DType::onnx_name(t.onnx_type).to_string(), |d| d.to_string());
-                            let sh = t.shape.as_deref().map_or_else(|| "[?]".to_string(), fmt_declared);
+                            let dt = t.dtype.map_or_else(
+                                || DType::onnx_name(t.onnx_type).to_string(),
+                                |d| d.to_string(),
+                            );
+                            let sh = t
+                                .shape
+                                .as_deref()
+                                .map_or_else(|| "[?]".to_string(), fmt_declared);
                             out.line(format!("{label} '{}': {dt} {sh}", t.name));
                         }
                     }
@@ -269,7 +340,10 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
             let _ = write!(s, " {k}×{v}");
         }
         out.line(s);
-        out.line(format!("parameters: {params} ({})", human_bytes(param_bytes)));
+        out.line(format!(
+            "parameters: {params} ({})",
+            human_bytes(param_bytes)
+        ));
         if let Some(p) = plan {
             out.line(format!(
                 "arena: {} bytes (lower bound {} bytes, {:.3}x), scratch {} bytes",
@@ -278,7 +352,11 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
                 p.arena_bytes() as f64 / p.lower_bound().max(1) as f64,
                 p.scratch_bytes()
             ));
-            out.line(format!("steps: {} (after folding), folded constants: {} bytes", p.num_steps(), p.folded_bytes()));
+            out.line(format!(
+                "steps: {} (after folding), folded constants: {} bytes",
+                p.num_steps(),
+                p.folded_bytes()
+            ));
             for d in p.defaulted_dims() {
                 out.note(format!("note: dim '{d}' not bound, using 1 (--dim {d}=N)"));
             }
@@ -329,10 +407,18 @@ fn random_tensor(dtype: DType, shape: &[usize], rng: &mut Rng) -> Result<Tensor>
         let r = rng.next();
         let int = (r % 10) as i64;
         match dtype {
-            DType::F32 => chunk.copy_from_slice(&((r >> 40) as f32 / (1u64 << 24) as f32).to_le_bytes()),
-            DType::F64 => chunk.copy_from_slice(&((r >> 11) as f64 / (1u64 << 53) as f64).to_le_bytes()),
-            DType::F16 => chunk.copy_from_slice(&half::f16::from_f32((r >> 53) as f32 / 2048.0).to_le_bytes()),
-            DType::BF16 => chunk.copy_from_slice(&half::bf16::from_f32((r >> 56) as f32 / 256.0).to_le_bytes()),
+            DType::F32 => {
+                chunk.copy_from_slice(&((r >> 40) as f32 / (1u64 << 24) as f32).to_le_bytes())
+            }
+            DType::F64 => {
+                chunk.copy_from_slice(&((r >> 11) as f64 / (1u64 << 53) as f64).to_le_bytes())
+            }
+            DType::F16 => {
+                chunk.copy_from_slice(&half::f16::from_f32((r >> 53) as f32 / 2048.0).to_le_bytes())
+            }
+            DType::BF16 => {
+                chunk.copy_from_slice(&half::bf16::from_f32((r >> 56) as f32 / 256.0).to_le_bytes())
+            }
             DType::Bool => chunk[0] = (r >> 63) as u8,
             _ => chunk.copy_from_slice(&int.to_le_bytes()[..size]),
         }
@@ -356,7 +442,11 @@ fn stats(t: &Tensor) -> Stats {
         sum += x;
     }
     let n = v.len();
-    let (min, max, mean) = if n == 0 { (f64::NAN, f64::NAN, f64::NAN) } else { (min, max, sum / n as f64) };
+    let (min, max, mean) = if n == 0 {
+        (f64::NAN, f64::NAN, f64::NAN)
+    } else {
+        (min, max, sum / n as f64)
+    };
     let shape = t.shape();
     let one_row = !shape.is_empty() && shape[..shape.len() - 1].iter().all(|&d| d == 1);
     let mut top5 = Vec::new();
@@ -364,11 +454,18 @@ fn stats(t: &Tensor) -> Stats {
         let mut idx: Vec<usize> = (0..n).collect();
         idx.sort_by(|&a, &b| {
             let (x, y) = (v[a], v[b]);
-            y.partial_cmp(&x).unwrap_or_else(|| x.is_nan().cmp(&y.is_nan())).then(a.cmp(&b))
+            y.partial_cmp(&x)
+                .unwrap_or_else(|| x.is_nan().cmp(&y.is_nan()))
+                .then(a.cmp(&b))
         });
         top5 = idx.into_iter().take(5).map(|i| (i, v[i])).collect();
     }
-    Stats { min, max, mean, top5 }
+    Stats {
+        min,
+        max,
+        mean,
+        top5,
+    }
 }
 
 fn num(x: f64) -> Value {
@@ -400,7 +497,9 @@ fn run(
     for (n, t, _) in &feeds {
         b = b.input_shape(n, t.shape());
     }
-    let mut session: Session = b.build().with_context(|| format!("cannot plan {}", path.display()))?;
+    let mut session: Session = b
+        .build()
+        .with_context(|| format!("cannot plan {}", path.display()))?;
     for d in session.plan().defaulted_dims() {
         out.note(format!("note: dim '{d}' not bound, using 1 (--dim {d}=N)"));
     }
@@ -408,11 +507,21 @@ fn run(
     let mut inputs_json = Vec::new();
     for info in session.inputs().to_vec() {
         if let Some((_, _, file)) = feeds.iter().find(|(n, _, _)| *n == info.name) {
-            out.note(format!("input '{}': {} {} from {file}", info.name, info.dtype, fmt_shape(&info.shape)));
+            out.note(format!(
+                "input '{}': {} {} from {file}",
+                info.name,
+                info.dtype,
+                fmt_shape(&info.shape)
+            ));
             inputs_json.push(json!({"name": info.name, "dtype": info.dtype.name(), "shape": info.shape, "file": file}));
         } else {
             let t = random_tensor(info.dtype, &info.shape, &mut rng)?;
-            out.note(format!("input '{}': random (seed {seed}) {} {}", info.name, info.dtype, fmt_shape(&info.shape)));
+            out.note(format!(
+                "input '{}': random (seed {seed}) {} {}",
+                info.name,
+                info.dtype,
+                fmt_shape(&info.shape)
+            ));
             inputs_json.push(
                 json!({"name": info.name, "dtype": info.dtype.name(), "shape": info.shape, "random_seed": seed}),
             );
@@ -420,7 +529,11 @@ fn run(
         }
     }
     let names: Vec<String> = feeds.iter().map(|f| f.0.clone()).collect();
-    let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(feeds.into_iter().map(|f| f.1)).collect();
+    let args: Vec<(&str, Tensor)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(feeds.into_iter().map(|f| f.1))
+        .collect();
     let outputs = session.run(&args)?;
     if let Some(dir) = output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -468,7 +581,11 @@ fn run(
                 s.mean
             ));
             if !s.top5.is_empty() {
-                let parts: Vec<String> = s.top5.iter().map(|(i, v)| format!("{i} ({v:.4})")).collect();
+                let parts: Vec<String> = s
+                    .top5
+                    .iter()
+                    .map(|(i, v)| format!("{i} ({v:.4})"))
+                    .collect();
                 out.line(format!("  top5: {}", parts.join(", ")));
             }
         }

@@ -20,7 +20,9 @@ where
     T: npyz::Deserialize + Element,
     R: Read,
 {
-    let v: Vec<T> = f.into_vec().map_err(|e| npy_err(path, format!("data: {e} (truncated?)")))?;
+    let v: Vec<T> = f
+        .into_vec()
+        .map_err(|e| npy_err(path, format!("data: {e} (truncated?)")))?;
     Ok(bytemuck::cast_slice(&v).to_vec())
 }
 
@@ -56,7 +58,10 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
     let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
     let f = NpyFile::new(BufReader::new(file)).map_err(|e| npy_err(path, e))?;
     let npyz::DType::Plain(ts) = f.dtype() else {
-        return Err(Error::Npy(format!("{}: structured npy arrays are not supported", path.display())));
+        return Err(Error::Npy(format!(
+            "{}: structured npy arrays are not supported",
+            path.display()
+        )));
     };
     let size = ts.size_field();
     let dtype = match (ts.type_char(), size) {
@@ -72,7 +77,12 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
         (TypeChar::Uint, 4) => DType::U32,
         (TypeChar::Uint, 8) => DType::U64,
         (TypeChar::Bool, 1) => DType::Bool,
-        _ => return Err(Error::Npy(format!("{}: unsupported npy dtype '{ts}'", path.display()))),
+        _ => {
+            return Err(Error::Npy(format!(
+                "{}: unsupported npy dtype '{ts}'",
+                path.display()
+            )))
+        }
     };
     let shape: Vec<usize> = f
         .shape()
@@ -85,7 +95,10 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
         .and_then(|n| n.checked_mul(dtype.size()))
         .ok_or_else(|| npy_err(path, "shape too large"))?;
     if bytes as u64 > file_len {
-        return Err(npy_err(path, format!("truncated: shape {:?} needs {bytes} bytes of data", shape)));
+        return Err(npy_err(
+            path,
+            format!("truncated: shape {:?} needs {bytes} bytes of data", shape),
+        ));
     }
     let order = f.order();
     let mut data = match dtype {
@@ -101,10 +114,17 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
         DType::U32 => read_typed::<u32, _>(path, f)?,
         DType::U64 => read_typed::<u64, _>(path, f)?,
         DType::Bool => {
-            let v: Vec<bool> = f.into_vec().map_err(|e| npy_err(path, format!("data: {e} (truncated?)")))?;
+            let v: Vec<bool> = f
+                .into_vec()
+                .map_err(|e| npy_err(path, format!("data: {e} (truncated?)")))?;
             v.into_iter().map(u8::from).collect()
         }
-        _ => return Err(Error::Npy(format!("{}: unsupported npy dtype '{ts}'", path.display()))),
+        _ => {
+            return Err(Error::Npy(format!(
+                "{}: unsupported npy dtype '{ts}'",
+                path.display()
+            )))
+        }
     };
     if order == Order::Fortran && shape.len() > 1 {
         data = fortran_to_c(&data, &shape, dtype.size());
@@ -151,7 +171,14 @@ pub fn write_npy(path: impl AsRef<Path>, t: &TensorView<'_>) -> Result<()> {
         DType::U16 => write_typed(path, &shape, typed::<u16>(t)),
         DType::U32 => write_typed(path, &shape, typed::<u32>(t)),
         DType::U64 => write_typed(path, &shape, typed::<u64>(t)),
-        DType::Bool => write_typed(path, &shape, t.bytes().iter().map(|&b| b != 0).collect::<Vec<bool>>()),
-        d => Err(Error::Npy(format!("{}: dtype {d} has no npy equivalent", path.display()))),
+        DType::Bool => write_typed(
+            path,
+            &shape,
+            t.bytes().iter().map(|&b| b != 0).collect::<Vec<bool>>(),
+        ),
+        d => Err(Error::Npy(format!(
+            "{}: dtype {d} has no npy equivalent",
+            path.display()
+        ))),
     }
 }

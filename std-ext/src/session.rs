@@ -15,11 +15,21 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
     let path = path.as_ref();
     let buf = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     if buf.is_empty() {
-        return Err(Error::Model(format!("not an ONNX model or truncated: {} (empty file)", path.display())));
+        return Err(Error::Model(format!(
+            "not an ONNX model or truncated: {} (empty file)",
+            path.display()
+        )));
     }
     Model::from_onnx_shared(bytes::Bytes::from(buf)).map_err(|e| match e.kind {
-        ErrorKind::Decode => Error::Model(format!("not an ONNX model or truncated: {}", path.display())),
-        _ => Error::Model(format!("{}: {}", path.display(), Model::default().explain(&e))),
+        ErrorKind::Decode => Error::Model(format!(
+            "not an ONNX model or truncated: {}",
+            path.display()
+        )),
+        _ => Error::Model(format!(
+            "{}: {}",
+            path.display(),
+            Model::default().explain(&e)
+        )),
     })
 }
 
@@ -45,17 +55,35 @@ pub fn fmt_declared(shape: &[Dim]) -> String {
 /// declaration (name, dtype, rank and fixed dims), before any planning.
 pub fn check_declared(model: &Model, name: &str, dtype: DType, shape: &[usize]) -> Result<()> {
     let g = &model.graph;
-    let Some(info) = g.inputs.iter().filter_map(|&i| g.tensors.get(i as usize)).find(|t| t.name == name) else {
+    let Some(info) = g
+        .inputs
+        .iter()
+        .filter_map(|&i| g.tensors.get(i as usize))
+        .find(|t| t.name == name)
+    else {
         let names: Vec<&str> = model.input_names().collect();
-        return Err(Error::Input(format!("unknown input '{name}' (model inputs: {})", names.join(", "))));
+        return Err(Error::Input(format!(
+            "unknown input '{name}' (model inputs: {})",
+            names.join(", ")
+        )));
     };
     let ok_dtype = info.dtype.is_none_or(|d| d == dtype);
     let ok_shape = info.shape.as_ref().is_none_or(|decl| {
-        decl.len() == shape.len() && decl.iter().zip(shape).all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
+        decl.len() == shape.len()
+            && decl
+                .iter()
+                .zip(shape)
+                .all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
     });
     if !ok_dtype || !ok_shape {
-        let want_dt = info.dtype.map_or_else(|| DType::onnx_name(info.onnx_type).to_string(), |d| d.to_string());
-        let want_shape = info.shape.as_deref().map_or_else(|| "[?]".to_string(), fmt_declared);
+        let want_dt = info.dtype.map_or_else(
+            || DType::onnx_name(info.onnx_type).to_string(),
+            |d| d.to_string(),
+        );
+        let want_shape = info
+            .shape
+            .as_deref()
+            .map_or_else(|| "[?]".to_string(), fmt_declared);
         return Err(Error::Input(format!(
             "input '{name}': expected {want_dt} {want_shape}, got {dtype} {}",
             fmt_shape(shape)
@@ -101,7 +129,12 @@ enum Source {
 impl SessionBuilder {
     /// Options for a model already loaded.
     pub fn from_model(model: Arc<Model>) -> Self {
-        SessionBuilder { source: Source::Model(model), dims: Vec::new(), shapes: Vec::new(), max_arena: None }
+        SessionBuilder {
+            source: Source::Model(model),
+            dims: Vec::new(),
+            shapes: Vec::new(),
+            max_arena: None,
+        }
     }
     /// Binds a symbolic dimension such as `batch`.
     pub fn dim(mut self, name: &str, value: usize) -> Self {
@@ -127,7 +160,10 @@ impl SessionBuilder {
         let names: Vec<&str> = model.input_names().collect();
         for (n, _) in &self.shapes {
             if !names.contains(&n.as_str()) {
-                return Err(Error::Input(format!("unknown input '{n}' (model inputs: {})", names.join(", "))));
+                return Err(Error::Input(format!(
+                    "unknown input '{n}' (model inputs: {})",
+                    names.join(", ")
+                )));
             }
         }
         let mut b = model.session_builder();
@@ -183,15 +219,27 @@ impl Session {
         for (n, _) in inputs {
             if !self.inputs().iter().any(|i| i.name == *n) {
                 let names: Vec<&str> = self.inputs().iter().map(|i| i.name.as_str()).collect();
-                return Err(Error::Input(format!("unknown input '{n}' (model inputs: {})", names.join(", "))));
+                return Err(Error::Input(format!(
+                    "unknown input '{n}' (model inputs: {})",
+                    names.join(", ")
+                )));
             }
         }
         for info in self.inputs() {
-            let given: Vec<&Tensor> = inputs.iter().filter(|(n, _)| *n == info.name).map(|(_, t)| t).collect();
+            let given: Vec<&Tensor> = inputs
+                .iter()
+                .filter(|(n, _)| *n == info.name)
+                .map(|(_, t)| t)
+                .collect();
             let t = match given[..] {
                 [t] => t,
                 [] => return Err(Error::Input(format!("input '{}' not given", info.name))),
-                _ => return Err(Error::Input(format!("input '{}' given more than once", info.name))),
+                _ => {
+                    return Err(Error::Input(format!(
+                        "input '{}' given more than once",
+                        info.name
+                    )))
+                }
             };
             if t.dtype() != info.dtype || t.shape() != &info.shape[..] {
                 return Err(Error::Input(format!(
@@ -211,13 +259,19 @@ impl Session {
     /// order of [`Session::outputs`].
     pub fn run(&mut self, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
-        let views: Vec<(&str, TensorView<'_>)> = inputs.iter().map(|(n, t)| (*n, t.view())).collect();
+        let views: Vec<(&str, TensorView<'_>)> =
+            inputs.iter().map(|(n, t)| (*n, t.view())).collect();
         let model = &*self.model;
         let arena: &mut [u8] = bytemuck::cast_slice_mut(&mut self.arena);
-        let mut s = mote_core::Session::new(model, &self.plan, arena).map_err(|e| explain(model, &e))?;
+        let mut s =
+            mote_core::Session::new(model, &self.plan, arena).map_err(|e| explain(model, &e))?;
         s.run(&views).map_err(|e| explain(model, &e))?;
         (0..self.plan.outputs().len())
-            .map(|i| s.output(i).map(|v| Tensor::from_view(&v)).map_err(|e| explain(model, &e)))
+            .map(|i| {
+                s.output(i)
+                    .map(|v| Tensor::from_view(&v))
+                    .map_err(|e| explain(model, &e))
+            })
             .collect()
     }
 }

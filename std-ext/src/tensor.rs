@@ -17,7 +17,8 @@ pub struct Tensor {
 }
 
 fn numel(shape: &[usize]) -> Result<usize> {
-    mote_core::checked_numel(shape).map_err(|e| Error::Input(format!("shape {}: {e}", fmt_shape(shape))))
+    mote_core::checked_numel(shape)
+        .map_err(|e| Error::Input(format!("shape {}: {e}", fmt_shape(shape))))
 }
 
 /// `[1,3,224,224]`.
@@ -42,7 +43,12 @@ impl Tensor {
         }
         let mut words = vec![0u64; data.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..data.len()].copy_from_slice(data);
-        Ok(Tensor { dtype, shape: shape.to_vec(), words, len: data.len() })
+        Ok(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            words,
+            len: data.len(),
+        })
     }
 
     /// A tensor from typed values (`f32`, `i64`, `half::f16`, ...).
@@ -72,7 +78,12 @@ impl Tensor {
         let len = n
             .checked_mul(dtype.size())
             .ok_or_else(|| Error::Input(format!("shape {} too large", fmt_shape(shape))))?;
-        Ok(Tensor { dtype, shape: shape.to_vec(), words: vec![0u64; len.div_ceil(8)], len })
+        Ok(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            words: vec![0u64; len.div_ceil(8)],
+            len,
+        })
     }
 
     /// Copies a view.
@@ -80,7 +91,12 @@ impl Tensor {
         let data = v.bytes();
         let mut words = vec![0u64; data.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..data.len()].copy_from_slice(data);
-        Tensor { dtype: v.dtype(), shape: v.shape().to_vec(), words, len: data.len() }
+        Tensor {
+            dtype: v.dtype(),
+            shape: v.shape().to_vec(),
+            words,
+            len: data.len(),
+        }
     }
 
     /// Element type.
@@ -111,16 +127,22 @@ impl Tensor {
     /// A borrowed view (what [`mote_core::Session::run`] takes).
     pub fn view(&self) -> TensorView<'_> {
         // Length and shape agree by construction (every constructor checks).
-        TensorView::from_bytes(self.dtype, &self.shape, self.bytes()).expect("tensor length checked at construction")
+        TensorView::from_bytes(self.dtype, &self.shape, self.bytes())
+            .expect("tensor length checked at construction")
     }
 
     /// Typed elements; `Err` if `T` is not the dtype (`u8` also reads bool).
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         let ok = self.dtype == T::DTYPE || (self.dtype == DType::Bool && T::DTYPE == DType::U8);
         if !ok {
-            return Err(Error::Input(format!("tensor is {}, not {}", self.dtype, T::DTYPE)));
+            return Err(Error::Input(format!(
+                "tensor is {}, not {}",
+                self.dtype,
+                T::DTYPE
+            )));
         }
-        bytemuck::try_cast_slice(self.bytes()).map_err(|e| Error::Input(format!("tensor data: {e}")))
+        bytemuck::try_cast_slice(self.bytes())
+            .map_err(|e| Error::Input(format!("tensor data: {e}")))
     }
 
     /// Every element converted to `f32` (bool as 0/1).
@@ -134,6 +156,8 @@ impl Tensor {
     /// Every element converted to `f64` (bool as 0/1).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         let v = self.view();
-        (0..self.numel()).map(|i| v.f64_at(i).unwrap_or(f64::NAN)).collect()
+        (0..self.numel())
+            .map(|i| v.f64_at(i).unwrap_or(f64::NAN))
+            .collect()
     }
 }

@@ -49,7 +49,11 @@ fn bad_npy_is_an_error() {
     assert!(matches!(e, Error::Npy(_)), "{e}");
     // Truncated data.
     let good = tmp("good.npy");
-    write_npy(&good, &Tensor::from_f32(&[16], vec![1.0; 16]).unwrap().view()).unwrap();
+    write_npy(
+        &good,
+        &Tensor::from_f32(&[16], vec![1.0; 16]).unwrap().view(),
+    )
+    .unwrap();
     let bytes = std::fs::read(&good).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() - 8]).unwrap();
     let e = read_npy(&p).unwrap_err();

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prost::Message as _;
 use mote_proto::{tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto, *};
+use prost::Message as _;
 
 fn vi(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
     let dim = dims
@@ -49,7 +49,10 @@ fn model(dir: &Path, file: &str, op: &str) -> PathBuf {
     let m = ModelProto {
         ir_version: Some(8),
         producer_name: Some("mote-test".into()),
-        opset_import: vec![OperatorSetIdProto { version: Some(13), ..Default::default() }],
+        opset_import: vec![OperatorSetIdProto {
+            version: Some(13),
+            ..Default::default()
+        }],
         graph: Some(GraphProto {
             node: vec![node],
             name: Some("g".into()),
@@ -72,8 +75,15 @@ fn dir() -> PathBuf {
 }
 
 fn mote(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_mote")).args(args).output().unwrap();
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    let o = Command::new(env!("CARGO_BIN_EXE_mote"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 #[test]
@@ -83,7 +93,10 @@ fn inspect_and_run_add_model() {
     let m = m.to_str().unwrap();
     let (rc, out, err) = mote(&["inspect", m]);
     assert_eq!(rc, 0, "{out}{err}");
-    assert!(out.contains("note: dim 'batch' not bound, using 1 (--dim batch=N)"), "{out}");
+    assert!(
+        out.contains("note: dim 'batch' not bound, using 1 (--dim batch=N)"),
+        "{out}"
+    );
     let (rc, out, err) = mote(&["inspect", m, "--dim", "batch=3", "--json"]);
     assert_eq!(rc, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -104,15 +117,30 @@ fn inspect_and_run_add_model() {
 
     // Given input; then a dtype mismatch and an unknown name.
     let xin = d.join("x.npy");
-    mote_std::write_npy(&xin, &mote_std::Tensor::from_f32(&[2, 4], vec![0.0; 8]).unwrap().view()).unwrap();
+    mote_std::write_npy(
+        &xin,
+        &mote_std::Tensor::from_f32(&[2, 4], vec![0.0; 8])
+            .unwrap()
+            .view(),
+    )
+    .unwrap();
     let (rc, out, err) = mote(&["run", m, "--input", &format!("x={}", xin.display())]);
     assert_eq!(rc, 0, "{err}");
     assert!(out.contains("[2,4]") && !out.contains("top5"), "{out}");
     let xi = d.join("xi.npy");
-    mote_std::write_npy(&xi, &mote_std::Tensor::from_slice::<i64>(&[1, 4], &[0; 4]).unwrap().view()).unwrap();
+    mote_std::write_npy(
+        &xi,
+        &mote_std::Tensor::from_slice::<i64>(&[1, 4], &[0; 4])
+            .unwrap()
+            .view(),
+    )
+    .unwrap();
     let (rc, _, err) = mote(&["run", m, "--input", &format!("x={}", xi.display())]);
     assert_eq!(rc, 1);
-    assert_eq!(err.trim(), "error: input 'x': expected float32 [batch,4], got int64 [1,4]");
+    assert_eq!(
+        err.trim(),
+        "error: input 'x': expected float32 [batch,4], got int64 [1,4]"
+    );
     let (rc, _, err) = mote(&["run", m, "--input", &format!("nope={}", xin.display())]);
     assert_eq!(rc, 1);
     assert!(err.contains("unknown input 'nope'"), "{err}");
@@ -124,7 +152,10 @@ fn unsupported_op_names_the_node() {
     let m = model(&d, "bad.onnx", "NoSuchOp");
     let (rc, _, err) = mote(&["run", m.to_str().unwrap()]);
     assert_eq!(rc, 1);
-    assert!(err.starts_with("error: ") && err.contains("add1") && err.contains("NoSuchOp"), "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("add1") && err.contains("NoSuchOp"),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
@@ -140,11 +171,19 @@ fn bad_files_are_one_line_errors() {
     for f in [t, g, d.join("missing.onnx")] {
         let (rc, _, err) = mote(&["inspect", f.to_str().unwrap()]);
         assert_eq!(rc, 1, "{err}");
-        assert!(err.starts_with("error: ") && err.lines().count() == 1, "{err}");
+        assert!(
+            err.starts_with("error: ") && err.lines().count() == 1,
+            "{err}"
+        );
     }
     let bad = d.join("bad.npy");
     std::fs::write(&bad, b"nope").unwrap();
-    let (rc, _, err) = mote(&["run", good.to_str().unwrap(), "--input", &format!("x={}", bad.display())]);
+    let (rc, _, err) = mote(&[
+        "run",
+        good.to_str().unwrap(),
+        "--input",
+        &format!("x={}", bad.display()),
+    ]);
     assert_eq!(rc, 1);
     assert!(err.contains("not a valid npy"), "{err}");
 }

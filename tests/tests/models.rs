@@ -8,21 +8,26 @@ use mote_tests::models_dir;
 fn check(name: &str, dims: &[(&str, usize)]) {
     let dir = models_dir();
     let bytes = std::fs::read(dir.join(format!("{name}.onnx"))).expect("model file");
-    let model = Model::from_onnx(&bytes).unwrap_or_else(|e| panic!("{name}: {}", Model::default().explain(&e)));
+    let model = Model::from_onnx(&bytes)
+        .unwrap_or_else(|e| panic!("{name}: {}", Model::default().explain(&e)));
     let input = mote_std::read_npy(dir.join(format!("{name}.input.npy"))).expect("input npy");
-    let expected = mote_std::read_npy(dir.join(format!("{name}.expected.npy"))).expect("expected npy");
+    let expected =
+        mote_std::read_npy(dir.join(format!("{name}.expected.npy"))).expect("expected npy");
     let in_name = model.input_names().next().expect("one input").to_string();
     let mut b = SessionBuilder::new(&model).input_shape(&in_name, input.shape());
     for (d, v) in dims {
         b = b.dim(d, *v);
     }
-    let plan = b.plan().unwrap_or_else(|e| panic!("{name}: plan: {}", model.explain(&e)));
+    let plan = b
+        .plan()
+        .unwrap_or_else(|e| panic!("{name}: plan: {}", model.explain(&e)));
     let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
     let mut s = Session::new(&model, &plan, &mut arena).expect("session");
-    s.run(&[(&in_name, input.view())]).unwrap_or_else(|e| panic!("{name}: run: {}", model.explain(&e)));
+    s.run(&[(&in_name, input.view())])
+        .unwrap_or_else(|e| panic!("{name}: run: {}", model.explain(&e)));
     let out = s.output(0).expect("output");
     assert_eq!(out.shape(), expected.shape(), "{name}: output shape");
-    let got = out.f32().expect("f32 output");
+    let got = out.f32().expect("f32 output").to_vec();
     let want = expected.to_f32_vec();
     let mut worst = 0f32;
     for (g, w) in got.iter().zip(&want) {
@@ -41,7 +46,7 @@ fn check(name: &str, dims: &[(&str, usize)]) {
     );
     // A second run on the same arena gives the same result.
     s.run(&[(&in_name, input.view())]).expect("second run");
-    assert_eq!(s.output(0).expect("output").f32().expect("f32"), &got.to_vec()[..]);
+    assert_eq!(s.output(0).expect("output").f32().expect("f32"), &got[..]);
 }
 
 #[test]
@@ -68,12 +73,21 @@ fn dynamic_batch_matches_onnxruntime() {
 fn dynamic_batch_folds_shape_subgraph() {
     let bytes = std::fs::read(models_dir().join("dynamic.onnx")).expect("model");
     let model = Model::from_onnx(&bytes).expect("import");
-    let plan = SessionBuilder::new(&model).dim("batch", 3).plan().expect("plan");
+    let plan = SessionBuilder::new(&model)
+        .dim("batch", 3)
+        .plan()
+        .expect("plan");
     // Shape, Gather, Unsqueeze, Concat are folded: only Conv, Relu, (Reshape is
     // a view) and Gemm remain as kernels.
-    let ops: Vec<&str> =
-        plan.step_nodes().map(|n| model.graph.nodes[n as usize].op_type.as_str()).collect();
-    assert!(!ops.iter().any(|o| ["Shape", "Gather", "Unsqueeze", "Concat"].contains(o)), "not folded: {ops:?}");
+    let ops: Vec<&str> = plan
+        .step_nodes()
+        .map(|n| model.graph.nodes[n as usize].op_type.as_str())
+        .collect();
+    assert!(
+        !ops.iter()
+            .any(|o| ["Shape", "Gather", "Unsqueeze", "Concat"].contains(o)),
+        "not folded: {ops:?}"
+    );
     assert_eq!(plan.outputs()[0].shape, vec![3, 5]);
     assert!(plan.defaulted_dims().is_empty());
     // Unbound: defaults to 1 and says so.
@@ -84,10 +98,15 @@ fn dynamic_batch_folds_shape_subgraph() {
 
 #[test]
 fn shipped_digits_model_runs() {
-    let bytes = std::fs::read(mote_tests::repo().join("models/digits_mlp.onnx")).expect("shipped model");
+    let bytes =
+        std::fs::read(mote_tests::repo().join("models/digits_mlp.onnx")).expect("shipped model");
     let model = Model::from_onnx(&bytes).expect("import");
-    let x = mote_std::read_npy(mote_tests::repo().join("models/digits_sample.npy")).expect("sample");
-    let plan = SessionBuilder::new(&model).dim("batch", 1).plan().expect("plan");
+    let x =
+        mote_std::read_npy(mote_tests::repo().join("models/digits_sample.npy")).expect("sample");
+    let plan = SessionBuilder::new(&model)
+        .dim("batch", 1)
+        .plan()
+        .expect("plan");
     let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
     let mut s = Session::new(&model, &plan, &mut arena).expect("session");
     s.run(&[("input", x.view())]).expect("run");

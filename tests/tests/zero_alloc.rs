@@ -43,7 +43,10 @@ fn run_does_not_allocate() {
         let model = mote_core::Model::from_onnx(&bytes).expect("import");
         let input = mote_std::read_npy(dir.join(format!("{name}.input.npy"))).expect("input");
         let in_name = model.input_names().next().expect("input").to_string();
-        let plan = mote_core::SessionBuilder::new(&model).input_shape(&in_name, input.shape()).plan().expect("plan");
+        let plan = mote_core::SessionBuilder::new(&model)
+            .input_shape(&in_name, input.shape())
+            .plan()
+            .expect("plan");
         let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
         let mut s = mote_core::Session::new(&model, &plan, &mut arena).expect("session");
         let view = input.view();
@@ -54,7 +57,12 @@ fn run_does_not_allocate() {
             s.run(&feeds).expect("run");
         }
         let after = ALLOCS.load(Ordering::SeqCst);
-        assert_eq!(after - before, 0, "{name}: Session::run allocated {} times", after - before);
+        assert_eq!(
+            after - before,
+            0,
+            "{name}: Session::run allocated {} times",
+            after - before
+        );
     }
 }
 
@@ -65,8 +73,20 @@ fn weights_are_copied_at_most_once_on_load() {
     let before = BYTES.load(Ordering::SeqCst);
     let model = mote_core::Model::from_onnx(&bytes).expect("import");
     let allocated = BYTES.load(Ordering::SeqCst) - before;
-    let weights: usize = model.graph.tensors.iter().filter_map(|t| t.value.as_ref()).map(|c| c.byte_len()).sum();
-    println!("mlp: file {} B, weights {weights} B, allocated on load {allocated} B", bytes.len());
+    let weights: usize = model
+        .graph
+        .tensors
+        .iter()
+        .filter_map(|t| t.value.as_ref())
+        .map(|c| c.byte_len())
+        .sum();
+    println!(
+        "mlp: file {} B, weights {weights} B, allocated on load {allocated} B",
+        bytes.len()
+    );
     // One copy of the weights plus small metadata; two copies would exceed this.
-    assert!(allocated < weights + weights / 4 + 64 * 1024, "allocated {allocated} B for {weights} B of weights");
+    assert!(
+        allocated < weights + weights / 4 + 64 * 1024,
+        "allocated {allocated} B for {weights} B of weights"
+    );
 }

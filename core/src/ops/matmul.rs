@@ -7,10 +7,16 @@ use crate::DType;
 use alloc::vec::Vec;
 
 /// Operators of this family.
-pub const OPS: &[OpDef] = &[OpDef::onnx("Gemm", 7, prepare_gemm), OpDef::onnx("MatMul", 1, prepare_matmul)];
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("Gemm", 7, prepare_gemm),
+    OpDef::onnx("MatMul", 1, prepare_matmul),
+];
 
 fn len_err(expected: usize, got: usize) -> Error {
-    Error::new(ErrorKind::Len { expected: expected as u64, got: got as u64 })
+    Error::new(ErrorKind::Len {
+        expected: expected as u64,
+        got: got as u64,
+    })
 }
 
 /// Minimum slice length holding a `rows x cols` row-major matrix with
@@ -45,8 +51,16 @@ pub fn sgemm(
     alpha: f32,
     beta: f32,
 ) -> Result<()> {
-    let need_a = if transa { needed(k, m, lda) } else { needed(m, k, lda) };
-    let need_b = if transb { needed(n, k, ldb) } else { needed(k, n, ldb) };
+    let need_a = if transa {
+        needed(k, m, lda)
+    } else {
+        needed(m, k, lda)
+    };
+    let need_b = if transb {
+        needed(n, k, ldb)
+    } else {
+        needed(k, n, ldb)
+    };
     let need_c = needed(m, n, ldc);
     if a.len() < need_a {
         return Err(len_err(need_a, a.len()));
@@ -74,7 +88,13 @@ pub fn sgemm(
     if k == 0 {
         return Ok(());
     }
-    let a_at = |i: usize, p: usize| if transa { a[p * lda + i] } else { a[i * lda + p] };
+    let a_at = |i: usize, p: usize| {
+        if transa {
+            a[p * lda + i]
+        } else {
+            a[i * lda + p]
+        }
+    };
     if !transb {
         // i-k-j: the inner loop runs contiguously over a row of B and of C.
         for i in 0..m {
@@ -89,7 +109,9 @@ pub fn sgemm(
                 let b1 = &b[(p + 1) * ldb..(p + 1) * ldb + n];
                 let b2 = &b[(p + 2) * ldb..(p + 2) * ldb + n];
                 let b3 = &b[(p + 3) * ldb..(p + 3) * ldb + n];
-                for ((((cv, &x0), &x1), &x2), &x3) in crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3) {
+                for ((((cv, &x0), &x1), &x2), &x3) in
+                    crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3)
+                {
                     *cv += a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3;
                 }
                 p += 4;
@@ -163,19 +185,37 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     util::dtype_in(a.dtype, &[DType::F32], "Gemm A")?;
     util::dtype_in(b.dtype, &[DType::F32], "Gemm B")?;
     if a.shape.len() != 2 {
-        return Err(Error::new(ErrorKind::Rank { expected: 2, got: a.shape.len() }));
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 2,
+            got: a.shape.len(),
+        }));
     }
     if b.shape.len() != 2 {
-        return Err(Error::new(ErrorKind::Rank { expected: 2, got: b.shape.len() }));
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 2,
+            got: b.shape.len(),
+        }));
     }
     let transa = ctx.attr_int("transA", 0)? != 0;
     let transb = ctx.attr_int("transB", 0)? != 0;
     let alpha = ctx.attr_float("alpha", 1.0)?;
     let beta = ctx.attr_float("beta", 1.0)?;
-    let (m, k) = if transa { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
-    let (kb, n) = if transb { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+    let (m, k) = if transa {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let (kb, n) = if transb {
+        (b.shape[1], b.shape[0])
+    } else {
+        (b.shape[0], b.shape[1])
+    };
     if k != kb {
-        return Err(Error::new(ErrorKind::Dim { axis: if transb { 1 } else { 0 }, expected: k as u64, got: kb as u64 }));
+        return Err(Error::new(ErrorKind::Dim {
+            axis: if transb { 1 } else { 0 },
+            expected: k as u64,
+            got: kb as u64,
+        }));
     }
     let lda = a.shape[1];
     let ldb = b.shape[1];
@@ -185,13 +225,18 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         Some(c) => {
             util::dtype_in(c.dtype, &[DType::F32], "Gemm C")?;
             if c.shape.len() > 2 {
-                return Err(Error::new(ErrorKind::Rank { expected: 2, got: c.shape.len() }));
+                return Err(Error::new(ErrorKind::Rank {
+                    expected: 2,
+                    got: c.shape.len(),
+                }));
             }
             let out = [m, n];
             let off = 2 - c.shape.len();
             for (i, &d) in c.shape.iter().enumerate() {
                 if d != 1 && d != out[i + off] {
-                    return Err(Error::new(ErrorKind::Shape("Gemm C does not broadcast to (M, N)")));
+                    return Err(Error::new(ErrorKind::Shape(
+                        "Gemm C does not broadcast to (M, N)",
+                    )));
                 }
             }
             let s = broadcast_strides(c.shape, &out);
@@ -211,7 +256,11 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let y = io.output_slice::<f32>(0)?;
             let beta_eff = match c {
                 Some((cv, (s0, s1))) => {
-                    let need = if m == 0 || n == 0 { 0 } else { (m - 1) * s0 + (n - 1) * s1 + 1 };
+                    let need = if m == 0 || n == 0 {
+                        0
+                    } else {
+                        (m - 1) * s0 + (n - 1) * s1 + 1
+                    };
                     if cv.len() < need {
                         return Err(len_err(need, cv.len()));
                     }
@@ -227,7 +276,9 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 }
                 None => 0.0,
             };
-            sgemm(m, n, k, a, lda, transa, b, ldb, transb, y, n, alpha, beta_eff)
+            sgemm(
+                m, n, k, a, lda, transa, b, ldb, transb, y, n, alpha, beta_eff,
+            )
         }),
     ))
 }
@@ -238,14 +289,28 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     util::dtype_in(a.dtype, &[DType::F32], "MatMul A")?;
     util::dtype_in(b.dtype, &[DType::F32], "MatMul B")?;
     if a.shape.is_empty() || b.shape.is_empty() {
-        return Err(Error::new(ErrorKind::Shape("MatMul inputs must have rank >= 1")));
+        return Err(Error::new(ErrorKind::Shape(
+            "MatMul inputs must have rank >= 1",
+        )));
     }
     let ra = a.shape.len();
     let rb = b.shape.len();
-    let (m, k, a_batch) = if ra == 1 { (1, a.shape[0], &a.shape[..0]) } else { (a.shape[ra - 2], a.shape[ra - 1], &a.shape[..ra - 2]) };
-    let (kb, n, b_batch) = if rb == 1 { (b.shape[0], 1, &b.shape[..0]) } else { (b.shape[rb - 2], b.shape[rb - 1], &b.shape[..rb - 2]) };
+    let (m, k, a_batch) = if ra == 1 {
+        (1, a.shape[0], &a.shape[..0])
+    } else {
+        (a.shape[ra - 2], a.shape[ra - 1], &a.shape[..ra - 2])
+    };
+    let (kb, n, b_batch) = if rb == 1 {
+        (b.shape[0], 1, &b.shape[..0])
+    } else {
+        (b.shape[rb - 2], b.shape[rb - 1], &b.shape[..rb - 2])
+    };
     if k != kb {
-        return Err(Error::new(ErrorKind::Dim { axis: if rb == 1 { 0 } else { rb - 2 }, expected: k as u64, got: kb as u64 }));
+        return Err(Error::new(ErrorKind::Dim {
+            axis: if rb == 1 { 0 } else { rb - 2 },
+            expected: k as u64,
+            got: kb as u64,
+        }));
     }
     let mut bs = [0usize; MAX_RANK];
     let br = broadcast_shapes(a_batch, b_batch, &mut bs)?;
@@ -279,7 +344,9 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             for (bi, [oa, ob]) in StridedIter::new(&batch, [sa, sb]).enumerate() {
                 let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
                 let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
-                let yv = y.get_mut(bi * mn..bi * mn + mn).ok_or(Error::new(ErrorKind::Internal("MatMul output")))?;
+                let yv = y
+                    .get_mut(bi * mn..bi * mn + mn)
+                    .ok_or(Error::new(ErrorKind::Internal("MatMul output")))?;
                 sgemm(m, n, k, av, k, false, bv, n, false, yv, n, 1.0, 0.0)?;
             }
             Ok(())
@@ -295,17 +362,30 @@ mod tests {
     use alloc::vec::Vec;
 
     fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
             })
             .collect()
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn naive_gemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: bool, alpha: f32) -> Vec<f32> {
+    fn naive_gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        ta: bool,
+        b: &[f32],
+        tb: bool,
+        alpha: f32,
+    ) -> Vec<f32> {
         let mut y = vec![0.0; m * n];
         for i in 0..m {
             for j in 0..n {
@@ -344,7 +424,15 @@ mod tests {
                 assert_eq!(r[0].shape, vec![m, n]);
                 assert_close(&vals::<f32>(&r[0]), &base, 1e-5);
                 // C forms.
-                let forms: Vec<Vec<usize>> = vec![vec![], vec![1], vec![n], vec![1, n], vec![m, 1], vec![m, n], vec![1, 1]];
+                let forms: Vec<Vec<usize>> = vec![
+                    vec![],
+                    vec![1],
+                    vec![n],
+                    vec![1, n],
+                    vec![m, 1],
+                    vec![m, n],
+                    vec![1, 1],
+                ];
                 for cs in forms {
                     let cn: usize = cs.iter().product();
                     let c = rnd(cn, 7);
@@ -361,13 +449,27 @@ mod tests {
                             base[idx] + 2.0 * c[ci]
                         })
                         .collect();
-                    let r = run("Gemm", 13, attrs(), &[t(&ash, &a), t(&bsh, &b), t(&cs, &c)], 1).unwrap();
+                    let r = run(
+                        "Gemm",
+                        13,
+                        attrs(),
+                        &[t(&ash, &a), t(&bsh, &b), t(&cs, &c)],
+                        1,
+                    )
+                    .unwrap();
                     assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
                 }
             }
         }
         // Bad C shape.
-        assert!(run("Gemm", 13, vec![], &[t(&[m, k], &a), t(&[k, n], &b), t(&[2, n], &rnd(2 * n, 3))], 1).is_err());
+        assert!(run(
+            "Gemm",
+            13,
+            vec![],
+            &[t(&[m, k], &a), t(&[k, n], &b), t(&[2, n], &rnd(2 * n, 3))],
+            1
+        )
+        .is_err());
         // Inner dim mismatch.
         assert!(run("Gemm", 13, vec![], &[t(&[m, k], &a), t(&[n, k], &b)], 1).is_err());
     }
@@ -383,18 +485,44 @@ mod tests {
                 let lda = if ta { m } else { k };
                 let ldb = if tb { k } else { n };
                 super::sgemm(m, n, k, &a, lda, ta, &b, ldb, tb, &mut c, n, 1.5, 0.5).unwrap();
-                let want: Vec<f32> = naive_gemm(m, n, k, &a, ta, &b, tb, 1.5).iter().map(|v| v + 0.5).collect();
+                let want: Vec<f32> = naive_gemm(m, n, k, &a, ta, &b, tb, 1.5)
+                    .iter()
+                    .map(|v| v + 0.5)
+                    .collect();
                 assert_close(&c, &want, 1e-5);
             }
         }
         let mut c = vec![0.0f32; 4];
-        assert!(super::sgemm(2, 2, 2, &a[..3], 2, false, &b, 2, false, &mut c, 2, 1.0, 0.0).is_err());
+        assert!(super::sgemm(
+            2,
+            2,
+            2,
+            &a[..3],
+            2,
+            false,
+            &b,
+            2,
+            false,
+            &mut c,
+            2,
+            1.0,
+            0.0
+        )
+        .is_err());
     }
 
     fn naive_matmul(ash: &[usize], a: &[f32], bsh: &[usize], b: &[f32]) -> (Vec<usize>, Vec<f32>) {
         // Uses explicit broadcasting over rank-3 padded shapes.
-        let pa: Vec<usize> = if ash.len() == 1 { vec![1, ash[0]] } else { ash.to_vec() };
-        let pb: Vec<usize> = if bsh.len() == 1 { vec![bsh[0], 1] } else { bsh.to_vec() };
+        let pa: Vec<usize> = if ash.len() == 1 {
+            vec![1, ash[0]]
+        } else {
+            ash.to_vec()
+        };
+        let pb: Vec<usize> = if bsh.len() == 1 {
+            vec![bsh[0], 1]
+        } else {
+            bsh.to_vec()
+        };
         let r = pa.len().max(pb.len());
         let pad = |s: &[usize]| {
             let mut v = vec![1; r - s.len()];
@@ -423,7 +551,16 @@ mod tests {
             };
             let oa = off(&pa, m * k);
             let ob = off(&pb, k * n);
-            y.extend(naive_gemm(m, n, k, &a[oa..oa + m * k], false, &b[ob..ob + k * n], false, 1.0));
+            y.extend(naive_gemm(
+                m,
+                n,
+                k,
+                &a[oa..oa + m * k],
+                false,
+                &b[ob..ob + k * n],
+                false,
+                1.0,
+            ));
         }
         let mut shape = batch.clone();
         if ash.len() != 1 {
@@ -457,7 +594,21 @@ mod tests {
             assert_eq!(r[0].shape, shape, "case {i}");
             assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
         }
-        assert!(run("MatMul", 13, vec![], &[t(&[3, 4], &rnd(12, 1)), t(&[3, 4], &rnd(12, 2))], 1).is_err());
-        assert!(run("MatMul", 13, vec![], &[t(&[2, 3, 4], &rnd(24, 1)), t(&[3, 4, 2], &rnd(24, 2))], 1).is_err());
+        assert!(run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[3, 4], &rnd(12, 1)), t(&[3, 4], &rnd(12, 2))],
+            1
+        )
+        .is_err());
+        assert!(run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[2, 3, 4], &rnd(24, 1)), t(&[3, 4, 2], &rnd(24, 2))],
+            1
+        )
+        .is_err());
     }
 }

@@ -49,7 +49,12 @@ pub struct OpDef {
 impl OpDef {
     /// An entry of the default domain.
     pub const fn onnx(op_type: &'static str, since: i64, prepare: PrepareFn) -> Self {
-        OpDef { op_type, domain: "", since, prepare }
+        OpDef {
+            op_type,
+            domain: "",
+            since,
+            prepare,
+        }
     }
 }
 
@@ -73,7 +78,10 @@ pub fn find(domain: &str, op_type: &str, opset: i64) -> Option<&'static OpDef> {
     let mut best: Option<&'static OpDef> = None;
     for fam in FAMILIES {
         for d in fam.iter() {
-            if d.op_type == op_type && d.domain == domain && d.since <= opset && best.is_none_or(|b| d.since > b.since)
+            if d.op_type == op_type
+                && d.domain == domain
+                && d.since <= opset
+                && best.is_none_or(|b| d.since > b.since)
             {
                 best = Some(d);
             }
@@ -84,7 +92,10 @@ pub fn find(domain: &str, op_type: &str, opset: i64) -> Option<&'static OpDef> {
 
 /// Every (domain, op type) mote has a kernel for, sorted, without repeats.
 pub fn supported_ops() -> Vec<(&'static str, &'static str)> {
-    let mut v: Vec<_> = FAMILIES.iter().flat_map(|f| f.iter().map(|d| (d.domain, d.op_type))).collect();
+    let mut v: Vec<_> = FAMILIES
+        .iter()
+        .flat_map(|f| f.iter().map(|d| (d.domain, d.op_type)))
+        .collect();
     v.sort_unstable();
     v.dedup();
     v
@@ -140,14 +151,24 @@ pub struct OutputInfo {
 impl OutputInfo {
     /// Output of a dtype and shape.
     pub fn new(dtype: DType, shape: &[usize]) -> Self {
-        OutputInfo { dtype, shape: shape.into() }
+        OutputInfo {
+            dtype,
+            shape: shape.into(),
+        }
     }
 }
 
 impl Prepared {
     /// A kernel with these outputs, no scratch, not in place.
     pub fn new(outputs: Vec<OutputInfo>, kernel: impl Kernel + 'static) -> Self {
-        Prepared { outputs, kernel: Box::new(kernel), scratch: 0, alias: false, inplace: false, values: None }
+        Prepared {
+            outputs,
+            kernel: Box::new(kernel),
+            scratch: 0,
+            alias: false,
+            inplace: false,
+            values: None,
+        }
     }
     /// One output.
     pub fn single(dtype: DType, shape: &[usize], kernel: impl Kernel + 'static) -> Self {
@@ -161,7 +182,10 @@ impl Prepared {
     }
     /// Outputs known at build time.
     pub fn values(values: Vec<Const>) -> Self {
-        let outputs = values.iter().map(|c| OutputInfo::new(c.dtype, &c.shape)).collect();
+        let outputs = values
+            .iter()
+            .map(|c| OutputInfo::new(c.dtype, &c.shape))
+            .collect();
         let mut p = Self::new(outputs, NoKernel);
         p.values = Some(values);
         p
@@ -200,7 +224,10 @@ impl<F: Fn(&mut KernelIo<'_>) -> Result<()> + Send + Sync> Kernel for FnKernel<F
 }
 
 /// `Prepared::single(dt, shape, kernel("Relu", move |io| ...))`.
-pub fn kernel<F: Fn(&mut KernelIo<'_>) -> Result<()> + Send + Sync + 'static>(name: &'static str, f: F) -> FnKernel<F> {
+pub fn kernel<F: Fn(&mut KernelIo<'_>) -> Result<()> + Send + Sync + 'static>(
+    name: &'static str,
+    f: F,
+) -> FnKernel<F> {
     FnKernel(name, f)
 }
 
@@ -231,7 +258,11 @@ fn attr_err(name: &'static str, problem: &'static str) -> Error {
 impl<'a> PrepareCtx<'a> {
     /// A context over explicit inputs (used by tests and by build-time folding).
     pub fn new(node: &'a Node, opset: i64, inputs: &'a [Option<InputInfo<'a>>]) -> Self {
-        PrepareCtx { node, opset, inputs }
+        PrepareCtx {
+            node,
+            opset,
+            inputs,
+        }
     }
     /// Number of input slots (including omitted optional ones).
     pub fn num_inputs(&self) -> usize {
@@ -247,7 +278,8 @@ impl<'a> PrepareCtx<'a> {
     }
     /// Input `i`, required.
     pub fn input(&self, i: usize) -> Result<&InputInfo<'a>> {
-        self.opt_input(i).ok_or(Error::new(ErrorKind::MissingInput { index: i }))
+        self.opt_input(i)
+            .ok_or(Error::new(ErrorKind::MissingInput { index: i }))
     }
     /// Input `i` if present.
     pub fn opt_input(&self, i: usize) -> Option<&InputInfo<'a>> {
@@ -257,33 +289,51 @@ impl<'a> PrepareCtx<'a> {
     pub fn input_of(&self, i: usize, dt: DType) -> Result<&InputInfo<'a>> {
         let x = self.input(i)?;
         if x.dtype != dt {
-            return Err(Error::new(ErrorKind::DTypeMismatch { expected: dt, got: x.dtype }));
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: dt,
+                got: x.dtype,
+            }));
         }
         Ok(x)
     }
     /// Value of a constant input read as i64 (any integer dtype); `Err` if
     /// the input is not known at build time.
     pub fn const_ints(&self, i: usize) -> Result<Option<Vec<i64>>> {
-        let Some(x) = self.opt_input(i) else { return Ok(None) };
+        let Some(x) = self.opt_input(i) else {
+            return Ok(None);
+        };
         let v = x.value.ok_or(Error::new(ErrorKind::Unsupported(
             "input that sets a shape must be known at build time (constant or computed from shapes)",
         )))?;
         if !v.dtype().is_int() {
-            return Err(Error::new(ErrorKind::DTypeMismatch { expected: DType::I64, got: v.dtype() }));
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: DType::I64,
+                got: v.dtype(),
+            }));
         }
         let mut out = Vec::with_capacity(v.numel());
         for k in 0..v.numel() {
-            out.push(v.int_at(k).ok_or(Error::new(ErrorKind::Internal("int read")))?);
+            out.push(
+                v.int_at(k)
+                    .ok_or(Error::new(ErrorKind::Internal("int read")))?,
+            );
         }
         Ok(Some(out))
     }
     /// Value of a constant float input as f32 values (any float dtype).
     pub fn const_floats(&self, i: usize) -> Result<Option<Vec<f32>>> {
-        let Some(x) = self.opt_input(i) else { return Ok(None) };
-        let v = x.value.ok_or(Error::new(ErrorKind::Unsupported("input must be known at build time")))?;
+        let Some(x) = self.opt_input(i) else {
+            return Ok(None);
+        };
+        let v = x.value.ok_or(Error::new(ErrorKind::Unsupported(
+            "input must be known at build time",
+        )))?;
         let mut out = Vec::with_capacity(v.numel());
         for k in 0..v.numel() {
-            out.push(v.f64_at(k).ok_or(Error::new(ErrorKind::Internal("float read")))? as f32);
+            out.push(
+                v.f64_at(k)
+                    .ok_or(Error::new(ErrorKind::Internal("float read")))? as f32,
+            );
         }
         Ok(Some(out))
     }
@@ -327,7 +377,9 @@ impl<'a> PrepareCtx<'a> {
     pub fn attr_str(&self, name: &'static str, default: &'static str) -> Result<&'a str> {
         match self.raw_attr(name) {
             None => Ok(default),
-            Some(AttrValue::Str(v)) => core::str::from_utf8(v).map_err(|_| attr_err(name, "not UTF-8")),
+            Some(AttrValue::Str(v)) => {
+                core::str::from_utf8(v).map_err(|_| attr_err(name, "not UTF-8"))
+            }
             Some(_) => Err(attr_err(name, "expected a STRING")),
         }
     }
@@ -382,13 +434,18 @@ pub struct KernelIo<'a> {
 
 impl core::fmt::Debug for KernelIo<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("KernelIo").field("inputs", &self.inputs).field("outputs", &self.outputs).finish()
+        f.debug_struct("KernelIo")
+            .field("inputs", &self.inputs)
+            .field("outputs", &self.outputs)
+            .finish()
     }
 }
 
 impl<'a> KernelIo<'a> {
     fn slot(&self, id: TensorId) -> Result<&'a Slot> {
-        self.slots.get(id as usize).ok_or(Error::new(ErrorKind::Internal("slot id")))
+        self.slots
+            .get(id as usize)
+            .ok_or(Error::new(ErrorKind::Internal("slot id")))
     }
 
     fn const_bytes(&self, loc: Loc) -> Result<&'a [u8]> {
@@ -400,9 +457,11 @@ impl<'a> KernelIo<'a> {
                 .and_then(|t| t.value.as_ref())
                 .map(|c| c.data.bytes())
                 .ok_or(Error::new(ErrorKind::Internal("model const"))),
-            Loc::Folded(i) => {
-                self.folded.get(i as usize).map(|c| c.data.bytes()).ok_or(Error::new(ErrorKind::Internal("folded")))
-            }
+            Loc::Folded(i) => self
+                .folded
+                .get(i as usize)
+                .map(|c| c.data.bytes())
+                .ok_or(Error::new(ErrorKind::Internal("folded"))),
             _ => Err(Error::new(ErrorKind::Internal("not a constant"))),
         }
     }
@@ -428,9 +487,13 @@ impl<'a> KernelIo<'a> {
     /// Input `i`, if present.
     pub fn opt_input(&self, i: usize) -> Result<Option<TensorView<'a>>> {
         if self.inplace && i == 0 {
-            return Err(Error::new(ErrorKind::Internal("input 0 is in place: read it through the output")));
+            return Err(Error::new(ErrorKind::Internal(
+                "input 0 is in place: read it through the output",
+            )));
         }
-        let Some(Some(id)) = self.inputs.get(i) else { return Ok(None) };
+        let Some(Some(id)) = self.inputs.get(i) else {
+            return Ok(None);
+        };
         let s = self.slot(*id)?;
         let data: &'a [u8] = match s.loc {
             Loc::Arena { offset, len } => {
@@ -448,7 +511,8 @@ impl<'a> KernelIo<'a> {
 
     /// Input `i`, required.
     pub fn input(&self, i: usize) -> Result<TensorView<'a>> {
-        self.opt_input(i)?.ok_or(Error::new(ErrorKind::MissingInput { index: i }))
+        self.opt_input(i)?
+            .ok_or(Error::new(ErrorKind::MissingInput { index: i }))
     }
 
     /// Typed elements of input `i`.
@@ -495,8 +559,16 @@ impl<'a> KernelIo<'a> {
         let (sa, pa, la) = self.out_raw(a)?;
         let (sb, pb, lb) = self.out_raw(b)?;
         // SAFETY: two different outputs occupy disjoint arena ranges.
-        let (da, db) = unsafe { (core::slice::from_raw_parts_mut(pa, la), core::slice::from_raw_parts_mut(pb, lb)) };
-        Ok((TensorMut::from_parts(sa.dtype, &sa.shape, da), TensorMut::from_parts(sb.dtype, &sb.shape, db)))
+        let (da, db) = unsafe {
+            (
+                core::slice::from_raw_parts_mut(pa, la),
+                core::slice::from_raw_parts_mut(pb, lb),
+            )
+        };
+        Ok((
+            TensorMut::from_parts(sa.dtype, &sa.shape, da),
+            TensorMut::from_parts(sb.dtype, &sb.shape, db),
+        ))
     }
 
     /// The step's scratch bytes (empty if none was requested).
@@ -515,9 +587,18 @@ impl<'a> KernelIo<'a> {
     pub fn output_and_scratch(&mut self, i: usize) -> Result<(TensorMut<'_>, &mut [u8])> {
         let (s, p, len) = self.out_raw(i)?;
         let (off, slen) = self.scratch;
-        let sp = if slen == 0 { core::ptr::NonNull::<u8>::dangling().as_ptr() } else { self.arena_range(off, slen)? };
+        let sp = if slen == 0 {
+            core::ptr::NonNull::<u8>::dangling().as_ptr()
+        } else {
+            self.arena_range(off, slen)?
+        };
         // SAFETY: output and scratch are disjoint planned ranges.
-        let (d, sc) = unsafe { (core::slice::from_raw_parts_mut(p, len), core::slice::from_raw_parts_mut(sp, slen)) };
+        let (d, sc) = unsafe {
+            (
+                core::slice::from_raw_parts_mut(p, len),
+                core::slice::from_raw_parts_mut(sp, slen),
+            )
+        };
         Ok((TensorMut::from_parts(s.dtype, &s.shape, d), sc))
     }
 
@@ -579,7 +660,10 @@ pub mod util {
         if allowed.contains(&dt) {
             Ok(())
         } else {
-            Err(Error::new(ErrorKind::UnsupportedDType { what, code: dt.onnx_code() }))
+            Err(Error::new(ErrorKind::UnsupportedDType {
+                what,
+                code: dt.onnx_code(),
+            }))
         }
     }
 }

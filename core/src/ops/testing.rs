@@ -16,12 +16,24 @@ pub fn node(op_type: &str, n_in: usize, n_out: usize, attrs: Vec<(&str, AttrValu
         opset: 0,
         inputs: (0..n_in as u32).map(Some).collect(),
         outputs: (100..100 + n_out as u32).map(Some).collect(),
-        attrs: attrs.into_iter().map(|(n, v)| Attr { name: n.into(), value: v }).collect(),
+        attrs: attrs
+            .into_iter()
+            .map(|(n, v)| Attr {
+                name: n.into(),
+                value: v,
+            })
+            .collect(),
     }
 }
 
 /// Runs `op_type` at `opset` on `inputs` (None = omitted input).
-pub fn run(op_type: &str, opset: i64, attrs: Vec<(&str, AttrValue)>, inputs: &[Option<Const>], n_out: usize) -> Result<Vec<Const>> {
+pub fn run(
+    op_type: &str,
+    opset: i64,
+    attrs: Vec<(&str, AttrValue)>,
+    inputs: &[Option<Const>],
+    n_out: usize,
+) -> Result<Vec<Const>> {
     let n = node(op_type, inputs.len(), n_out, attrs);
     let refs: Vec<Option<&Const>> = inputs.iter().map(|c| c.as_ref()).collect();
     crate::plan::eval_const(&n, opset, &refs)
@@ -43,6 +55,9 @@ pub fn assert_close(got: &[f32], want: &[f32], atol: f32) {
     assert_eq!(got.len(), want.len(), "length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let tol = atol.max(1e-7) + 1e-3 * w.abs();
-        assert!((g - w).abs() <= tol || (g.is_nan() && w.is_nan()), "element {i}: got {g}, want {w}");
+        assert!(
+            (g - w).abs() <= tol || (g.is_nan() && w.is_nan()),
+            "element {i}: got {g}, want {w}"
+        );
     }
 }
