@@ -4,7 +4,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mote_proto::{tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto, *};
-use prost::Message as _;
 
 fn vi(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
     let dim = dims
