@@ -180,19 +180,19 @@ mod tests {
         let off = GreedyBySize.place(&bufs).unwrap();
         assert!(check_no_overlap(&bufs, &off));
         assert_eq!(lower_bound(&bufs).unwrap(), 96);
-        assert_eq!(arena_size(&bufs, &off).unwrap(), 128);
+        assert_eq!(arena_size(&bufs, &off).unwrap(), 96);
     }
 
     #[test]
-    fn exact_on_hand_built_case() {
-        // Classic TFLM test shape: sizes and lifetimes that admit a perfect fit.
+    fn known_greedy_gap() {
+        // Sizes align to 112, 64, 64, 112. The optimum (c below d) is 176,
+        // the lower bound; largest-first greedy puts both 112s at offset 0
+        // and needs 240. Pinned so that a better planner shows up here.
         let bufs = [b(100, 0, 1), b(50, 1, 3), b(50, 2, 4), b(100, 4, 5)];
         let off = GreedyBySize.place(&bufs).unwrap();
         assert!(check_no_overlap(&bufs, &off));
-        assert_eq!(
-            arena_size(&bufs, &off).unwrap(),
-            lower_bound(&bufs).unwrap()
-        );
+        assert_eq!(lower_bound(&bufs).unwrap(), 176);
+        assert_eq!(arena_size(&bufs, &off).unwrap(), 240);
     }
 
     #[test]
