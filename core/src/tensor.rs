@@ -73,6 +73,7 @@ impl<'a> TensorView<'a> {
         Ok(TensorView { dtype, shape, data })
     }
     /// A view whose length the caller has checked.
+    #[cfg_attr(not(feature = "alloc"), allow(dead_code))]
     pub(crate) fn from_parts(dtype: DType, shape: &'a [usize], data: &'a [u8]) -> Self {
         TensorView { dtype, shape, data }
     }
@@ -162,6 +163,7 @@ impl<'a> TensorMut<'a> {
         Ok(TensorMut { dtype, shape, data })
     }
     /// A mutable view whose length the caller has checked.
+    #[cfg_attr(not(feature = "alloc"), allow(dead_code))]
     pub(crate) fn from_parts(dtype: DType, shape: &'a [usize], data: &'a mut [u8]) -> Self {
         TensorMut { dtype, shape, data }
     }

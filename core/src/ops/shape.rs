@@ -387,7 +387,7 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         } else {
             nf as usize
         };
-        if n > (1 << 32) {
+        if n as u64 > (1u64 << 32) {
             return Err(Error::new(ErrorKind::Overflow));
         }
         if dt == DType::F32 {
