@@ -450,17 +450,11 @@ mod tests {
     use alloc::vec;
     use alloc::vec::Vec;
 
+    /// Uniform in [-2, 2).
     fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) * 4.0 - 2.0
-            })
+        crate::ops::testing::rnd(n, seed)
+            .into_iter()
+            .map(|v| v * 2.0)
             .collect()
     }
 

@@ -439,19 +439,7 @@ mod tests {
     use alloc::vec;
     use alloc::vec::Vec;
 
-    fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::ops::testing::rnd;
 
     /// Naive reduction over `mask` of a row-major `shape`: groups elements by
     /// output index, then applies `f` to each group.

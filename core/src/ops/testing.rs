@@ -61,3 +61,18 @@ pub fn assert_close(got: &[f32], want: &[f32], atol: f32) {
         );
     }
 }
+
+/// `n` pseudo-random values uniform in [-1, 1) (an LCG: deterministic).
+pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let step = |s: u64| {
+        s.wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+    };
+    let mut s = step(seed);
+    (0..n)
+        .map(|_| {
+            s = step(s);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
