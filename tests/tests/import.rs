@@ -1,0 +1,103 @@
+//! Import details: graph inputs that are also initializers, Constant nodes.
+
+use mote_core::{Model, Session, SessionBuilder, TensorView};
+use mote_proto as pb;
+use prost::Message;
+
+fn vi(name: &str, dims: &[i64]) -> pb::ValueInfoProto {
+    use pb::tensor_shape_proto::{dimension::Value, Dimension};
+    pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(pb::TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| Dimension {
+                            value: Some(Value::DimValue(d)),
+                            denotation: None,
+                        })
+                        .collect(),
+                }),
+            })),
+            denotation: None,
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn initializer_inputs_and_constant_nodes() {
+    // y = (x + w) * c, with w an initializer also declared as a graph input
+    // (old exporters do this) and c a Constant node with a float_data tensor.
+    let w = pb::TensorProto {
+        name: Some("w".into()),
+        dims: vec![3],
+        data_type: Some(1),
+        float_data: vec![1.0, 2.0, 3.0],
+        ..Default::default()
+    };
+    let c = pb::AttributeProto {
+        name: Some("value".into()),
+        r#type: Some(pb::attribute_proto::AttributeType::Tensor as i32),
+        t: Some(pb::TensorProto {
+            dims: vec![],
+            data_type: Some(1),
+            raw_data: Some(2f32.to_le_bytes().to_vec().into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let nodes = vec![
+        pb::NodeProto {
+            op_type: Some("Constant".into()),
+            output: vec!["c".into()],
+            attribute: vec![c],
+            ..Default::default()
+        },
+        pb::NodeProto {
+            op_type: Some("Add".into()),
+            input: vec!["x".into(), "w".into()],
+            output: vec!["s".into()],
+            ..Default::default()
+        },
+        pb::NodeProto {
+            op_type: Some("Mul".into()),
+            input: vec!["s".into(), "c".into()],
+            output: vec!["y".into()],
+            ..Default::default()
+        },
+    ];
+    let m = pb::ModelProto {
+        ir_version: Some(3),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: None,
+            version: Some(9),
+        }],
+        graph: Some(pb::GraphProto {
+            node: nodes,
+            input: vec![vi("x", &[3]), vi("w", &[3])],
+            output: vec![vi("y", &[3])],
+            initializer: vec![w],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = Model::from_onnx(&m.encode_to_vec()).expect("import");
+    assert_eq!(
+        model.input_names().collect::<Vec<_>>(),
+        ["x"],
+        "w is a constant, not a fed input"
+    );
+    let plan = SessionBuilder::new(&model).plan().expect("plan");
+    let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+    let mut s = Session::new(&model, &plan, &mut arena).expect("session");
+    let x = [10f32, 20., 30.];
+    s.run(&[("x", TensorView::new(&[3], &x).expect("view"))])
+        .expect("run");
+    assert_eq!(
+        s.output(0).expect("y").f32().expect("f32"),
+        &[22., 44., 66.]
+    );
+}
