@@ -13,6 +13,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod conformance;
 mod error;
 mod npy;
 mod session;

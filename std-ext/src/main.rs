@@ -56,6 +56,18 @@ enum Cmd {
     },
     /// List the supported operators.
     Ops,
+    /// Run the ONNX backend node tests (from `scripts/gen_conformance.py`).
+    Conformance {
+        /// Suite directory.
+        #[arg(long, value_name = "DIR", default_value = ".cache/onnx-node-tests")]
+        suite: PathBuf,
+        /// Runs only the cases whose name contains PATTERN.
+        #[arg(long, value_name = "PATTERN")]
+        filter: Option<String>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_dim(s: &str) -> std::result::Result<(String, usize), String> {
@@ -166,6 +178,14 @@ fn main() {
             )
         }
         Cmd::Ops => ops(&mut out),
+        Cmd::Conformance {
+            suite,
+            filter,
+            json,
+        } => {
+            out.json = json;
+            conformance(&suite, filter.as_deref(), &mut out)
+        }
     };
     let mut stdout = std::io::stdout().lock();
     // A closed pipe (`mote ops | head`) is not an error worth reporting.
@@ -197,6 +217,54 @@ fn ops(out: &mut Out) -> Result<()> {
         } else {
             out.line(format!("{domain}.{op}"));
         }
+    }
+    Ok(())
+}
+
+fn conformance(suite: &Path, filter: Option<&str>, out: &mut Out) -> Result<()> {
+    use mote_std::conformance::{run_suite, Outcome, Summary};
+    if !suite.is_dir() {
+        bail!(
+            "no conformance suite at {} (generate it: python scripts/gen_conformance.py {})",
+            suite.display(),
+            suite.display()
+        );
+    }
+    let results = run_suite(suite, filter).with_context(|| suite.display().to_string())?;
+    let summary = Summary::of(&results);
+    if out.json {
+        let cases: Vec<Value> = results
+            .iter()
+            .map(|r| {
+                let kind = match r.outcome {
+                    Outcome::Pass => "pass",
+                    Outcome::Wrong { .. } => "wrong",
+                    Outcome::Unsupported(_) => "unsupported",
+                    Outcome::Error(_) => "error",
+                };
+                json!({"name": r.name, "ops": r.ops, "outcome": kind, "detail": r.outcome.to_string()})
+            })
+            .collect();
+        out.line(
+            json!({
+                "total": summary.total,
+                "pass": summary.pass,
+                "wrong": summary.wrong,
+                "unsupported": summary.unsupported,
+                "error": summary.error,
+                "cases": cases,
+            })
+            .to_string(),
+        );
+    } else {
+        for r in results.iter().filter(|r| r.outcome != Outcome::Pass) {
+            out.line(format!(
+                "{}: {}",
+                r.name,
+                r.outcome.to_string().replace('\n', " ")
+            ));
+        }
+        out.line(summary.to_string());
     }
     Ok(())
 }

@@ -228,12 +228,24 @@ fn prepare_identity(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 fn prepare_dropout(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
-    if ctx.opset >= 12 {
+    // With ratio 0 training mode drops nothing: the same as inference.
+    let zero_ratio = ctx
+        .opt_input(1)
+        .and_then(|r| r.value)
+        .is_some_and(|v| v.numel() == 1 && v.f64_at(0) == Some(0.0));
+    if ctx.opset >= 12 && !zero_ratio {
         if let Some(tm) = ctx.opt_input(2) {
-            if let Some(v) = tm.value {
-                if v.numel() > 0 && v.f64_at(0).unwrap_or(0.0) != 0.0 {
+            match tm.value {
+                Some(v) if v.numel() > 0 && v.f64_at(0).unwrap_or(0.0) != 0.0 => {
                     return Err(Error::new(ErrorKind::Unsupported(
                         "Dropout in training mode",
+                    )));
+                }
+                Some(_) => {}
+                // Inference semantics are only right if training_mode is off.
+                None => {
+                    return Err(Error::new(ErrorKind::Unsupported(
+                        "Dropout whose training_mode is known only at run time",
                     )));
                 }
             }
