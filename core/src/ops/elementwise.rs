@@ -24,6 +24,23 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Floor", 6, prepare_floor),
     OpDef::onnx("Ceil", 6, prepare_ceil),
     OpDef::onnx("Erf", 9, prepare_erf),
+    OpDef::onnx("Sin", 7, |c| unary_f32(c, "Sin", libm::sinf)),
+    OpDef::onnx("Cos", 7, |c| unary_f32(c, "Cos", libm::cosf)),
+    OpDef::onnx("Tan", 7, |c| unary_f32(c, "Tan", libm::tanf)),
+    OpDef::onnx("Asin", 7, |c| unary_f32(c, "Asin", libm::asinf)),
+    OpDef::onnx("Acos", 7, |c| unary_f32(c, "Acos", libm::acosf)),
+    OpDef::onnx("Atan", 7, |c| unary_f32(c, "Atan", libm::atanf)),
+    OpDef::onnx("Sinh", 9, |c| unary_f32(c, "Sinh", libm::sinhf)),
+    OpDef::onnx("Cosh", 9, |c| unary_f32(c, "Cosh", libm::coshf)),
+    OpDef::onnx("Asinh", 9, |c| unary_f32(c, "Asinh", libm::asinhf)),
+    OpDef::onnx("Acosh", 9, |c| unary_f32(c, "Acosh", libm::acoshf)),
+    OpDef::onnx("Atanh", 9, |c| unary_f32(c, "Atanh", libm::atanhf)),
+    OpDef::onnx("Round", 11, |c| unary_f32(c, "Round", math::round_even)),
+    OpDef::onnx("Sign", 9, |c| unary_f32(c, "Sign", sign)),
+    OpDef::onnx("Mish", 18, |c| unary_f32(c, "Mish", mish)),
+    OpDef::onnx("ThresholdedRelu", 10, prepare_thresholded_relu),
+    OpDef::onnx("Shrink", 9, prepare_shrink),
+    OpDef::onnx("Celu", 12, prepare_celu),
 ];
 
 // ---------------------------------------------------------------------------
@@ -354,6 +371,63 @@ fn prepare_erf(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     unary_f32(ctx, "Erf", math::erf)
 }
 
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        x // 0 stays 0 (with its sign), NaN stays NaN
+    }
+}
+
+/// x * tanh(softplus(x)), softplus computed without overflow.
+fn mish(x: f32) -> f32 {
+    let sp = if x > 20.0 {
+        x
+    } else {
+        libm::log1pf(math::exp(x))
+    };
+    x * math::tanh(sp)
+}
+
+fn prepare_thresholded_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 1.0)?;
+    unary_f32(
+        ctx,
+        "ThresholdedRelu",
+        move |x| if x > alpha { x } else { 0.0 },
+    )
+}
+
+fn prepare_shrink(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let lambd = ctx.attr_float("lambd", 0.5)?;
+    let bias = ctx.attr_float("bias", 0.0)?;
+    unary_f32(ctx, "Shrink", move |x| {
+        if x < -lambd {
+            x + bias
+        } else if x > lambd {
+            x - bias
+        } else {
+            0.0
+        }
+    })
+}
+
+fn prepare_celu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 1.0)?;
+    if alpha == 0.0 {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "alpha",
+            problem: "must not be 0",
+        }));
+    }
+    unary_f32(ctx, "Celu", move |x| {
+        let neg = alpha * (math::exp(x / alpha) - 1.0);
+        x.max(0.0) + neg.min(0.0)
+    })
+}
+
 /// Abs / Neg: f32, i32, i64 (integers wrap, as two's complement hardware).
 fn prepare_sign_op(ctx: &PrepareCtx<'_>, name: &'static str, neg: bool) -> Result<Prepared> {
     let x = ctx.input(0)?;
@@ -410,7 +484,7 @@ fn prepare_neg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use crate::model::Const;
+    use crate::model::{AttrValue, Const};
     use crate::ops::testing::{assert_close, node, run, t, vals};
     use alloc::vec;
     use alloc::vec::Vec;
@@ -758,5 +832,67 @@ pub(crate) mod tests {
         assert!(crate::ops::find("", "Add", 6).is_none());
         assert_eq!(crate::ops::find("", "Add", 21).map(|d| d.since), Some(7));
         assert_eq!(crate::ops::find("", "Erf", 13).map(|d| d.since), Some(9));
+    }
+
+    #[test]
+    fn trig_and_small_activations() {
+        let x = [-2.0f32, -0.5, 0.0, 0.25, 3.0];
+        let cases: [(&str, i64, fn(f32) -> f32); 5] = [
+            ("Sin", 7, |v| (v as f64).sin() as f32),
+            ("Atan", 7, |v| (v as f64).atan() as f32),
+            ("Cosh", 9, |v| (v as f64).cosh() as f32),
+            ("Sign", 9, |v| {
+                if v > 0.0 {
+                    1.0
+                } else if v < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                }
+            }),
+            ("Mish", 18, |v| {
+                let v = v as f64;
+                (v * (v.exp().ln_1p()).tanh()) as f32
+            }),
+        ];
+        for (op, opset, f) in cases {
+            let out = run(op, opset, vec![], &[t(&[5], &x)], 1).unwrap();
+            let want: Vec<f32> = x.iter().map(|&v| f(v)).collect();
+            assert_close(&vals::<f32>(&out[0]), &want, 1e-6);
+        }
+        let r = run(
+            "Round",
+            11,
+            vec![],
+            &[t(&[4], &[0.5f32, 1.5, -2.5, 2.4])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0.0, 2.0, -2.0, 2.0]);
+        let s = run(
+            "Shrink",
+            9,
+            vec![
+                ("bias", AttrValue::Float(1.5)),
+                ("lambd", AttrValue::Float(1.5)),
+            ],
+            &[t(&[3], &[-2.0f32, 0.0, 2.0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&s[0]), vec![-0.5, 0.0, 0.5]);
+        let c = run(
+            "Celu",
+            12,
+            vec![("alpha", AttrValue::Float(2.0))],
+            &[t(&[2], &[-1.0f32, 1.0])],
+            1,
+        )
+        .unwrap();
+        assert_close(
+            &vals::<f32>(&c[0]),
+            &[2.0 * ((-0.5f64).exp() as f32 - 1.0), 1.0],
+            1e-6,
+        );
     }
 }
