@@ -837,7 +837,8 @@ pub(crate) mod tests {
     #[test]
     fn trig_and_small_activations() {
         let x = [-2.0f32, -0.5, 0.0, 0.25, 3.0];
-        let cases: [(&str, i64, fn(f32) -> f32); 5] = [
+        type Case = (&'static str, i64, fn(f32) -> f32);
+        let cases: [Case; 5] = [
             ("Sin", 7, |v| (v as f64).sin() as f32),
             ("Atan", 7, |v| (v as f64).atan() as f32),
             ("Cosh", 9, |v| (v as f64).cosh() as f32),
