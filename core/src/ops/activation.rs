@@ -4,7 +4,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::elementwise::{binary, Bcast};
-use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
 use crate::DType;
 
 /// Operators of this family.
@@ -25,23 +25,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Gelu", 20, prepare_gelu),
 ];
 
-/// An f32 element-wise op, in place when allowed.
-fn unary_f32<F>(ctx: &PrepareCtx<'_>, name: &'static str, f: F) -> Result<Prepared>
-where
-    F: Fn(f32) -> f32 + Copy + Send + Sync + 'static,
-{
-    let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], name)?;
-    Ok(Prepared::single(
-        DType::F32,
-        x.shape,
-        kernel(name, move |io| {
-            io.unary::<f32>()?.map(f);
-            Ok(())
-        }),
-    )
-    .in_place())
-}
+use crate::ops::util::unary_f32;
 
 fn prepare_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;

@@ -331,23 +331,7 @@ fn prepare_pow(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 // ---------------------------------------------------------------------------
 // Unary math.
 
-/// An f32 element-wise op, in place when allowed.
-fn unary_f32<F>(ctx: &PrepareCtx<'_>, name: &'static str, f: F) -> Result<Prepared>
-where
-    F: Fn(f32) -> f32 + Copy + Send + Sync + 'static,
-{
-    let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], name)?;
-    Ok(Prepared::single(
-        DType::F32,
-        x.shape,
-        kernel(name, move |io| {
-            io.unary::<f32>()?.map(f);
-            Ok(())
-        }),
-    )
-    .in_place())
-}
+use crate::ops::util::unary_f32;
 
 fn prepare_sqrt(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     unary_f32(ctx, "Sqrt", math::sqrt)

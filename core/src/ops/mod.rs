@@ -655,6 +655,24 @@ pub mod util {
         Ok(v as usize)
     }
 
+    /// An f32 element-wise op applying `f`, in place when the planner allows.
+    pub fn unary_f32<F>(ctx: &PrepareCtx<'_>, name: &'static str, f: F) -> Result<Prepared>
+    where
+        F: Fn(f32) -> f32 + Copy + Send + Sync + 'static,
+    {
+        let x = ctx.input(0)?;
+        dtype_in(x.dtype, &[DType::F32], name)?;
+        Ok(Prepared::single(
+            DType::F32,
+            x.shape,
+            kernel(name, move |io| {
+                io.unary::<f32>()?.map(f);
+                Ok(())
+            }),
+        )
+        .in_place())
+    }
+
     /// Checks the dtype is one of `allowed`.
     pub fn dtype_in(dt: DType, allowed: &[DType], what: &'static str) -> Result<()> {
         if allowed.contains(&dt) {
