@@ -22,6 +22,7 @@ use crate::error::{checked_numel, Error, ErrorKind, NodeId, Result, TensorId};
 use crate::model::{Const, ConstData, Dim, Model, Node};
 use crate::ops::{self, InputInfo, Kernel, KernelIo, Loc, PrepareCtx, Slot};
 use crate::planner::{self, Buffer, GreedyBySize, MemoryPlanner, ALIGN};
+use crate::tensor::TensorView;
 use crate::DType;
 
 /// One kernel invocation of the plan.
@@ -46,6 +47,10 @@ pub struct IoInfo {
     pub shape: Vec<usize>,
     /// Tensor id in the model graph.
     pub id: TensorId,
+    /// The input's value was fixed at build time
+    /// ([`SessionBuilder::input_value`]): it is not in the arena and
+    /// [`crate::Session::run`] checks that the fed value equals it.
+    pub bound: bool,
 }
 
 /// Session options: shape bindings and memory budget.
@@ -57,6 +62,7 @@ pub struct SessionBuilder<'m> {
     model: Option<&'m Model>,
     dims: Vec<(String, usize)>,
     shapes: Vec<(String, Vec<usize>)>,
+    values: Vec<(String, DType, Vec<u8>)>,
     max_arena: Option<usize>,
     in_place: bool,
 }
@@ -78,6 +84,22 @@ impl<'m> SessionBuilder<'m> {
     /// Sets the full shape of a graph input (overrides its declared shape).
     pub fn input_shape(mut self, name: &str, shape: &[usize]) -> Self {
         self.shapes.push((name.into(), shape.into()));
+        self
+    }
+    /// Fixes the value of a graph input at build time (a *shape tensor*, as
+    /// TensorRT calls them): the `shape` of a Reshape, the `axes` of a
+    /// reduction, the `scales` of a Resize, `k` of TopK. mote plans every
+    /// shape before the first run, so an input that decides an output shape
+    /// must be known here; the plan then folds what depends only on it.
+    /// The input stays a graph input: [`crate::Session::run`] still takes
+    /// it and fails if the value fed differs from this one. Sets the
+    /// input's shape too.
+    pub fn input_value(mut self, name: &str, value: &TensorView<'_>) -> Self {
+        self.shapes.retain(|(n, _)| n != name);
+        self.shapes.push((name.into(), value.shape().into()));
+        self.values.retain(|(n, _, _)| n != name);
+        self.values
+            .push((name.into(), value.dtype(), value.bytes().into()));
         self
     }
     /// Refuses plans whose arena exceeds `bytes`.
@@ -159,6 +181,13 @@ impl Plan {
     /// Bytes of constants computed at build time.
     pub fn folded_bytes(&self) -> usize {
         self.folded.iter().map(|c| c.byte_len()).sum()
+    }
+    /// Bytes of a graph input fixed by [`SessionBuilder::input_value`].
+    pub(crate) fn bound_value(&self, id: TensorId) -> Option<&[u8]> {
+        match self.slots.get(id as usize)?.loc {
+            Loc::Folded(f) => self.folded.get(f as usize).map(|c| c.data.bytes()),
+            _ => None,
+        }
     }
     /// Inferred dtype and shape of a tensor, if it was reached.
     pub fn tensor_type(&self, id: TensorId) -> Option<(DType, &[usize])> {
@@ -385,7 +414,12 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
 
 fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     let g = &model.graph;
-    for (n, _) in &opts.shapes {
+    for n in opts
+        .values
+        .iter()
+        .map(|v| &v.0)
+        .chain(opts.shapes.iter().map(|s| &s.0))
+    {
         if !model.input_names().any(|i| i == n) {
             return Err(Error::new(ErrorKind::Binding(
                 "input_shape names no graph input",
@@ -417,12 +451,34 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         }
     }
     let mut defaulted = Vec::new();
+    let mut folded: Vec<Const> = Vec::new();
     for &i in &g.inputs {
-        let s = bind_input(model, i, opts, &mut defaulted)?;
+        let mut s = bind_input(model, i, opts, &mut defaulted)?;
+        let name = &g.tensor(i)?.name;
+        if let Some((_, dt, bytes)) = opts.values.iter().find(|(n, _, _)| n == name) {
+            if *dt != s.dtype {
+                return Err(Error::new(ErrorKind::DTypeMismatch {
+                    expected: s.dtype,
+                    got: *dt,
+                })
+                .at_tensor(i));
+            }
+            if bytes.len() != byte_len(&s)? {
+                return Err(
+                    Error::new(ErrorKind::Binding("input_value and input_shape disagree"))
+                        .at_tensor(i),
+                );
+            }
+            folded.push(Const {
+                dtype: *dt,
+                shape: s.shape.clone(),
+                data: ConstData::from_bytes(bytes).map_err(|e| e.at_tensor(i))?,
+            });
+            s.loc = Loc::Folded((folded.len() - 1) as u32);
+        }
         slots[i as usize] = s;
         known[i as usize] = true;
     }
-    let mut folded: Vec<Const> = Vec::new();
     let mut steps: Vec<Step> = Vec::new();
     // alias_of[t] = tensor whose buffer t shares (Reshape and friends).
     let mut alias_of: Vec<Option<TensorId>> = alloc::vec![None; slots.len()];
@@ -457,16 +513,10 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                             .tensors
                             .get(m as usize)
                             .and_then(|t| t.value.as_ref())
-                            .map(|c| {
-                                crate::tensor::TensorView::from_parts(
-                                    s.dtype,
-                                    &s.shape,
-                                    c.data.bytes(),
-                                )
-                            }),
-                        Loc::Folded(f) => folded.get(f as usize).map(|c| {
-                            crate::tensor::TensorView::from_parts(s.dtype, &s.shape, c.data.bytes())
-                        }),
+                            .map(|c| TensorView::from_parts(s.dtype, &s.shape, c.data.bytes())),
+                        Loc::Folded(f) => folded
+                            .get(f as usize)
+                            .map(|c| TensorView::from_parts(s.dtype, &s.shape, c.data.bytes())),
                         _ => None,
                     };
                     if value.is_none() {
@@ -832,12 +882,18 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             dtype: s.dtype,
             shape: s.shape.clone(),
             id,
+            bound: false,
         })
     };
     let inputs = g
         .inputs
         .iter()
-        .map(|&i| io(i))
+        .map(|&i| {
+            io(i).map(|mut info| {
+                info.bound = matches!(slots[i as usize].loc, Loc::Folded(_));
+                info
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     let outputs = g
         .outputs

@@ -125,6 +125,12 @@ impl<'a> Session<'a> {
             .inputs
             .get(i)
             .ok_or(Error::new(ErrorKind::UnknownName))?;
+        if info.bound {
+            return Err(Error::new(ErrorKind::Binding(
+                "input was bound to a value at build time: it has no arena buffer",
+            ))
+            .at_tensor(info.id));
+        }
         let slot = self
             .plan
             .slots
@@ -171,6 +177,15 @@ impl<'a> Session<'a> {
                     got: v.shape().get(axis).copied().unwrap_or(0) as u64,
                 })
                 .at_tensor(info.id));
+            }
+            if info.bound {
+                if self.plan.bound_value(info.id) != Some(v.bytes()) {
+                    return Err(Error::new(ErrorKind::Binding(
+                        "input differs from the value bound at build time",
+                    ))
+                    .at_tensor(info.id));
+                }
+                continue;
             }
             let mut dst = self.input_mut(k)?;
             dst.bytes_mut().copy_from_slice(v.bytes());

@@ -263,11 +263,7 @@ fn run_set(
             inputs.len()
         ));
     }
-    let mut b = model.session_builder();
-    for (n, t) in names.iter().zip(inputs) {
-        b = b.input_shape(n, &t.shape);
-    }
-    let plan = match b.plan() {
+    let plan = match plan_case(model, &names, inputs) {
         Ok(p) => p,
         Err(e) => return core_outcome(model, "plan", &e),
     };
@@ -303,6 +299,77 @@ fn run_set(
     }
     Outcome::Pass
 }
+
+/// Plans a case with its inputs' shapes. The suite feeds shape tensors (the
+/// `shape` of Reshape, `axes`, `pads`, `scales`, ...) as graph inputs; where
+/// planning stops on one whose value is needed, the small graph inputs that
+/// node depends on are bound by value ([`mote_core::plan::SessionBuilder::input_value`])
+/// and planning is retried. Only scalars and 1-D inputs of at most
+/// [`BIND_MAX`] elements qualify (shape tensors are 1-D), so data tensors go
+/// through the arena.
+fn plan_case(
+    model: &Model,
+    names: &[&str],
+    inputs: &[mote_core::model::Const],
+) -> Result<mote_core::Plan, mote_core::Error> {
+    let g = &model.graph;
+    let mut bound = vec![false; names.len()];
+    loop {
+        let mut b = model.session_builder();
+        for ((n, t), &v) in names.iter().zip(inputs).zip(&bound) {
+            b = if v {
+                b.input_value(n, &t.view())
+            } else {
+                b.input_shape(n, &t.shape)
+            };
+        }
+        let e = match b.plan() {
+            Ok(p) => return Ok(p),
+            Err(e) => e,
+        };
+        let needs_value =
+            matches!(e.kind, ErrorKind::Unsupported(m) if m.contains("known at build time"));
+        let Some(node) = e.node.filter(|_| needs_value) else {
+            return Err(e);
+        };
+        // Graph inputs upstream of the node.
+        let mut up = vec![false; g.tensors.len()];
+        let mut stack = vec![node];
+        let mut seen = vec![false; g.nodes.len()];
+        while let Some(n) = stack.pop() {
+            let Some(nd) = g.nodes.get(n as usize) else {
+                continue;
+            };
+            if std::mem::replace(&mut seen[n as usize], true) {
+                continue;
+            }
+            for &t in nd.inputs.iter().flatten() {
+                up[t as usize] = true;
+                for (pi, p) in g.nodes.iter().enumerate() {
+                    if p.outputs.contains(&Some(t)) {
+                        stack.push(pi as u32);
+                    }
+                }
+            }
+        }
+        let mut more = false;
+        for (k, &id) in g.inputs.iter().enumerate() {
+            let small = inputs.get(k).is_some_and(|t| {
+                t.shape.len() <= 1 && t.shape.iter().product::<usize>() <= BIND_MAX
+            });
+            if up[id as usize] && small && !bound[k] {
+                bound[k] = true;
+                more = true;
+            }
+        }
+        if !more {
+            return Err(e);
+        }
+    }
+}
+
+/// Largest graph input (in elements) the harness binds by value.
+pub const BIND_MAX: usize = 16;
 
 /// The first difference of `got` from `want`, if any.
 pub fn compare(output: usize, got: &TensorView<'_>, want: &TensorView<'_>) -> Option<Outcome> {

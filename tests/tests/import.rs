@@ -1,16 +1,21 @@
-//! Import details: graph inputs that are also initializers, Constant nodes.
+//! Import details: graph inputs that are also initializers, Constant nodes;
+//! shape tensors fed as graph inputs.
 
 use mote_core::{Model, Session, SessionBuilder, TensorView};
 use mote_proto as pb;
 use prost::Message;
 
 fn vi(name: &str, dims: &[i64]) -> pb::ValueInfoProto {
+    vi_typed(name, 1, dims)
+}
+
+fn vi_typed(name: &str, elem_type: i32, dims: &[i64]) -> pb::ValueInfoProto {
     use pb::tensor_shape_proto::{dimension::Value, Dimension};
     pb::ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(pb::TypeProto {
             value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                elem_type: Some(1),
+                elem_type: Some(elem_type),
                 shape: Some(pb::TensorShapeProto {
                     dim: dims
                         .iter()
@@ -100,4 +105,66 @@ fn initializer_inputs_and_constant_nodes() {
         s.output(0).expect("y").f32().expect("f32"),
         &[22., 44., 66.]
     );
+}
+
+#[test]
+fn shape_tensor_input_bound_by_value() {
+    // y = Reshape(x, shape) with `shape` a graph input: its value decides
+    // y's shape, so the plan needs it at build time.
+    let m = pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: None,
+            version: Some(14),
+        }],
+        graph: Some(pb::GraphProto {
+            node: vec![pb::NodeProto {
+                op_type: Some("Reshape".into()),
+                input: vec!["x".into(), "shape".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            input: vec![vi("x", &[2, 3]), vi_typed("shape", 7, &[2])],
+            output: vec![vi("y", &[3, 2])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = Model::from_onnx(&m.encode_to_vec()).expect("import");
+    let e = SessionBuilder::new(&model)
+        .plan()
+        .expect_err("needs the value");
+    assert!(
+        matches!(e.kind, mote_core::ErrorKind::Unsupported(m) if m.contains("known at build time")),
+        "{e:?}"
+    );
+    let shape = [3i64, 2];
+    let shape_v = TensorView::new(&[2], &shape).expect("view");
+    let plan = SessionBuilder::new(&model)
+        .input_value("shape", &shape_v)
+        .plan()
+        .expect("plan");
+    assert_eq!(plan.outputs()[0].shape, [3, 2]);
+    assert!(plan.inputs()[1].bound && !plan.inputs()[0].bound);
+    // Only x is in the arena (y is a view of it).
+    assert_eq!(plan.arena_bytes(), 32);
+    let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+    let mut s = Session::new(&model, &plan, &mut arena).expect("session");
+    let x = [1f32, 2., 3., 4., 5., 6.];
+    let x_v = TensorView::new(&[2, 3], &x).expect("view");
+    s.run(&[("x", x_v), ("shape", shape_v)]).expect("run");
+    let y = s.output(0).expect("y");
+    assert_eq!(y.shape(), [3, 2]);
+    assert_eq!(y.f32().expect("f32"), &x);
+    assert!(s.input_mut(1).is_err(), "a bound input has no buffer");
+    // Feeding another value than the bound one is an error, not a silent
+    // run with the old shape.
+    let other = [6i64, 1];
+    let e = s
+        .run(&[
+            ("x", x_v),
+            ("shape", TensorView::new(&[2], &other).expect("view")),
+        ])
+        .expect_err("value differs");
+    assert!(matches!(e.kind, mote_core::ErrorKind::Binding(_)), "{e:?}");
 }

@@ -76,10 +76,13 @@ fn original(c: Coord, x: f64, scale: f64, in_len: usize, out_len: usize) -> f64 
             }
         }
         Coord::AlignCorners => {
-            if out_len == 1 {
+            // The unrounded output length `scale * in_len`, as the ONNX
+            // reference does: with `scales` given, 4 * 0.6 = 2.4, not 2.
+            let len = scale * in_len as f64;
+            if out_len == 1 || len == 1.0 {
                 0.0
             } else {
-                x * (in_len as f64 - 1.0) / (out_len as f64 - 1.0)
+                x * (in_len as f64 - 1.0) / (len - 1.0)
             }
         }
         Coord::Asymmetric => x / scale,

@@ -29,6 +29,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Slice", 1, prepare_slice),
     OpDef::onnx("Gather", 1, prepare_gather),
     OpDef::onnx("Pad", 2, prepare_pad),
+    OpDef::onnx("CastLike", 15, prepare_cast_like),
     OpDef::onnx("Cast", 6, prepare_cast),
     OpDef::onnx("ConstantOfShape", 9, prepare_constant_of_shape),
     OpDef::onnx("Range", 11, prepare_range),
@@ -1150,12 +1151,22 @@ fn write_num(dt: DType, v: Num, out: &mut [u8]) {
 }
 
 fn prepare_cast(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let x = ctx.input(0)?;
     let code = ctx.attr_int("to", 0)?;
     let to = DType::from_onnx(code as i32).ok_or(Error::new(ErrorKind::UnsupportedDType {
         what: "Cast to",
         code: code as i32,
     }))?;
+    cast_to(ctx, to)
+}
+
+/// CastLike: Cast to the dtype of input 1 (whose values are not read).
+fn prepare_cast_like(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let to = ctx.input(1)?.dtype;
+    cast_to(ctx, to)
+}
+
+fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
+    let x = ctx.input(0)?;
     let from = x.dtype;
     if from == to {
         return Ok(Prepared::alias(to, x.shape));
@@ -1677,6 +1688,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(vals::<f32>(&r[0]), vec![7., 1., 2., 7.]);
+    }
+
+    #[test]
+    fn cast_like_takes_the_dtype_of_input_1() {
+        let x = t(&[3], &[1.5f32, -2.5, 3.0]);
+        let like = t::<i32>(&[1], &[0]);
+        let r = run("CastLike", 15, vec![], &[x, like], 1).unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![1, -2, 3]);
     }
 
     #[test]
