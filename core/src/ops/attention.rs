@@ -723,7 +723,13 @@ fn row_scores<T: Fl>(
     let mut sum = 0.0f32;
     for x in s.iter_mut() {
         *x = p.round(math::exp(p.round(*x - mx)));
-        sum += *x;
+        // numpy sums f16 in f32, but bf16 (an ml_dtypes type) one rounded
+        // add at a time.
+        sum = if p == Prec::BF16 {
+            p.round(sum + *x)
+        } else {
+            sum + *x
+        };
     }
     let mut sum = p.round(sum);
     if sum == 0.0 {
@@ -938,4 +944,247 @@ fn run_rot<T: Fl>(r: &Rot, io: &mut KernelIo<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::AttrValue;
+    use crate::ops::testing::{assert_close, run, t, vals};
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    /// `assert_close`, with infinities required to match exactly.
+    fn close_inf(got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            if w.is_infinite() {
+                assert_eq!(g, w);
+            }
+        }
+        let fin = |v: &[f32], w: &[f32]| -> Vec<f32> {
+            v.iter()
+                .zip(w)
+                .filter(|(_, w)| w.is_finite())
+                .map(|(x, _)| *x)
+                .collect()
+        };
+        assert_close(&fin(got, want), &fin(want, want), 1e-6);
+    }
+
+    #[test]
+    fn single_query_by_hand() {
+        // q = [1, 0] against keys [1, 0], [0, 1]: scores 1/sqrt(2) and 0.
+        let r = run(
+            "Attention",
+            23,
+            vec![],
+            &[
+                t(&[1, 1, 1, 2], &[1.0f32, 0.0]),
+                t(&[1, 1, 2, 2], &[1.0f32, 0.0, 0.0, 1.0]),
+                t(&[1, 1, 2, 2], &[1.0f32, 2.0, 3.0, 4.0]),
+            ],
+            1,
+        )
+        .unwrap();
+        let e = libm::expf(core::f32::consts::FRAC_1_SQRT_2);
+        let (p0, p1) = (e / (e + 1.0), 1.0 / (e + 1.0));
+        assert_eq!(r[0].shape, vec![1, 1, 1, 2]);
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[p0 + 3.0 * p1, 2.0 * p0 + 4.0 * p1],
+            0.0,
+        );
+    }
+
+    #[test]
+    fn gqa_3d_causal_past_mask_and_qk_bias() {
+        // Expected values from onnx.reference's _compute_attention.
+        let r = run(
+            "Attention",
+            23,
+            vec![
+                ("is_causal", AttrValue::Int(1)),
+                ("q_num_heads", AttrValue::Int(2)),
+                ("kv_num_heads", AttrValue::Int(1)),
+                ("qk_matmul_output_mode", AttrValue::Int(2)),
+            ],
+            &[
+                t(
+                    &[1, 2, 4],
+                    &[-0.5f32, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25],
+                ),
+                t(&[1, 2, 2], &[-0.3f32, 0.2, 0.7, 1.2]),
+                t(&[1, 2, 2], &[1.0f32, 2.0, 3.0, 4.0]),
+                t(&[2, 3], &[0.0f32, -0.5, 0.25, 0.1, 0.0, 0.0]),
+                t(&[1, 1, 1, 2], &[0.2f32, -0.4]),
+                t(&[1, 1, 1, 2], &[-1.0f32, 2.0]),
+            ],
+            4,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 2, 4]);
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[
+                -0.2114079, 2.0, -0.1944587, 2.0, 1.6671023, 3.1052253, 2.165379, 3.4363773,
+            ],
+            1e-6,
+        );
+        assert_eq!(r[1].shape, vec![1, 1, 3, 2]);
+        assert_close(&vals::<f32>(&r[1]), &[0.2, -0.4, -0.3, 0.2, 0.7, 1.2], 0.0);
+        assert_close(&vals::<f32>(&r[2]), &[-1.0, 2.0, 1.0, 2.0, 3.0, 4.0], 0.0);
+        assert_eq!(r[3].shape, vec![1, 2, 2, 3]);
+        let inf = f32::INFINITY;
+        close_inf(
+            &vals::<f32>(&r[3]),
+            &[
+                7.45e-11, -0.4292893, -inf, -0.0414214, -1.05e-8, 0.8838835, -0.0707107,
+                -0.4646447, -inf, -0.112132, -0.0353554, 1.555635,
+            ],
+        );
+    }
+
+    #[test]
+    fn window_nonpad_softcap_scale() {
+        // Expected values from onnx.reference's _compute_attention.
+        let lin = |a: f32, b: f32, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| a + (b - a) * i as f32 / (n - 1) as f32)
+                .collect()
+        };
+        let r = run(
+            "Attention",
+            25,
+            vec![
+                ("is_causal", AttrValue::Int(1)),
+                ("left_window_size", AttrValue::Int(1)),
+                ("scale", AttrValue::Float(0.5)),
+                ("softcap", AttrValue::Float(2.0)),
+            ],
+            &[
+                t(&[1, 1, 4, 2], &lin(-1.0, 1.0, 8)),
+                t(&[1, 1, 5, 2], &lin(0.5, -0.5, 10)),
+                t(&[1, 1, 5, 2], &lin(1.0, 3.0, 10)),
+                None,
+                None,
+                None,
+                t(&[1], &[4i64]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[
+                1.0, 1.2222222, 1.2292552, 1.4514774, 1.659616, 1.8818382, 2.0900822, 2.3123045,
+            ],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn fully_masked_row_is_zero_and_mode3() {
+        // Row 0 has no allowed key: Y and the probabilities are 0, not NaN.
+        let r = run(
+            "Attention",
+            23,
+            vec![("qk_matmul_output_mode", AttrValue::Int(3))],
+            &[
+                t(&[1, 1, 2, 1], &[1.0f32, 2.0]),
+                t(&[1, 1, 2, 1], &[1.0f32, 1.0]),
+                t(&[1, 1, 2, 1], &[5.0f32, 7.0]),
+                t::<u8>(&[2, 2], &[0, 0, 1, 1]).map(|mut c| {
+                    c.dtype = crate::DType::Bool;
+                    c
+                }),
+            ],
+            4,
+        )
+        .unwrap();
+        // Equal keys: row 1 averages the values.
+        assert_close(&vals::<f32>(&r[0]), &[0.0, 6.0], 0.0);
+        assert_close(&vals::<f32>(&r[3]), &[0.0, 0.0, 0.5, 0.5], 0.0);
+    }
+
+    #[test]
+    fn rotary_by_hand() {
+        // One head of size 4 at one position; angle a: cos c, sin s.
+        let (c, s) = (0.6f32, 0.8f32);
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let caches = |interleaved: i64| {
+            run(
+                "RotaryEmbedding",
+                23,
+                vec![("interleaved", AttrValue::Int(interleaved))],
+                &[
+                    t(&[1, 1, 1, 4], &x),
+                    t(&[1, 1, 2], &[c, 1.0]),
+                    t(&[1, 1, 2], &[s, 0.0]),
+                ],
+                1,
+            )
+            .unwrap()
+        };
+        // Halves: pairs (x0, x2) rotate by (c, s), (x1, x3) by angle 0.
+        let r = caches(0);
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[c * 1.0 - s * 3.0, 2.0, s * 1.0 + c * 3.0, 4.0],
+            1e-6,
+        );
+        // Interleaved: pairs (x0, x1) and (x2, x3).
+        let r = caches(1);
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[c * 1.0 - s * 2.0, s * 1.0 + c * 2.0, 3.0, 4.0],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn rotary_position_ids_partial_3d() {
+        // 3D input, 2 heads of size 4, rotating only the first 2 dims, with
+        // the cache row picked by position id 1.
+        let r = run(
+            "RotaryEmbedding",
+            23,
+            vec![
+                ("num_heads", AttrValue::Int(2)),
+                ("rotary_embedding_dim", AttrValue::Int(2)),
+            ],
+            &[
+                t(&[1, 1, 8], &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+                t(&[2, 1], &[1.0f32, 0.0]),
+                t(&[2, 1], &[0.0f32, 1.0]),
+                t(&[1, 1], &[1i64]),
+            ],
+            1,
+        )
+        .unwrap();
+        // cos 0, sin 1: (x0, x1) -> (-x1, x0).
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[-2.0, 1.0, 3.0, 4.0, -6.0, 5.0, 7.0, 8.0],
+            0.0,
+        );
+    }
+
+    #[test]
+    fn rejects_bad_heads() {
+        let r = run(
+            "Attention",
+            23,
+            vec![
+                ("q_num_heads", AttrValue::Int(3)),
+                ("kv_num_heads", AttrValue::Int(2)),
+            ],
+            &[
+                t(&[1, 1, 6], &[0.0f32; 6]),
+                t(&[1, 1, 4], &[0.0f32; 4]),
+                t(&[1, 1, 4], &[0.0f32; 4]),
+            ],
+            1,
+        );
+        assert!(r.is_err());
+    }
 }
