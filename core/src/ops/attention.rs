@@ -440,7 +440,7 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         qk_stage,
         prec,
     };
-    let scratch = (2 * l + dk) * 4;
+    let scratch = (2 * l + dk.max(dv)) * 4;
     let p = match dt {
         DType::F16 => Prepared::new(
             outputs,
@@ -572,7 +572,7 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
         let (out, scratch) = io.output_and_scratch(3)?;
         let out = out.into_slice::<T>()?;
         need(out, a.batch * a.hq * a.sq * l)?;
-        let sc = as_f32(scratch, 2 * l + a.dk)?;
+        let sc = as_f32(scratch, 2 * l + a.dk.max(a.dv))?;
         let mut o = 0;
         for b in 0..a.batch {
             for h in 0..a.hq {
@@ -590,28 +590,27 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
     let (out, scratch) = io.output_and_scratch(0)?;
     let y = out.into_slice::<T>()?;
     need(y, a.batch * a.y.b)?;
-    let sc = as_f32(scratch, 2 * l + a.dk)?;
+    let sc = as_f32(scratch, 2 * l + a.dk.max(a.dv))?;
     let group = a.hq / a.hkv;
     for b in 0..a.batch {
         for h in 0..a.hq {
             let kvh = h / group;
             for i in 0..a.sq {
                 row_scores(a, &src, b, h, i, sc, Stage::Probs);
-                let yo = a.y.at(b, h, i);
-                let yr = &mut y[yo..yo + a.dv];
-                for x in yr.iter_mut() {
-                    *x = T::put(0.0);
-                }
-                // Accumulate in f32 like the reference's matmul, round once.
-                for d in 0..a.dv {
-                    let mut acc = 0.0f32;
-                    for j in 0..l {
-                        let p = sc[j];
-                        if p != 0.0 {
-                            acc += p * src.value(a, b, kvh, j)[d].get();
-                        }
+                // The query slot of the scratch is free now: accumulate the
+                // row in f32 there, like the reference's matmul, round once.
+                let (p, acc) = sc.split_at_mut(2 * l);
+                let acc = &mut acc[..a.dv];
+                acc.fill(0.0);
+                for j in 0..l {
+                    let pj = p[j];
+                    for (x, vv) in acc.iter_mut().zip(src.value(a, b, kvh, j)) {
+                        *x += pj * vv.get();
                     }
-                    yr[d] = T::put(acc);
+                }
+                let yo = a.y.at(b, h, i);
+                for (o, x) in y[yo..yo + a.dv].iter_mut().zip(acc.iter()) {
+                    *o = T::put(*x);
                 }
             }
         }
@@ -626,7 +625,7 @@ fn as_f32(scratch: &mut [u8], n: usize) -> Result<&mut [f32]> {
 }
 
 /// Fills `sc[..l]` with query row `i` of head `h` up to `stage`; uses
-/// `sc[l..2l]` for the bias and `sc[2l..]` for the scaled query.
+/// `sc[l..2l]` for the bias and `sc[2l..2l + dk]` for the scaled query.
 fn row_scores<T: Fl>(
     a: &Att,
     src: &Src<'_, T>,
@@ -639,6 +638,7 @@ fn row_scores<T: Fl>(
     let l = a.l;
     let (s, rest) = sc.split_at_mut(l);
     let (bias, qs) = rest.split_at_mut(l);
+    let qs = &mut qs[..a.dk];
     let kvh = h / (a.hq / a.hkv);
     let neg = f32::NEG_INFINITY;
 
