@@ -21,6 +21,7 @@ use crate::tensor::{TensorMut, TensorView};
 use crate::{DType, Element};
 
 pub mod activation;
+pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod matmul;
@@ -69,6 +70,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     shape::OPS,
     reduce::OPS,
     resize::OPS,
+    attention::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
