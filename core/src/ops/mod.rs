@@ -28,6 +28,7 @@ pub mod norm;
 pub mod pool;
 pub mod reduce;
 pub mod resize;
+pub mod rnn;
 pub mod shape;
 
 /// Builds an operator's kernel for one node; see the module docs.
@@ -69,6 +70,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     shape::OPS,
     reduce::OPS,
     resize::OPS,
+    rnn::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
