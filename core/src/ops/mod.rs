@@ -22,6 +22,7 @@ use crate::{DType, Element};
 
 pub mod activation;
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod matmul;
 pub mod norm;
@@ -71,6 +72,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     reduce::OPS,
     resize::OPS,
     rnn::OPS,
+    einsum::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
