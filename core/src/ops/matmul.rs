@@ -10,6 +10,7 @@ use alloc::vec::Vec;
 pub const OPS: &[OpDef] = &[
     OpDef::onnx("Gemm", 7, prepare_gemm),
     OpDef::onnx("MatMul", 1, prepare_matmul),
+    OpDef::onnx("Det", 11, prepare_det),
 ];
 
 fn len_err(expected: usize, got: usize) -> Error {
@@ -352,6 +353,125 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             Ok(())
         }),
     ))
+}
+
+/// Det: determinant of each `[M, M]` matrix in `[*, M, M]`, by LU with
+/// partial pivoting in f64 (scratch holds one matrix); f16 / bf16 / f32
+/// round the f64 result back.
+fn prepare_det(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    if r < 2 || x.shape[r - 1] != x.shape[r - 2] {
+        return Err(Error::new(ErrorKind::Shape("Det input must be [*, M, M]")));
+    }
+    let n = x.shape[r - 1];
+    let out = &x.shape[..r - 2];
+    let bytes = n
+        .checked_mul(n)
+        .and_then(|v| v.checked_mul(8))
+        .ok_or(Error::new(ErrorKind::Overflow))?;
+    macro_rules! typed {
+        ($t:ty, $get:expr, $put:expr) => {
+            Prepared::single(
+                x.dtype,
+                out,
+                kernel("Det", move |io| {
+                    let xs = io.input_slice::<$t>(0)?;
+                    let (y, s) = io.output_and_scratch(0)?;
+                    let y = y.into_slice::<$t>()?;
+                    let a: &mut [f64] = bytemuck::try_cast_slice_mut(
+                        s.get_mut(..bytes)
+                            .ok_or(Error::new(ErrorKind::Internal("Det scratch")))?,
+                    )
+                    .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
+                    if xs.len() != y.len() * n * n {
+                        return Err(len_err(y.len() * n * n, xs.len()));
+                    }
+                    for (b, yv) in y.iter_mut().enumerate() {
+                        for (d, &v) in a.iter_mut().zip(&xs[b * n * n..(b + 1) * n * n]) {
+                            *d = $get(v);
+                        }
+                        *yv = $put(lu_det(a, n));
+                    }
+                    Ok(())
+                }),
+            )
+            .with_scratch(bytes)
+        };
+    }
+    Ok(match x.dtype {
+        DType::F32 => typed!(f32, |v: f32| v as f64, |d: f64| d as f32),
+        DType::F64 => typed!(f64, |v: f64| v, |d: f64| d),
+        DType::F16 => typed!(half::f16, half::f16::to_f64, half::f16::from_f64),
+        DType::BF16 => typed!(half::bf16, half::bf16::to_f64, half::bf16::from_f64),
+        dt => {
+            return Err(Error::new(ErrorKind::UnsupportedDType {
+                what: "Det",
+                code: dt.onnx_code(),
+            }))
+        }
+    })
+}
+
+/// Determinant of the row-major `n x n` matrix `a` (destroyed).
+fn lu_det(a: &mut [f64], n: usize) -> f64 {
+    let mut det = 1.0f64;
+    for c in 0..n {
+        // Largest pivot keeps the elimination stable.
+        let mut p = c;
+        for i in c + 1..n {
+            if a[i * n + c].abs() > a[p * n + c].abs() {
+                p = i;
+            }
+        }
+        let piv = a[p * n + c];
+        if piv == 0.0 {
+            return 0.0;
+        }
+        if p != c {
+            for j in 0..n {
+                a.swap(c * n + j, p * n + j);
+            }
+            det = -det;
+        }
+        det *= piv;
+        for i in c + 1..n {
+            let f = a[i * n + c] / piv;
+            if f != 0.0 {
+                for j in c + 1..n {
+                    a[i * n + j] -= f * a[c * n + j];
+                }
+            }
+        }
+    }
+    det
+}
+
+#[cfg(test)]
+mod det_tests {
+    use crate::ops::testing::{assert_close, run, t, vals};
+    use alloc::vec;
+
+    #[test]
+    fn det_batched_with_pivoting() {
+        // det [[1 2] [3 4]] = -2, [[1 2] [2 1]] = -3; [[0 1] [1 0]] needs a
+        // row swap: -1; a singular matrix gives 0.
+        let x = t(
+            &[4, 2, 2],
+            &[
+                1.0f32, 2.0, 3.0, 4.0, 1.0, 2.0, 2.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 4.0,
+            ],
+        );
+        let y = run("Det", 11, vec![], &[x], 1).unwrap();
+        assert_eq!(y[0].shape, vec![4]);
+        assert_close(&vals::<f32>(&y[0]), &[-2.0, -3.0, -1.0, 0.0], 0.0);
+        // 3x3 by cofactors: 2(3*2-1*1) - 0 + 1(1*1-3*4) = 10 - 11 = -1.
+        let m = t(&[3, 3], &[2.0f64, 0.0, 1.0, 1.0, 3.0, 1.0, 4.0, 1.0, 2.0]);
+        let y = run("Det", 11, vec![], &[m], 1).unwrap();
+        assert!(y[0].shape.is_empty());
+        assert!((vals::<f64>(&y[0])[0] + 1.0).abs() < 1e-12);
+        assert!(run("Det", 11, vec![], &[t(&[2, 3], &[0.0f32; 6])], 1).is_err());
+    }
 }
 
 #[cfg(test)]

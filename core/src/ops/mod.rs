@@ -23,12 +23,14 @@ use crate::{DType, Element};
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
 pub mod reduce;
 pub mod resize;
+pub mod rnn;
 pub mod shape;
 
 /// Builds an operator's kernel for one node; see the module docs.
@@ -71,6 +73,8 @@ pub const FAMILIES: &[&[OpDef]] = &[
     reduce::OPS,
     resize::OPS,
     attention::OPS,
+    rnn::OPS,
+    einsum::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with

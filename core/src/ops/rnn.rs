@@ -1,0 +1,923 @@
+//! Recurrent layers: RNN, GRU, LSTM (opsets 7 to 22), float32.
+//!
+//! One kernel walks every direction and time step. Per step it computes the
+//! input and recurrent projections of all gates with [`sgemm`] into scratch,
+//! then combines them element by element. The hidden (and cell) state of
+//! each direction lives in scratch too, in `[num_directions, batch, hidden]`
+//! order whatever the layout, and is copied to `Y_h` / `Y_c` at the end.
+//!
+//! `sequence_lens` follows onnxruntime: a batch entry with length `L` only
+//! steps through `t < L` (reverse starts at `L - 1`), its state stays put
+//! afterwards and its `Y` rows past `L` are zero.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::math;
+use crate::model::AttrValue;
+use crate::ops::matmul::sgemm;
+use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::TensorView;
+use crate::DType;
+use alloc::vec::Vec;
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("RNN", 7, prepare_rnn),
+    OpDef::onnx("GRU", 7, prepare_gru),
+    OpDef::onnx("LSTM", 7, prepare_lstm),
+];
+
+fn shape_err(s: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(s))
+}
+
+fn internal(s: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(s))
+}
+
+/// An activation function of the `activations` attribute.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Act {
+    Relu,
+    Tanh,
+    Sigmoid,
+    Affine(f32, f32),
+    LeakyRelu(f32),
+    ThresholdedRelu(f32),
+    ScaledTanh(f32, f32),
+    HardSigmoid(f32, f32),
+    Elu(f32),
+    Softsign,
+    Softplus,
+}
+
+impl Act {
+    #[inline]
+    fn apply(self, x: f32) -> f32 {
+        match self {
+            Act::Relu => x.max(0.0),
+            Act::Tanh => math::tanh(x),
+            Act::Sigmoid => math::sigmoid(x),
+            Act::Affine(a, b) => a * x + b,
+            Act::LeakyRelu(a) => {
+                if x >= 0.0 {
+                    x
+                } else {
+                    a * x
+                }
+            }
+            Act::ThresholdedRelu(a) => {
+                if x > a {
+                    x
+                } else {
+                    0.0
+                }
+            }
+            Act::ScaledTanh(a, b) => a * math::tanh(b * x),
+            Act::HardSigmoid(a, b) => (a * x + b).clamp(0.0, 1.0),
+            Act::Elu(a) => {
+                if x >= 0.0 {
+                    x
+                } else {
+                    a * (math::exp(x) - 1.0)
+                }
+            }
+            Act::Softsign => x / (1.0 + math::abs(x)),
+            Act::Softplus => {
+                // log(1 + e^x) without overflow for large x.
+                if x > 0.0 {
+                    x + libm::log1pf(math::exp(-x))
+                } else {
+                    libm::log1pf(math::exp(x))
+                }
+            }
+        }
+    }
+
+    /// Parses one name; `alpha` / `beta` supply the next listed values to
+    /// the functions that take them (the order onnxruntime consumes them
+    /// in), else the defaults of the matching ONNX operators.
+    fn parse(
+        name: &[u8],
+        alpha: &mut impl Iterator<Item = f32>,
+        beta: &mut impl Iterator<Item = f32>,
+    ) -> Result<Act> {
+        let mut buf = [0u8; 16];
+        if name.len() > buf.len() {
+            return Err(Error::new(ErrorKind::Unsupported(
+                "RNN activation function name",
+            )));
+        }
+        for (o, c) in buf.iter_mut().zip(name) {
+            *o = c.to_ascii_lowercase();
+        }
+        let mut a = |d: f32| alpha.next().unwrap_or(d);
+        Ok(match &buf[..name.len()] {
+            b"relu" => Act::Relu,
+            b"tanh" => Act::Tanh,
+            b"sigmoid" => Act::Sigmoid,
+            b"affine" => Act::Affine(a(1.0), beta.next().unwrap_or(0.0)),
+            b"leakyrelu" => Act::LeakyRelu(a(0.01)),
+            b"thresholdedrelu" => Act::ThresholdedRelu(a(1.0)),
+            b"scaledtanh" => Act::ScaledTanh(a(1.0), beta.next().unwrap_or(1.0)),
+            b"hardsigmoid" => Act::HardSigmoid(a(0.2), beta.next().unwrap_or(0.5)),
+            b"elu" => Act::Elu(a(1.0)),
+            b"softsign" => Act::Softsign,
+            b"softplus" => Act::Softplus,
+            _ => {
+                return Err(Error::new(ErrorKind::Unsupported(
+                    "RNN activation function",
+                )))
+            }
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cell {
+    Rnn,
+    Gru { linear_before_reset: bool },
+    Lstm { input_forget: bool },
+}
+
+impl Cell {
+    fn gates(self) -> usize {
+        match self {
+            Cell::Rnn => 1,
+            Cell::Gru { .. } => 3,
+            Cell::Lstm { .. } => 4,
+        }
+    }
+    fn num_acts(self) -> usize {
+        match self {
+            Cell::Rnn => 1,
+            Cell::Gru { .. } => 2,
+            Cell::Lstm { .. } => 3,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Cell::Rnn => "RNN",
+            Cell::Gru { .. } => "GRU",
+            Cell::Lstm { .. } => "LSTM",
+        }
+    }
+}
+
+/// Everything the kernel needs, fixed at prepare.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    cell: Cell,
+    seq: usize,
+    batch: usize,
+    input: usize,
+    hidden: usize,
+    ndir: usize,
+    /// Per direction: steps run from the last time step to the first.
+    reverse: [bool; 2],
+    /// Per direction: f, g, h (only the first `num_acts` are used).
+    acts: [[Act; 3]; 2],
+    clip: Option<f32>,
+    /// `layout = 1`: batch is the leading axis of X, Y, Y_h, Y_c.
+    batch_major: bool,
+}
+
+/// The kernel's inputs, as slices.
+struct Inputs<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
+    r: &'a [f32],
+    b: Option<&'a [f32]>,
+    lens: Option<TensorView<'a>>,
+    h0: Option<&'a [f32]>,
+    c0: Option<&'a [f32]>,
+    p: Option<&'a [f32]>,
+}
+
+impl Plan {
+    fn gh(&self) -> usize {
+        self.cell.gates() * self.hidden
+    }
+    fn state_len(&self) -> usize {
+        self.ndir * self.batch * self.hidden
+    }
+    /// Scratch in f32 units: gx, gh (batch x gates*hidden), tmp (batch x
+    /// hidden), h and c state (ndir x batch x hidden).
+    fn scratch_len(&self) -> usize {
+        2 * self.batch * self.gh() + self.batch * self.hidden + 2 * self.state_len()
+    }
+    /// Offset in Y_h / Y_c / initial_h / initial_c of (direction, batch).
+    fn state_off(&self, d: usize, b: usize) -> usize {
+        if self.batch_major {
+            (b * self.ndir + d) * self.hidden
+        } else {
+            (d * self.batch + b) * self.hidden
+        }
+    }
+    /// Offset in Y of (time, direction, batch).
+    fn y_off(&self, t: usize, d: usize, b: usize) -> usize {
+        if self.batch_major {
+            ((b * self.seq + t) * self.ndir + d) * self.hidden
+        } else {
+            ((t * self.ndir + d) * self.batch + b) * self.hidden
+        }
+    }
+    #[inline]
+    fn clip(&self, x: f32) -> f32 {
+        match self.clip {
+            // Comparisons rather than min/max so that NaN propagates.
+            Some(c) if x > c => c,
+            Some(c) if x < -c => -c,
+            _ => x,
+        }
+    }
+
+    fn run(&self, inp: &Inputs<'_>, mut y: Option<&mut [f32]>, s: &mut [f32]) -> Result<()> {
+        let (bsz, hid, inz, gh) = (self.batch, self.hidden, self.input, self.gh());
+        let (gx, s) = s.split_at_mut(bsz * gh);
+        let (ghb, s) = s.split_at_mut(bsz * gh);
+        let (tmp, s) = s.split_at_mut(bsz * hid);
+        let (hs, s) = s.split_at_mut(self.state_len());
+        let cs = s
+            .get_mut(..self.state_len())
+            .ok_or(internal("RNN scratch"))?;
+        for d in 0..self.ndir {
+            for b in 0..bsz {
+                let so = self.state_off(d, b);
+                let dst = (d * bsz + b) * hid;
+                let hrow = &mut hs[dst..dst + hid];
+                match inp.h0 {
+                    Some(h0) => hrow.copy_from_slice(&h0[so..so + hid]),
+                    None => hrow.fill(0.0),
+                }
+                let crow = &mut cs[dst..dst + hid];
+                match inp.c0 {
+                    Some(c0) => crow.copy_from_slice(&c0[so..so + hid]),
+                    None => crow.fill(0.0),
+                }
+            }
+        }
+        // Read per use from the tensor: values are only known at run time.
+        let len_of = |b: usize| -> Result<usize> {
+            match &inp.lens {
+                None => Ok(self.seq),
+                Some(v) => {
+                    let l = v.int_at(b).ok_or(internal("sequence_lens read"))?;
+                    if l < 0 || l as u64 > self.seq as u64 {
+                        return Err(Error::new(ErrorKind::Invalid(
+                            "sequence_lens value outside [0, seq_length]",
+                        )));
+                    }
+                    Ok(l as usize)
+                }
+            }
+        };
+        let zero_bias = [0.0f32; 0];
+        for d in 0..self.ndir {
+            let w = &inp.w[d * gh * inz..(d + 1) * gh * inz];
+            let r = &inp.r[d * gh * hid..(d + 1) * gh * hid];
+            let bias: &[f32] = match inp.b {
+                Some(b) => &b[d * 2 * gh..(d + 1) * 2 * gh],
+                None => &zero_bias,
+            };
+            let wb = |k: usize| bias.get(k).copied().unwrap_or(0.0);
+            let rb = |k: usize| bias.get(gh + k).copied().unwrap_or(0.0);
+            let peep = |k: usize| match inp.p {
+                Some(p) => p[d * 3 * hid + k],
+                None => 0.0,
+            };
+            let [fa, ga, ha] = self.acts[d];
+            let h = &mut hs[d * bsz * hid..(d + 1) * bsz * hid];
+            let c = &mut cs[d * bsz * hid..(d + 1) * bsz * hid];
+            for step in 0..self.seq {
+                let t = if self.reverse[d] {
+                    self.seq - 1 - step
+                } else {
+                    step
+                };
+                let (xa, lda) = if self.batch_major {
+                    (&inp.x[t * inz..], self.seq * inz)
+                } else {
+                    (&inp.x[t * bsz * inz..], inz)
+                };
+                sgemm(bsz, gh, inz, xa, lda, false, w, inz, true, gx, gh, 1.0, 0.0)?;
+                // GRU without linear_before_reset needs (r * H) first, so its
+                // hidden-gate recurrent product waits.
+                let n_rec = match self.cell {
+                    Cell::Gru {
+                        linear_before_reset: false,
+                    } => 2 * hid,
+                    _ => gh,
+                };
+                sgemm(
+                    bsz, n_rec, hid, h, hid, false, r, hid, true, ghb, gh, 1.0, 0.0,
+                )?;
+                match self.cell {
+                    Cell::Rnn => {
+                        for b in 0..bsz {
+                            let active = t < len_of(b)?;
+                            for j in 0..hid {
+                                let k = b * hid + j;
+                                let v = fa.apply(self.clip(gx[k] + ghb[k] + wb(j) + rb(j)));
+                                if active {
+                                    h[k] = v;
+                                }
+                                if let Some(y) = y.as_deref_mut() {
+                                    y[self.y_off(t, d, b) + j] = if active { v } else { 0.0 };
+                                }
+                            }
+                        }
+                    }
+                    Cell::Lstm { input_forget } => {
+                        for b in 0..bsz {
+                            let active = t < len_of(b)?;
+                            for j in 0..hid {
+                                let k = b * hid + j;
+                                let pre = |g: usize| {
+                                    let q = g * hid + j;
+                                    gx[b * gh + q] + ghb[b * gh + q] + wb(q) + rb(q)
+                                };
+                                let cp = c[k];
+                                let ig = fa.apply(self.clip(pre(0) + peep(j) * cp));
+                                let fg = if input_forget {
+                                    1.0 - ig
+                                } else {
+                                    fa.apply(self.clip(pre(2) + peep(2 * hid + j) * cp))
+                                };
+                                let cc = ga.apply(self.clip(pre(3)));
+                                let cn = fg * cp + ig * cc;
+                                let og = fa.apply(self.clip(pre(1) + peep(hid + j) * cn));
+                                let hn = og * ha.apply(cn);
+                                if active {
+                                    c[k] = cn;
+                                    h[k] = hn;
+                                }
+                                if let Some(y) = y.as_deref_mut() {
+                                    y[self.y_off(t, d, b) + j] = if active { hn } else { 0.0 };
+                                }
+                            }
+                        }
+                    }
+                    Cell::Gru {
+                        linear_before_reset,
+                    } => {
+                        // z and r overwrite their pre-activations in gx.
+                        for b in 0..bsz {
+                            for j in 0..hid {
+                                let zq = b * gh + j;
+                                let rq = zq + hid;
+                                gx[zq] = fa.apply(self.clip(gx[zq] + ghb[zq] + wb(j) + rb(j)));
+                                gx[rq] = fa
+                                    .apply(self.clip(gx[rq] + ghb[rq] + wb(hid + j) + rb(hid + j)));
+                                tmp[b * hid + j] = gx[rq] * h[b * hid + j];
+                            }
+                        }
+                        if !linear_before_reset {
+                            let rh = &r[2 * hid * hid..];
+                            let out = &mut ghb[2 * hid..];
+                            sgemm(
+                                bsz, hid, hid, tmp, hid, false, rh, hid, true, out, gh, 1.0, 0.0,
+                            )?;
+                        }
+                        for b in 0..bsz {
+                            let active = t < len_of(b)?;
+                            for j in 0..hid {
+                                let k = b * hid + j;
+                                let q = b * gh;
+                                let (z, rg) = (gx[q + j], gx[q + hid + j]);
+                                let (xh, hh) = (gx[q + 2 * hid + j], ghb[q + 2 * hid + j]);
+                                let pre = if linear_before_reset {
+                                    xh + rg * (hh + rb(2 * hid + j)) + wb(2 * hid + j)
+                                } else {
+                                    xh + hh + wb(2 * hid + j) + rb(2 * hid + j)
+                                };
+                                let cand = ga.apply(self.clip(pre));
+                                let hn = (1.0 - z) * cand + z * h[k];
+                                if active {
+                                    h[k] = hn;
+                                }
+                                if let Some(y) = y.as_deref_mut() {
+                                    y[self.y_off(t, d, b) + j] = if active { hn } else { 0.0 };
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies state `which` (0 = h, 1 = c) from scratch to an output in
+    /// its layout.
+    fn write_state(&self, out: &mut [f32], s: &[f32], which: usize) -> Result<()> {
+        let base = 2 * self.batch * self.gh() + self.batch * self.hidden + which * self.state_len();
+        let st = s
+            .get(base..base + self.state_len())
+            .ok_or(internal("RNN scratch"))?;
+        let hid = self.hidden;
+        for d in 0..self.ndir {
+            for b in 0..self.batch {
+                let src = (d * self.batch + b) * hid;
+                let dst = self.state_off(d, b);
+                out[dst..dst + hid].copy_from_slice(&st[src..src + hid]);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn opt_f32<'a>(io: &KernelIo<'a>, i: usize) -> Result<Option<&'a [f32]>> {
+    match io.opt_input(i)? {
+        Some(v) => Ok(Some(v.as_slice::<f32>()?)),
+        None => Ok(None),
+    }
+}
+
+fn as_f32(s: &mut [u8], n: usize) -> Result<&mut [f32]> {
+    let s = s.get_mut(..n * 4).ok_or(internal("RNN scratch size"))?;
+    bytemuck::try_cast_slice_mut(s).map_err(|_| internal("scratch alignment"))
+}
+
+fn check_shape(ctx: &PrepareCtx<'_>, i: usize, want: &[usize], what: &'static str) -> Result<bool> {
+    let Some(x) = ctx.opt_input(i) else {
+        return Ok(false);
+    };
+    util::dtype_in(x.dtype, &[DType::F32], "RNN input")?;
+    if x.shape != want {
+        return Err(shape_err(what));
+    }
+    Ok(true)
+}
+
+fn prepare_rnn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare(ctx, Cell::Rnn)
+}
+
+fn prepare_gru(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let lbr = ctx.attr_int("linear_before_reset", 0)? != 0;
+    prepare(
+        ctx,
+        Cell::Gru {
+            linear_before_reset: lbr,
+        },
+    )
+}
+
+fn prepare_lstm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let input_forget = ctx.attr_int("input_forget", 0)? != 0;
+    prepare(ctx, Cell::Lstm { input_forget })
+}
+
+fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
+    let name = cell.name();
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, &[DType::F32], name)?;
+    let w = ctx.input_of(1, DType::F32)?;
+    let r = ctx.input_of(2, DType::F32)?;
+    let layout = ctx.attr_int("layout", 0)?;
+    if layout != 0 && layout != 1 {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "layout",
+            problem: "must be 0 or 1",
+        }));
+    }
+    let batch_major = layout == 1;
+    let (ndir, reverse) = match ctx.attr_str("direction", "forward")? {
+        "forward" => (1, [false, false]),
+        "reverse" => (1, [true, false]),
+        "bidirectional" => (2, [false, true]),
+        _ => {
+            return Err(Error::new(ErrorKind::Attribute {
+                name: "direction",
+                problem: "must be forward, reverse or bidirectional",
+            }))
+        }
+    };
+    if x.shape.len() != 3 || w.shape.len() != 3 || r.shape.len() != 3 {
+        return Err(shape_err("X, W and R must be 3-D"));
+    }
+    let (seq, batch) = if batch_major {
+        (x.shape[1], x.shape[0])
+    } else {
+        (x.shape[0], x.shape[1])
+    };
+    let input = x.shape[2];
+    let g = cell.gates();
+    let hidden = r.shape[2];
+    let hs = ctx.attr_int("hidden_size", -1)?;
+    if hs >= 0 && hs as usize != hidden {
+        return Err(shape_err("hidden_size differs from R's shape"));
+    }
+    if w.shape != [ndir, g * hidden, input] {
+        return Err(shape_err("W must be [num_directions, gates*hidden, input]"));
+    }
+    if r.shape != [ndir, g * hidden, hidden] {
+        return Err(shape_err(
+            "R must be [num_directions, gates*hidden, hidden]",
+        ));
+    }
+    check_shape(
+        ctx,
+        3,
+        &[ndir, 2 * g * hidden],
+        "B must be [num_directions, 2*gates*hidden]",
+    )?;
+    if let Some(l) = ctx.opt_input(4) {
+        util::dtype_in(l.dtype, &[DType::I32, DType::I64], "sequence_lens")?;
+        if l.shape != [batch] {
+            return Err(shape_err("sequence_lens must be [batch]"));
+        }
+    }
+    let state: [usize; 3] = if batch_major {
+        [batch, ndir, hidden]
+    } else {
+        [ndir, batch, hidden]
+    };
+    check_shape(ctx, 5, &state, "initial_h has the wrong shape")?;
+    let max_out = if matches!(cell, Cell::Lstm { .. }) {
+        check_shape(ctx, 6, &state, "initial_c has the wrong shape")?;
+        check_shape(
+            ctx,
+            7,
+            &[ndir, 3 * hidden],
+            "P must be [num_directions, 3*hidden]",
+        )?;
+        3
+    } else {
+        if ctx.num_inputs() > 6 {
+            return Err(Error::new(ErrorKind::Invalid("too many inputs")));
+        }
+        2
+    };
+    if ctx.num_outputs() > max_out {
+        return Err(Error::new(ErrorKind::Invalid("too many outputs")));
+    }
+
+    let k = cell.num_acts();
+    let defaults = match cell {
+        Cell::Rnn => [Act::Tanh; 3],
+        _ => [Act::Sigmoid, Act::Tanh, Act::Tanh],
+    };
+    let mut acts = [defaults; 2];
+    match ctx.node.attr("activations") {
+        None => {}
+        Some(AttrValue::Strings(names)) => {
+            // One set per direction; a single set serves both directions.
+            if names.len() != k * ndir && names.len() != k {
+                return Err(Error::new(ErrorKind::Attribute {
+                    name: "activations",
+                    problem: "needs one entry per gate function and direction",
+                }));
+            }
+            let alpha = ctx.attr_floats("activation_alpha")?.unwrap_or(&[]);
+            let beta = ctx.attr_floats("activation_beta")?.unwrap_or(&[]);
+            let mut ai = alpha.iter().copied();
+            let mut bi = beta.iter().copied();
+            for (n, nm) in names.iter().enumerate() {
+                acts[n / k][n % k] = Act::parse(nm, &mut ai, &mut bi)?;
+            }
+            if names.len() == k {
+                acts[1] = acts[0];
+            }
+        }
+        Some(_) => {
+            return Err(Error::new(ErrorKind::Attribute {
+                name: "activations",
+                problem: "expected STRINGS",
+            }))
+        }
+    }
+    let clip = match ctx.node.attr("clip") {
+        None => None,
+        Some(_) => {
+            let c = ctx.attr_float("clip", 0.0)?;
+            if c.is_nan() || c <= 0.0 {
+                return Err(Error::new(ErrorKind::Attribute {
+                    name: "clip",
+                    problem: "must be positive",
+                }));
+            }
+            Some(c)
+        }
+    };
+    let plan = Plan {
+        cell,
+        seq,
+        batch,
+        input,
+        hidden,
+        ndir,
+        reverse,
+        acts,
+        clip,
+        batch_major,
+    };
+    let y_shape: Vec<usize> = if batch_major {
+        alloc::vec![batch, seq, ndir, hidden]
+    } else {
+        alloc::vec![seq, ndir, batch, hidden]
+    };
+    let mut outputs = Vec::new();
+    for i in 0..ctx.num_outputs() {
+        let shape: &[usize] = if i == 0 { &y_shape } else { &state };
+        outputs.push(OutputInfo::new(DType::F32, shape));
+    }
+    let n = plan.scratch_len();
+    let is_lstm = matches!(cell, Cell::Lstm { .. });
+    Ok(Prepared::new(
+        outputs,
+        kernel(name, move |io| {
+            let inp = Inputs {
+                x: io.input_slice::<f32>(0)?,
+                w: io.input_slice::<f32>(1)?,
+                r: io.input_slice::<f32>(2)?,
+                b: opt_f32(io, 3)?,
+                lens: io.opt_input(4)?,
+                h0: opt_f32(io, 5)?,
+                c0: if is_lstm { opt_f32(io, 6)? } else { None },
+                p: if is_lstm { opt_f32(io, 7)? } else { None },
+            };
+            if io.has_output(0) {
+                let (y, s) = io.output_and_scratch(0)?;
+                plan.run(&inp, Some(y.into_slice::<f32>()?), as_f32(s, n)?)?;
+            } else {
+                plan.run(&inp, None, as_f32(io.scratch()?, n)?)?;
+            }
+            for (o, which) in [(1, 0), (2, 1)] {
+                if io.has_output(o) {
+                    let (t, s) = io.output_and_scratch(o)?;
+                    plan.write_state(t.into_slice::<f32>()?, as_f32(s, n)?, which)?;
+                }
+            }
+            Ok(())
+        }),
+    )
+    .with_scratch(n * 4))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::{AttrValue, Const};
+    use crate::ops::testing::{assert_close, rnd, run, t, vals};
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn sig(x: f32) -> f32 {
+        1.0 / (1.0 + libm::expf(-x))
+    }
+
+    fn s(v: &str) -> AttrValue {
+        AttrValue::Str(v.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn rnn_one_step_with_bias_and_initial_h() {
+        // H = tanh(x*W + h0*R + Wb + Rb) = tanh(0.5 + 0.3 + 0.1 + 0.2).
+        let out = run(
+            "RNN",
+            14,
+            vec![("hidden_size", AttrValue::Int(1))],
+            &[
+                t(&[1, 1, 1], &[1.0f32]),
+                t(&[1, 1, 1], &[0.5f32]),
+                t(&[1, 1, 1], &[0.3f32]),
+                t(&[1, 2], &[0.1f32, 0.2]),
+                None,
+                t(&[1, 1, 1], &[1.0f32]),
+            ],
+            2,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&out[0]), &[libm::tanhf(1.1)], 0.0);
+        assert_close(&vals::<f32>(&out[1]), &[libm::tanhf(1.1)], 0.0);
+    }
+
+    #[test]
+    fn rnn_reverse_relu_sequence_lens() {
+        // W = 1, R = 0.5, Relu, X = 1, 2, 3 for both batch entries, lengths
+        // 3 and 2. Entry 0 (reverse): h = 3, 2 + 1.5 = 3.5, 1 + 1.75 = 2.75.
+        // Entry 1 starts at t = 1: h = 2, then 1 + 1 = 2; Y at t = 2 is 0.
+        let out = run(
+            "RNN",
+            14,
+            vec![
+                ("hidden_size", AttrValue::Int(1)),
+                ("direction", s("reverse")),
+                ("activations", AttrValue::Strings(vec![b"Relu".to_vec()])),
+            ],
+            &[
+                t(&[3, 2, 1], &[1.0f32, 1.0, 2.0, 2.0, 3.0, 3.0]),
+                t(&[1, 1, 1], &[1.0f32]),
+                t(&[1, 1, 1], &[0.5f32]),
+                None,
+                t(&[2], &[3i32, 2]),
+            ],
+            2,
+        )
+        .unwrap();
+        assert_eq!(out[0].shape, vec![3, 1, 2, 1]);
+        assert_close(&vals::<f32>(&out[0]), &[2.75, 2.0, 3.5, 2.0, 3.0, 0.0], 0.0);
+        assert_close(&vals::<f32>(&out[1]), &[2.75, 2.0], 0.0);
+    }
+
+    #[test]
+    fn rnn_affine_with_clip() {
+        // The pre-activation 3 is clipped to 0.5, then 2 * 0.5 + 1.
+        let out = run(
+            "RNN",
+            14,
+            vec![
+                ("activations", AttrValue::Strings(vec![b"Affine".to_vec()])),
+                ("activation_alpha", AttrValue::Floats(vec![2.0])),
+                ("activation_beta", AttrValue::Floats(vec![1.0])),
+                ("clip", AttrValue::Float(0.5)),
+            ],
+            &[
+                t(&[1, 1, 1], &[3.0f32]),
+                t(&[1, 1, 1], &[1.0f32]),
+                t(&[1, 1, 1], &[0.0f32]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&out[0]), &[2.0], 0.0);
+    }
+
+    fn gru_one_step(lbr: bool) -> f32 {
+        let (wz, wr, wh) = (0.3f32, -0.2, 0.7);
+        let (rz, rr, rh) = (0.4f32, 0.6, -0.5);
+        let b = [0.1f32, 0.2, 0.3, -0.1, 0.05, 0.4];
+        let out = run(
+            "GRU",
+            14,
+            vec![("linear_before_reset", AttrValue::Int(lbr as i64))],
+            &[
+                t(&[1, 1, 1], &[1.0f32]),
+                t(&[1, 3, 1], &[wz, wr, wh]),
+                t(&[1, 3, 1], &[rz, rr, rh]),
+                t(&[1, 6], &b),
+                None,
+                t(&[1, 1, 1], &[0.5f32]),
+            ],
+            2,
+        )
+        .unwrap();
+        let h = 0.5f32;
+        let z = sig(wz + rz * h + b[0] + b[3]);
+        let r = sig(wr + rr * h + b[1] + b[4]);
+        let cand = if lbr {
+            libm::tanhf(wh + r * (rh * h + b[5]) + b[2])
+        } else {
+            libm::tanhf(wh + rh * (r * h) + b[2] + b[5])
+        };
+        let want = (1.0 - z) * cand + z * h;
+        assert_close(&vals::<f32>(&out[0]), &[want], 0.0);
+        assert_close(&vals::<f32>(&out[1]), &[want], 0.0);
+        want
+    }
+
+    #[test]
+    fn gru_reset_before_and_after() {
+        let a = gru_one_step(false);
+        let b = gru_one_step(true);
+        assert!((a - b).abs() > 1e-3, "the two forms must differ here");
+    }
+
+    fn lstm_one_step(input_forget: bool) {
+        let w = [0.3f32, -0.2, 0.7, 0.5]; // i, o, f, c
+        let p = [0.2f32, -0.4, 0.6]; // i, o, f
+        let c0 = 0.5f32;
+        let out = run(
+            "LSTM",
+            14,
+            vec![("input_forget", AttrValue::Int(input_forget as i64))],
+            &[
+                t(&[1, 1, 1], &[1.0f32]),
+                t(&[1, 4, 1], &w),
+                t(&[1, 4, 1], &[0.0f32; 4]),
+                None,
+                None,
+                None,
+                t(&[1, 1, 1], &[c0]),
+                t(&[1, 3], &p),
+            ],
+            3,
+        )
+        .unwrap();
+        let i = sig(w[0] + p[0] * c0);
+        let f = if input_forget {
+            1.0 - i
+        } else {
+            sig(w[2] + p[2] * c0)
+        };
+        let c = f * c0 + i * libm::tanhf(w[3]);
+        let o = sig(w[1] + p[1] * c);
+        let h = o * libm::tanhf(c);
+        assert_close(&vals::<f32>(&out[0]), &[h], 0.0);
+        assert_close(&vals::<f32>(&out[1]), &[h], 0.0);
+        assert_close(&vals::<f32>(&out[2]), &[c], 0.0);
+    }
+
+    #[test]
+    fn lstm_peepholes() {
+        lstm_one_step(false);
+        lstm_one_step(true);
+    }
+
+    /// `[a, b, c, d]`-shaped data with axes 0 and 1 swapped.
+    fn swap01(v: &[f32], a: usize, b: usize, inner: usize) -> Vec<f32> {
+        let mut o = vec![0.0; v.len()];
+        for i in 0..a {
+            for j in 0..b {
+                let src = (i * b + j) * inner;
+                let dst = (j * a + i) * inner;
+                o[dst..dst + inner].copy_from_slice(&v[src..src + inner]);
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn lstm_bidirectional_matches_layout_and_reverse() {
+        let (seq, batch, input, hid) = (3, 2, 2, 3);
+        let x = rnd(seq * batch * input, 1);
+        let w = rnd(2 * 4 * hid * input, 2);
+        let r = rnd(2 * 4 * hid * hid, 3);
+        let b = rnd(2 * 8 * hid, 4);
+        let lstm = |attrs: Vec<(&str, AttrValue)>, ins: &[Option<Const>]| {
+            run("LSTM", 14, attrs, ins, 3).unwrap()
+        };
+        let bi = lstm(
+            vec![("direction", s("bidirectional"))],
+            &[
+                t(&[seq, batch, input], &x),
+                t(&[2, 4 * hid, input], &w),
+                t(&[2, 4 * hid, hid], &r),
+                t(&[2, 8 * hid], &b),
+            ],
+        );
+        // layout = 1 on the transposed input gives the transposed outputs.
+        let bm = lstm(
+            vec![
+                ("direction", s("bidirectional")),
+                ("layout", AttrValue::Int(1)),
+            ],
+            &[
+                t(&[batch, seq, input], &swap01(&x, seq, batch, input)),
+                t(&[2, 4 * hid, input], &w),
+                t(&[2, 4 * hid, hid], &r),
+                t(&[2, 8 * hid], &b),
+            ],
+        );
+        assert_eq!(bm[0].shape, vec![batch, seq, 2, hid]);
+        // Y [seq, 2, batch, hid] -> [batch, seq, 2, hid]: view it as
+        // [seq*2, batch, hid], swap, then regroup.
+        let y = vals::<f32>(&bi[0]);
+        let y_bm = swap01(&y, seq * 2, batch, hid);
+        assert_close(&vals::<f32>(&bm[0]), &y_bm, 0.0);
+        let yh_bm = swap01(&vals::<f32>(&bi[1]), 2, batch, hid);
+        assert_close(&vals::<f32>(&bm[1]), &yh_bm, 0.0);
+        let yc_bm = swap01(&vals::<f32>(&bi[2]), 2, batch, hid);
+        assert_close(&vals::<f32>(&bm[2]), &yc_bm, 0.0);
+
+        // Direction 1 is a reverse LSTM with the second set of weights.
+        let rev = lstm(
+            vec![("direction", s("reverse"))],
+            &[
+                t(&[seq, batch, input], &x),
+                t(&[1, 4 * hid, input], &w[4 * hid * input..]),
+                t(&[1, 4 * hid, hid], &r[4 * hid * hid..]),
+                t(&[1, 8 * hid], &b[8 * hid..]),
+            ],
+        );
+        let yr = vals::<f32>(&rev[0]);
+        for ti in 0..seq {
+            let got = &y[(ti * 2 + 1) * batch * hid..(ti * 2 + 2) * batch * hid];
+            assert_close(got, &yr[ti * batch * hid..(ti + 1) * batch * hid], 0.0);
+        }
+        assert_close(
+            &vals::<f32>(&bi[1])[batch * hid..],
+            &vals::<f32>(&rev[1]),
+            0.0,
+        );
+        assert_close(
+            &vals::<f32>(&bi[2])[batch * hid..],
+            &vals::<f32>(&rev[2]),
+            0.0,
+        );
+    }
+
+    #[test]
+    fn rejects_bad_shapes_and_attributes() {
+        let ins = [
+            t(&[1, 1, 1], &[1.0f32]),
+            t(&[1, 1, 1], &[1.0f32]),
+            t(&[1, 1, 1], &[1.0f32]),
+        ];
+        assert!(run("RNN", 14, vec![("direction", s("bidirectional"))], &ins, 1).is_err());
+        assert!(run("RNN", 14, vec![("layout", AttrValue::Int(2))], &ins, 1).is_err());
+        let bad_act = vec![("activations", AttrValue::Strings(vec![b"Nope".to_vec()]))];
+        assert!(run("RNN", 14, bad_act, &ins, 1).is_err());
+        assert!(run("GRU", 14, vec![], &ins, 1).is_err());
+    }
+}
