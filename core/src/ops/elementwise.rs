@@ -775,6 +775,7 @@ pub(crate) mod tests {
             outputs: &outs,
             scratch: (len, 0),
             inplace: true,
+            shapes: None,
             _arena: core::marker::PhantomData,
         };
         prep.kernel.run(&mut io).unwrap();
