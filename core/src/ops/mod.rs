@@ -23,6 +23,7 @@ use crate::{DType, Element};
 pub mod activation;
 pub mod conv;
 pub mod elementwise;
+pub mod index;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -67,6 +68,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     pool::OPS,
     norm::OPS,
     shape::OPS,
+    index::OPS,
     reduce::OPS,
     resize::OPS,
 ];
