@@ -1,5 +1,5 @@
 //! Indexing, scatter and sequence-position operators: GatherElements,
-//! GatherND, Scatter / ScatterElements, ScatterND, Trilu, CumSum, CumProd,
+//! GatherND, Scatter / ScatterElements, ScatterND, TensorScatter, Trilu, CumSum, CumProd,
 //! OneHot, EyeLike, DepthToSpace, SpaceToDepth, ReverseSequence and TopK.
 //!
 //! Pure data movement works on raw bytes, so it handles every dtype; ops
@@ -26,6 +26,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Scatter", 9, prepare_scatter_elements),
     OpDef::onnx("ScatterElements", 11, prepare_scatter_elements),
     OpDef::onnx("ScatterND", 11, prepare_scatter_nd),
+    OpDef::onnx("TensorScatter", 24, prepare_tensor_scatter),
     OpDef::onnx("Trilu", 14, prepare_trilu),
     OpDef::onnx("CumSum", 11, prepare_cumsum),
     OpDef::onnx("CumProd", 26, prepare_cumprod),
@@ -578,6 +579,96 @@ fn scatter_nd_typed<T: Num>(shape: &[usize], nd: NdIndex, red: Reduce) -> Result
                 }
                 Ok(())
             })
+        }),
+    )
+    .in_place())
+}
+
+/// TensorScatter (a KV-cache write): per batch, `update`'s rows along
+/// `axis` land at `write_indices[b]` onward, wrapping in circular mode.
+fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let u = ctx.input(1)?;
+    if u.dtype != x.dtype {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: x.dtype,
+            got: u.dtype,
+        }));
+    }
+    let r = x.shape.len();
+    let axis = util::axis(ctx.attr_int("axis", -2)?, r, "axis")?;
+    if axis == 0 {
+        return Err(attr_err("axis", "axis 0 is the batch"));
+    }
+    let same = u.shape.len() == r
+        && (0..r).all(|d| {
+            if d == axis {
+                u.shape[d] <= x.shape[d]
+            } else {
+                u.shape[d] == x.shape[d]
+            }
+        });
+    if !same {
+        return Err(shape_err("TensorScatter: update shape mismatch"));
+    }
+    let batch = x.shape[0];
+    if let Some(w) = ctx.opt_input(2) {
+        util::dtype_in(
+            w.dtype,
+            &[DType::I32, DType::I64],
+            "TensorScatter write_indices",
+        )?;
+        if w.shape != [batch] {
+            return Err(shape_err("TensorScatter: write_indices must be [batch]"));
+        }
+    }
+    let circular = match ctx.attr_str("mode", "linear")? {
+        "linear" => false,
+        "circular" => true,
+        _ => return Err(attr_err("mode", "not linear or circular")),
+    };
+    let es = x.dtype.size();
+    let rows = checked_numel(&x.shape[..axis])?;
+    let per_batch = checked_numel(&x.shape[1..axis])?;
+    let (smax, sn) = (x.shape[axis], u.shape[axis]);
+    let block = checked_numel(&x.shape[axis + 1..])? * es;
+    Ok(Prepared::single(
+        x.dtype,
+        x.shape,
+        kernel("TensorScatter", move |io: &mut KernelIo<'_>| {
+            let up = io.input(1)?.bytes();
+            let wi = io.opt_input(2)?;
+            let src = if io.is_inplace() {
+                None
+            } else {
+                Some(io.input(0)?.bytes())
+            };
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            if let Some(s) = src {
+                copy_all(dst, s)?;
+            }
+            for p in 0..rows {
+                let b = p / per_batch.max(1);
+                let w = match &wi {
+                    Some(v) => int_at(v, b)?,
+                    None => 0,
+                };
+                for s in 0..sn {
+                    let c = w.saturating_add(s as i64);
+                    let c = if circular {
+                        c.rem_euclid(smax.max(1) as i64)
+                    } else {
+                        c
+                    };
+                    if c < 0 || c as usize >= smax {
+                        return Err(shape_err("TensorScatter: write index out of range"));
+                    }
+                    let to = (p * smax + c as usize) * block;
+                    copy_at(up, (p * sn + s) * block, dst, to, block)?;
+                }
+            }
+            Ok(())
         }),
     )
     .in_place())
@@ -1314,6 +1405,29 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    #[test]
+    fn tensor_scatter_linear_and_circular() {
+        // Cache [2, 4, 1]; batch 0 writes 2 rows at 1, batch 1 at 3.
+        let x = t(&[2, 4, 1], &[0f32; 8]);
+        let u = t(&[2, 2, 1], &[1f32, 2., 3., 4.]);
+        let w = i64s(&[2], &[1, 3]);
+        let go = |mode: &str| {
+            run(
+                "TensorScatter",
+                24,
+                vec![("mode", s(mode))],
+                &[x.clone(), u.clone(), w.clone()],
+                1,
+            )
+        };
+        let r = go("circular").unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 1., 2., 0., 4., 0., 0., 3.]);
+        // Linear mode may not run past the end.
+        assert!(go("linear").is_err());
+        let r = run("TensorScatter", 24, vec![], &[x.clone(), u.clone()], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 2., 0., 0., 3., 4., 0., 0.]);
     }
 
     #[test]
