@@ -873,13 +873,13 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("OneHot: numeric indices and one depth value"));
     }
     // The depth sets the output shape: it must be known now.
-    let depth = if d.dtype.is_int() {
-        ctx.const_ints(1)?.and_then(|v| v.first().copied())
-    } else {
-        ctx.const_floats(1)?
-            .and_then(|v| v.first().map(|&f| f as i64))
+    let depth = build_time_value(ctx, 1)?
+        .f64_at(0)
+        .ok_or(internal("depth"))?;
+    if !depth.is_finite() {
+        return Err(shape_err("OneHot: depth not finite"));
     }
-    .ok_or(internal("depth"))?;
+    let depth = depth as i64;
     if depth < 1 {
         return Err(shape_err("OneHot: depth below 1"));
     }
