@@ -1156,11 +1156,6 @@ fn prepare_top_k(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if dim > u32::MAX as usize {
         return Err(Error::new(ErrorKind::Unsupported("TopK: axis too long")));
     }
-    if !ctx.has_output(0) || !ctx.has_output(1) {
-        return Err(Error::new(ErrorKind::Unsupported(
-            "TopK without both outputs",
-        )));
-    }
     let largest = ctx.opset < 11 || ctx.attr_int("largest", 1)? != 0;
     // `sorted = 0` leaves the order free; sorted output is conformant.
     let mut out = x.shape.to_vec();
@@ -1175,6 +1170,52 @@ fn prepare_top_k(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     with_num!(x.dtype, "TopK", top_k_typed(&out, cfg))
 }
 
+/// Orders every row of `x` along the axis into `order` and calls
+/// `emit(output element, source position on the axis)` for its first `k`.
+fn top_k_rows<T: Num>(
+    x: &[T],
+    c: &TopK,
+    order: &mut [u32],
+    mut emit: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
+    let (k, dim, inner) = (c.k, c.dim, c.inner);
+    if k == 0 {
+        return Ok(());
+    }
+    if x.len() != c.outer * dim * inner || order.len() != dim {
+        return Err(internal("TopK length"));
+    }
+    for o in 0..c.outer {
+        for i in 0..inner {
+            let val = |s: u32| &x[(o * dim + s as usize) * inner + i];
+            // Ties go to the lower index, as the reference's.
+            let cmp = |a: &u32, b: &u32| {
+                let v = total_cmp(val(*a), val(*b));
+                let v = if c.largest { v.reverse() } else { v };
+                v.then(a.cmp(b))
+            };
+            for (s, e) in order.iter_mut().enumerate() {
+                *e = s as u32;
+            }
+            if k < dim {
+                order.select_nth_unstable_by(k - 1, cmp);
+            }
+            order[..k].sort_unstable_by(cmp);
+            for (j, &s) in order[..k].iter().enumerate() {
+                emit((o * k + j) * inner + i, s as usize)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn scratch_u32(sc: &mut [u8], n: usize) -> Result<&mut [u32]> {
+    bytemuck::try_cast_slice_mut::<u8, u32>(sc)
+        .map_err(|_| internal("TopK scratch"))?
+        .get_mut(..n)
+        .ok_or(internal("TopK scratch"))
+}
+
 fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
     let outputs = alloc::vec![
         OutputInfo::new(T::DTYPE, out),
@@ -1185,50 +1226,39 @@ fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
         outputs,
         kernel("TopK", move |io: &mut KernelIo<'_>| {
             let x = io.input_slice::<T>(0)?;
-            if x.len() != c.outer * c.dim * c.inner {
-                return Err(internal("TopK length"));
+            let (dim, inner) = (c.dim, c.inner);
+            let src = |p: usize, s: usize| {
+                let o = p / (c.k * inner).max(1);
+                x.get((o * dim + s) * inner + p % inner.max(1))
+                    .copied()
+                    .ok_or(internal("TopK index"))
+            };
+            if !io.has_output(1) {
+                // Values only: no indices output to stage the order in.
+                let (mut yv, sc) = io.output_and_scratch(0)?;
+                let yv = yv.as_slice_mut::<T>()?;
+                return top_k_rows(x, &c, scratch_u32(sc, dim)?, |p, s| {
+                    *yv.get_mut(p).ok_or(internal("TopK out"))? = src(p, s)?;
+                    Ok(())
+                });
             }
-            let (k, dim, inner) = (c.k, c.dim, c.inner);
             {
                 let (mut yi, sc) = io.output_and_scratch(1)?;
                 let yi = yi.as_slice_mut::<i64>()?;
-                let order = bytemuck::try_cast_slice_mut::<u8, u32>(sc)
-                    .map_err(|_| internal("TopK scratch"))?;
-                let order = order.get_mut(..dim).ok_or(internal("TopK scratch"))?;
-                for o in 0..c.outer {
-                    for i in 0..inner {
-                        let val = |s: u32| &x[(o * dim + s as usize) * inner + i];
-                        // Ties go to the lower index, as the reference's.
-                        let cmp = |a: &u32, b: &u32| {
-                            let v = total_cmp(val(*a), val(*b));
-                            let v = if c.largest { v.reverse() } else { v };
-                            v.then(a.cmp(b))
-                        };
-                        for (s, e) in order.iter_mut().enumerate() {
-                            *e = s as u32;
-                        }
-                        if k == 0 {
-                            continue;
-                        }
-                        if k < dim {
-                            order.select_nth_unstable_by(k - 1, cmp);
-                        }
-                        order[..k].sort_unstable_by(cmp);
-                        for (j, &s) in order[..k].iter().enumerate() {
-                            yi[(o * k + j) * inner + i] = s as i64;
-                        }
-                    }
-                }
+                top_k_rows(x, &c, scratch_u32(sc, dim)?, |p, s| {
+                    *yi.get_mut(p).ok_or(internal("TopK out"))? = s as i64;
+                    Ok(())
+                })?;
             }
-            let (mut yv, yi) = io.outputs2(0, 1)?;
-            let yv = yv.as_slice_mut::<T>()?;
-            let yi = yi.view();
-            let yi = yi.as_slice::<i64>()?;
-            for (p, (v, &s)) in yv.iter_mut().zip(yi).enumerate() {
-                let (o, i) = (p / (k * inner), p % inner);
-                *v = *x
-                    .get((o * dim + s as usize) * inner + i)
-                    .ok_or(internal("TopK index"))?;
+            if io.has_output(0) {
+                // Output and scratch cannot be held with a second output:
+                // the values follow from the indices just written.
+                let (mut yv, yi) = io.outputs2(0, 1)?;
+                let yv = yv.as_slice_mut::<T>()?;
+                let yi = yi.view();
+                for (p, (v, &s)) in yv.iter_mut().zip(yi.as_slice::<i64>()?).enumerate() {
+                    *v = src(p, s as usize)?;
+                }
             }
             Ok(())
         }),
@@ -1880,6 +1910,9 @@ mod tests {
         .unwrap();
         assert_eq!(vals::<u64>(&r[0]), vec![u64::MAX, 9, 2]);
         assert_eq!(vals::<i64>(&r[1]), vec![3, 1, 0]);
+        // Values only (no indices output).
+        let r = run("TopK", 11, vec![], &[x.clone(), i64s(&[1], &[3])], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![3., 3., 2., 5., 5., 0.]);
         assert!(run("TopK", 11, vec![], &[x, i64s(&[1], &[5])], 2).is_err());
     }
 }
