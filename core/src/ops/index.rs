@@ -1,12 +1,13 @@
 //! Indexing, scatter and sequence-position operators: GatherElements,
-//! GatherND, Scatter / ScatterElements, ScatterND, TensorScatter, Trilu, CumSum, CumProd,
-//! OneHot, EyeLike, DepthToSpace, SpaceToDepth, ReverseSequence, TopK, and
-//! the data-dependent Compress, NonZero and Unique where the values that set
-//! their output shapes are known at build time.
+//! GatherND, Scatter / ScatterElements, ScatterND, TensorScatter, Trilu,
+//! CumSum, CumProd, OneHot, EyeLike, DepthToSpace, SpaceToDepth,
+//! ReverseSequence, TopK, and the data-dependent Compress, NonZero and
+//! Unique where the values that set their output shapes are known at build
+//! time.
 //!
 //! Pure data movement works on raw bytes, so it handles every dtype; ops
 //! that compute (scatter reductions, cumulative sums and products, TopK's
-//! ordering) dispatch once in prepare to a kernel typed by [`Num`]. Indices
+//! ordering) dispatch once in prepare to a kernel typed by `Num`. Indices
 //! are tensor values, known only at run time: each is wrapped (negative
 //! counts from the end) and checked there, and an out-of-range one is an
 //! `Err`, never an out-of-bounds access.
@@ -807,6 +808,9 @@ fn prepare_cum(ctx: &PrepareCtx<'_>, name: &'static str, prod: bool) -> Result<P
     let a = ctx.input(1)?;
     if !matches!(a.dtype, DType::I32 | DType::I64) || a.numel() != 1 {
         return Err(shape_err("CumSum/CumProd: axis must be one int32 or int64"));
+    }
+    if let Some(v) = a.value {
+        util::axis(int_at(&v, 0)?, x.shape.len(), "axis")?;
     }
     let cfg = Cum {
         name,
