@@ -25,6 +25,7 @@ pub mod attention;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+pub mod index;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -71,6 +72,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     pool::OPS,
     norm::OPS,
     shape::OPS,
+    index::OPS,
     reduce::OPS,
     resize::OPS,
     attention::OPS,
