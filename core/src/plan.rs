@@ -776,8 +776,8 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     // tensor may only be a graph output: nothing planned may read it.
     for st in steps.iter().filter(|st| st.shapes.is_some()) {
         for &o in st.outputs.iter().flatten() {
-            let read = steps.iter().any(|s| s.inputs.contains(&Some(o)))
-                || alias_of.contains(&Some(o));
+            let read =
+                steps.iter().any(|s| s.inputs.contains(&Some(o))) || alias_of.contains(&Some(o));
             if read || !g.outputs.contains(&o) {
                 return Err(Error::new(ErrorKind::Unsupported(
                     "an output whose shape depends on values (NonZero, Unique, ...) feeds another op",

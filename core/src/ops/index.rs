@@ -1,9 +1,8 @@
 //! Indexing, scatter and sequence-position operators: GatherElements,
 //! GatherND, Scatter / ScatterElements, ScatterND, TensorScatter, Trilu,
 //! CumSum, CumProd, OneHot, EyeLike, DepthToSpace, SpaceToDepth,
-//! ReverseSequence, TopK, and the data-dependent Compress, NonZero and
-//! Unique where the values that set their output shapes are known at build
-//! time.
+//! ReverseSequence, TopK. (Compress, NonZero, Unique, whose output shapes
+//! depend on values, are in `select.rs`.)
 //!
 //! Pure data movement works on raw bytes, so it handles every dtype; ops
 //! that compute (scatter reductions, cumulative sums and products, TopK's
@@ -39,9 +38,6 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("SpaceToDepth", 1, prepare_space_to_depth),
     OpDef::onnx("ReverseSequence", 10, prepare_reverse_sequence),
     OpDef::onnx("TopK", 1, prepare_top_k),
-    OpDef::onnx("Compress", 9, prepare_compress),
-    OpDef::onnx("NonZero", 9, prepare_non_zero),
-    OpDef::onnx("Unique", 11, prepare_unique),
 ];
 
 fn shape_err(s: &'static str) -> Error {
@@ -869,6 +865,13 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
 // ---------------------------------------------------------------------------
 // OneHot.
 
+/// Input `i`, whose value sets an output shape: must be known at build time.
+fn build_time_value<'a>(ctx: &PrepareCtx<'a>, i: usize) -> Result<TensorView<'a>> {
+    ctx.input(i)?.value.ok_or(Error::new(ErrorKind::Unsupported(
+        "input that sets a shape must be known at build time (constant or computed from shapes)",
+    )))
+}
+
 fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let ix = ctx.input(0)?;
     let d = ctx.input(1)?;
@@ -1270,189 +1273,6 @@ fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
     .with_scratch(scratch))
 }
 
-// ---------------------------------------------------------------------------
-// Compress, NonZero, Unique: the output shape depends on values, which must
-// therefore be known at build time.
-
-fn build_time_value<'a>(ctx: &PrepareCtx<'a>, i: usize) -> Result<TensorView<'a>> {
-    ctx.input(i)?.value.ok_or(Error::new(ErrorKind::Unsupported(
-        "input that sets a shape must be known at build time (constant or computed from shapes)",
-    )))
-}
-
-/// Whether element `i` is nonzero (NaN is).
-fn nonzero_at(v: &TensorView<'_>, i: usize) -> Result<bool> {
-    Ok(v.f64_at(i).ok_or(internal("value read"))? != 0.0)
-}
-
-fn prepare_compress(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let x = ctx.input(0)?;
-    let cond = build_time_value(ctx, 1)?;
-    if cond.shape().len() != 1 {
-        return Err(shape_err("Compress: condition must be 1-D"));
-    }
-    let axis = match ctx.node.attr("axis") {
-        None => None,
-        Some(_) => Some(util::axis(ctx.attr_int("axis", 0)?, x.shape.len(), "axis")?),
-    };
-    let flat = [x.numel()];
-    let (shape, a) = match axis {
-        Some(a) => (x.shape, a),
-        None => (&flat[..], 0),
-    };
-    // Entries past the end of the condition count as false.
-    let n = shape[a].min(cond.numel());
-    let mut keep = Vec::new();
-    for i in 0..n {
-        if nonzero_at(&cond, i)? {
-            keep.push(i);
-        }
-    }
-    let mut out = shape.to_vec();
-    out[a] = keep.len();
-    let es = x.dtype.size();
-    let outer = checked_numel(&shape[..a])?;
-    let dim = shape[a];
-    let inner = checked_numel(&shape[a + 1..])? * es;
-    Ok(Prepared::single(
-        x.dtype,
-        &out,
-        kernel("Compress", move |io: &mut KernelIo<'_>| {
-            let src = io.input(0)?.bytes();
-            let mut y = io.output(0)?;
-            let dst = y.bytes_mut();
-            let mut d = 0;
-            for o in 0..outer {
-                for &i in &keep {
-                    copy_at(src, (o * dim + i) * inner, dst, d, inner)?;
-                    d += inner;
-                }
-            }
-            Ok(())
-        }),
-    ))
-}
-
-fn prepare_non_zero(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let x = build_time_value(ctx, 0)?;
-    let shape = x.shape();
-    let r = shape.len();
-    check_rank(r)?;
-    let mut hits = Vec::new();
-    for j in 0..x.numel() {
-        if nonzero_at(&x, j)? {
-            hits.push(j);
-        }
-    }
-    // Row d lists coordinate d of every nonzero, in row-major order.
-    let mut v = alloc::vec![0i64; r * hits.len()];
-    let mut c = [0usize; MAX_RANK];
-    for (h, &j) in hits.iter().enumerate() {
-        unravel(j, shape, &mut c);
-        for d in 0..r {
-            v[d * hits.len() + h] = c[d] as i64;
-        }
-    }
-    let out = crate::model::Const::from_slice(&[r, hits.len()], &v)?;
-    Ok(Prepared::values(alloc::vec![out]))
-}
-
-fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let x = build_time_value(ctx, 0)?;
-    let axis = match ctx.node.attr("axis") {
-        None => None,
-        Some(_) => Some(util::axis(
-            ctx.attr_int("axis", 0)?,
-            x.shape().len(),
-            "axis",
-        )?),
-    };
-    let sorted = ctx.attr_int("sorted", 1)? != 0;
-    let n_out = ctx.num_outputs();
-    with_num!(x.dtype(), "Unique", unique_typed(x, axis, sorted, n_out))
-}
-
-fn unique_typed<T: Num>(
-    x: TensorView<'_>,
-    axis: Option<usize>,
-    sorted: bool,
-    n_out: usize,
-) -> Result<Prepared> {
-    use crate::model::Const;
-    let data = x.as_slice::<T>()?;
-    let flat = [x.numel()];
-    let (shape, a) = match axis {
-        Some(a) => (x.shape(), a),
-        None => (&flat[..], 0),
-    };
-    let outer = checked_numel(&shape[..a])?;
-    let n = shape[a];
-    let inner = checked_numel(&shape[a + 1..])?;
-    let at = |o: usize, i: usize, k: usize| &data[(o * n + i) * inner + k];
-    // Slices along the axis compare lexicographically, as numpy's rows of
-    // the axis moved first.
-    let cmp = |p: &usize, q: &usize| {
-        for o in 0..outer {
-            for k in 0..inner {
-                let c = total_cmp(at(o, *p, k), at(o, *q, k));
-                if c != Ordering::Equal {
-                    return c;
-                }
-            }
-        }
-        Ordering::Equal
-    };
-    let mut ord: Vec<usize> = (0..n).collect();
-    // Stable: each run of equal slices starts at its first occurrence.
-    ord.sort_by(cmp);
-    let mut first: Vec<usize> = Vec::new();
-    let mut counts: Vec<i64> = Vec::new();
-    let mut inverse = alloc::vec![0i64; n];
-    for (pos, &i) in ord.iter().enumerate() {
-        if pos == 0 || cmp(&ord[pos - 1], &i) != Ordering::Equal {
-            first.push(i);
-            counts.push(0);
-        }
-        inverse[i] = (first.len() - 1) as i64;
-        if let Some(c) = counts.last_mut() {
-            *c += 1;
-        }
-    }
-    if !sorted {
-        // Order of first occurrence instead.
-        let mut perm: Vec<usize> = (0..first.len()).collect();
-        perm.sort_by_key(|&g| first[g]);
-        let mut rank = alloc::vec![0i64; perm.len()];
-        for (new, &old) in perm.iter().enumerate() {
-            rank[old] = new as i64;
-        }
-        first = perm.iter().map(|&g| first[g]).collect();
-        counts = perm.iter().map(|&g| counts[g]).collect();
-        for v in inverse.iter_mut() {
-            *v = rank[*v as usize];
-        }
-    }
-    let u = first.len();
-    let mut y = Vec::with_capacity(outer * u * inner);
-    for o in 0..outer {
-        for &i in &first {
-            for k in 0..inner {
-                y.push(*at(o, i, k));
-            }
-        }
-    }
-    let mut yshape = shape.to_vec();
-    yshape[a] = u;
-    let firsts: Vec<i64> = first.iter().map(|&i| i as i64).collect();
-    let all = [
-        Const::from_slice(&yshape, &y)?,
-        Const::from_slice(&[u], &firsts)?,
-        Const::from_slice(&[n], &inverse)?,
-        Const::from_slice(&[u], &counts)?,
-    ];
-    Ok(Prepared::values(all.into_iter().take(n_out).collect()))
-}
-
 #[cfg(test)]
 #[allow(clippy::cloned_ref_to_slice_refs)]
 mod tests {
@@ -1650,46 +1470,6 @@ mod tests {
         assert!(go("linear").is_err());
         let r = run("TensorScatter", 24, vec![], &[x.clone(), u.clone()], 1).unwrap();
         assert_eq!(vals::<f32>(&r[0]), vec![1., 2., 0., 0., 3., 4., 0., 0.]);
-    }
-
-    #[test]
-    fn compress_non_zero_unique() {
-        let x = t(&[3, 2], &[1f32, 2., 3., 4., 5., 6.]);
-        let mut c = t(&[3], &[0u8, 1, 1]).unwrap();
-        c.dtype = crate::DType::Bool;
-        let r = run(
-            "Compress",
-            11,
-            vec![("axis", int(0))],
-            &[x.clone(), Some(c.clone())],
-            1,
-        )
-        .unwrap();
-        assert_eq!(r[0].shape, vec![2, 2]);
-        assert_eq!(vals::<f32>(&r[0]), vec![3., 4., 5., 6.]);
-        // No axis: over the flattened input.
-        let r = run("Compress", 11, vec![], &[x.clone(), Some(c)], 1).unwrap();
-        assert_eq!(vals::<f32>(&r[0]), vec![2., 3.]);
-        let r = run("NonZero", 13, vec![], &[t(&[2, 2], &[1i32, 0, 1, 1])], 1).unwrap();
-        assert_eq!(r[0].shape, vec![2, 3]);
-        assert_eq!(vals::<i64>(&r[0]), vec![0, 1, 1, 0, 0, 1]);
-        let u = t(&[6], &[2f32, 1., 1., 3., 4., 3.]);
-        let r = run("Unique", 11, vec![], &[u.clone()], 4).unwrap();
-        assert_eq!(vals::<f32>(&r[0]), vec![1., 2., 3., 4.]);
-        assert_eq!(vals::<i64>(&r[1]), vec![1, 0, 3, 4]);
-        assert_eq!(vals::<i64>(&r[2]), vec![1, 0, 0, 2, 3, 2]);
-        assert_eq!(vals::<i64>(&r[3]), vec![2, 1, 2, 1]);
-        let r = run("Unique", 11, vec![("sorted", int(0))], &[u], 4).unwrap();
-        assert_eq!(vals::<f32>(&r[0]), vec![2., 1., 3., 4.]);
-        assert_eq!(vals::<i64>(&r[1]), vec![0, 1, 3, 4]);
-        assert_eq!(vals::<i64>(&r[2]), vec![0, 1, 1, 2, 3, 2]);
-        assert_eq!(vals::<i64>(&r[3]), vec![1, 2, 2, 1]);
-        // Rows along axis 0: [1 0 0] twice, then [2 3 4].
-        let m = t(&[3, 3], &[1f32, 0., 0., 1., 0., 0., 2., 3., 4.]);
-        let r = run("Unique", 11, vec![("axis", int(0))], &[m], 4).unwrap();
-        assert_eq!(r[0].shape, vec![2, 3]);
-        assert_eq!(vals::<i64>(&r[2]), vec![0, 0, 1]);
-        assert_eq!(vals::<i64>(&r[3]), vec![2, 1]);
     }
 
     #[test]

@@ -559,4 +559,58 @@ mod tests {
         assert_eq!(r[0].shape, [2, 3]);
         assert_eq!(vals::<i64>(&r[0]), vec![0, 0, 0, 0, 0, 2]);
     }
+
+    #[test]
+    fn compress_non_zero_unique() {
+        let x = t(&[3, 2], &[1f32, 2., 3., 4., 5., 6.]);
+        let mut c = t(&[3], &[0u8, 1, 1]).unwrap();
+        c.dtype = crate::DType::Bool;
+        let r = run(
+            "Compress",
+            11,
+            vec![("axis", crate::model::AttrValue::Int(0))],
+            &[x.clone(), Some(c.clone())],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(vals::<f32>(&r[0]), vec![3., 4., 5., 6.]);
+        // No axis: over the flattened input.
+        let r = run("Compress", 11, vec![], &[x.clone(), Some(c)], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![2., 3.]);
+        let r = run("NonZero", 13, vec![], &[t(&[2, 2], &[1i32, 0, 1, 1])], 1).unwrap();
+        assert_eq!(r[0].shape, vec![2, 3]);
+        assert_eq!(vals::<i64>(&r[0]), vec![0, 1, 1, 0, 0, 1]);
+        let u = t(&[6], &[2f32, 1., 1., 3., 4., 3.]);
+        let r = run("Unique", 11, vec![], core::slice::from_ref(&u), 4).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 2., 3., 4.]);
+        assert_eq!(vals::<i64>(&r[1]), vec![1, 0, 3, 4]);
+        assert_eq!(vals::<i64>(&r[2]), vec![1, 0, 0, 2, 3, 2]);
+        assert_eq!(vals::<i64>(&r[3]), vec![2, 1, 2, 1]);
+        let r = run(
+            "Unique",
+            11,
+            vec![("sorted", crate::model::AttrValue::Int(0))],
+            &[u],
+            4,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![2., 1., 3., 4.]);
+        assert_eq!(vals::<i64>(&r[1]), vec![0, 1, 3, 4]);
+        assert_eq!(vals::<i64>(&r[2]), vec![0, 1, 1, 2, 3, 2]);
+        assert_eq!(vals::<i64>(&r[3]), vec![1, 2, 2, 1]);
+        // Rows along axis 0: [1 0 0] twice, then [2 3 4].
+        let m = t(&[3, 3], &[1f32, 0., 0., 1., 0., 0., 2., 3., 4.]);
+        let r = run(
+            "Unique",
+            11,
+            vec![("axis", crate::model::AttrValue::Int(0))],
+            &[m],
+            4,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 3]);
+        assert_eq!(vals::<i64>(&r[2]), vec![0, 0, 1]);
+        assert_eq!(vals::<i64>(&r[3]), vec![2, 1]);
+    }
 }
