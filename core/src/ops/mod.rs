@@ -23,6 +23,7 @@ use crate::{DType, Element};
 pub mod activation;
 pub mod conv;
 pub mod elementwise;
+pub mod logic;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -62,6 +63,7 @@ impl OpDef {
 pub const FAMILIES: &[&[OpDef]] = &[
     elementwise::OPS,
     activation::OPS,
+    logic::OPS,
     matmul::OPS,
     conv::OPS,
     pool::OPS,
