@@ -1,11 +1,12 @@
 //! Activation operators: Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid,
-//! HardSwish, Tanh, Elu, Selu, Softplus, Softsign, PRelu, Gelu.
+//! HardSwish, Tanh, Elu, Selu, Softplus, Softsign, PRelu, Gelu, Swish,
+//! Hardmax.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
-use crate::ops::elementwise::{binary, Bcast};
+use crate::ops::elementwise::{binary, unary_float, unsupported_dtype, with_type, Bcast, Num};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
-use crate::DType;
+use crate::{DType, Element};
 
 /// Operators of this family.
 pub const OPS: &[OpDef] = &[
@@ -23,6 +24,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Softsign", 1, prepare_softsign),
     OpDef::onnx("PRelu", 7, prepare_prelu),
     OpDef::onnx("Gelu", 20, prepare_gelu),
+    OpDef::onnx("Swish", 24, prepare_swish),
+    OpDef::onnx("Hardmax", 1, prepare_hardmax),
 ];
 
 use crate::ops::util::unary_f32;
@@ -109,51 +112,110 @@ fn prepare_clip11(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     got: b.dtype,
                 }));
             }
+            if b.numel() != 1 {
+                return Err(Error::new(ErrorKind::Shape(
+                    "Clip min and max must be scalars",
+                )));
+            }
         }
     }
-    match x.dtype {
-        DType::F32 => {
-            let lo = one(ctx.const_floats(1)?)?.unwrap_or(f32::NEG_INFINITY);
-            let hi = one(ctx.const_floats(2)?)?.unwrap_or(f32::INFINITY);
-            clip_f32(ctx, lo, hi)
+    let runtime = [1, 2]
+        .iter()
+        .any(|&i| ctx.opt_input(i).is_some_and(|b| b.value.is_none()));
+    if runtime {
+        let (lo, hi) = (ctx.opt_input(1).is_some(), ctx.opt_input(2).is_some());
+        return with_type!(@num x.dtype, T => Ok(clip_runtime::<T>(x.shape, lo, hi)),
+            _ => Err(unsupported_dtype("Clip", x.dtype)));
+    }
+    if x.dtype.is_float() {
+        let lo = one(ctx.const_floats(1)?)?.unwrap_or(f32::NEG_INFINITY);
+        let hi = one(ctx.const_floats(2)?)?.unwrap_or(f32::INFINITY);
+        if x.dtype == DType::F32 {
+            return clip_f32(ctx, lo, hi);
         }
-        DType::I32 | DType::I64 => {
-            let lo = one(ctx.const_ints(1)?)?.unwrap_or(i64::MIN);
-            let hi = one(ctx.const_ints(2)?)?.unwrap_or(i64::MAX);
-            let clamp = move |v: i64| {
-                let y = if v < lo { lo } else { v };
-                if y > hi {
-                    hi
+        let (l64, h64) = (lo as f64, hi as f64);
+        return unary_float(
+            ctx,
+            "Clip",
+            move |v| clip(v, lo, hi),
+            move |v| {
+                let y = if v < l64 { l64 } else { v };
+                if y > h64 {
+                    h64
                 } else {
                     y
                 }
-            };
-            let p = if x.dtype == DType::I32 {
-                Prepared::single(
-                    DType::I32,
-                    x.shape,
-                    kernel("Clip", move |io| {
-                        io.unary::<i32>()?.map(|v| clamp(v as i64) as i32);
-                        Ok(())
-                    }),
-                )
-            } else {
-                Prepared::single(
-                    DType::I64,
-                    x.shape,
-                    kernel("Clip", move |io| {
-                        io.unary::<i64>()?.map(clamp);
-                        Ok(())
-                    }),
-                )
-            };
-            Ok(p.in_place())
-        }
-        dt => Err(Error::new(ErrorKind::UnsupportedDType {
-            what: "Clip",
-            code: dt.onnx_code(),
-        })),
+            },
+        );
     }
+    let lo = one(ctx.const_ints(1)?)?;
+    let hi = one(ctx.const_ints(2)?)?;
+    with_type!(@int x.dtype, T => Ok(clip_int::<T>(x.shape, lo, hi)),
+        _ => Err(unsupported_dtype("Clip", x.dtype)))
+}
+
+/// Clip whose bounds are read at each run (graph inputs rather than
+/// constants); NaN inputs stay NaN, `min > max` gives `max`.
+fn clip_runtime<T: Num>(shape: &[usize], has_lo: bool, has_hi: bool) -> Prepared {
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Clip", move |io| {
+            let bound = |i: usize, present: bool| -> Result<Option<T>> {
+                if !present {
+                    return Ok(None);
+                }
+                let v = io.input_slice::<T>(i)?;
+                v.first()
+                    .copied()
+                    .map(Some)
+                    .ok_or(Error::new(ErrorKind::Internal("Clip bound")))
+            };
+            let lo = bound(1, has_lo)?;
+            let hi = bound(2, has_hi)?;
+            io.unary::<T>()?.map(|v| {
+                let y = match lo {
+                    Some(l) if v < l => l,
+                    _ => v,
+                };
+                match hi {
+                    Some(h) if y > h => h,
+                    _ => y,
+                }
+            });
+            Ok(())
+        }),
+    )
+    .in_place()
+}
+
+/// Integer Clip; the bounds are constants of the input's dtype, so they
+/// convert back exactly.
+fn clip_int<T: Element + PartialOrd + TryFrom<i64>>(
+    shape: &[usize],
+    lo: Option<i64>,
+    hi: Option<i64>,
+) -> Prepared {
+    let lo = lo.and_then(|v| T::try_from(v).ok());
+    let hi = hi.and_then(|v| T::try_from(v).ok());
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Clip", move |io| {
+            io.unary::<T>()?.map(|v| {
+                let y = match lo {
+                    Some(l) if v < l => l,
+                    _ => v,
+                };
+                match hi {
+                    Some(h) if y > h => h,
+                    _ => y,
+                }
+            });
+            Ok(())
+        }),
+    )
+    .in_place()
 }
 
 fn prepare_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -255,6 +317,84 @@ fn prepare_gelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             problem: "must be \"none\" or \"tanh\"",
         })),
     }
+}
+
+fn prepare_swish(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 1.0)?;
+    let a64 = alpha as f64;
+    unary_float(
+        ctx,
+        "Swish",
+        move |v| v * math::sigmoid(alpha * v),
+        move |v| v / (1.0 + libm::exp(-a64 * v)),
+    )
+}
+
+/// One-hot of the first maximum along each lane of `len` elements spaced
+/// `inner` apart; NaN counts as the maximum (numpy `argmax`).
+fn hardmax_kernel<T: Num>(shape: &[usize], outer: usize, len: usize, inner: usize) -> Prepared {
+    let zero = T::from_usize(0);
+    let one = T::from_usize(1);
+    let is_nan = |v: T| v.partial_cmp(&v).is_none();
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Hardmax", move |io| {
+            let x = io.input_slice::<T>(0)?;
+            let y = io.output_slice::<T>(0)?;
+            if x.len() != y.len() || x.len() != outer * len * inner {
+                return Err(Error::new(ErrorKind::Internal("Hardmax length")));
+            }
+            for v in y.iter_mut() {
+                *v = zero;
+            }
+            if len == 0 {
+                return Ok(());
+            }
+            for o in 0..outer {
+                for i in 0..inner {
+                    let base = o * len * inner + i;
+                    let (mut best, mut bv) = (0, x[base]);
+                    for k in 1..len {
+                        let v = x[base + k * inner];
+                        if v > bv || (is_nan(v) && !is_nan(bv)) {
+                            best = k;
+                            bv = v;
+                        }
+                    }
+                    y[base + best * inner] = one;
+                }
+            }
+            Ok(())
+        }),
+    )
+}
+
+fn prepare_hardmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let rank = x.shape.len();
+    // Before opset 13 the input is coerced to 2-D at `axis` (default 1);
+    // from 13 on, the op runs along `axis` alone (default -1).
+    let legacy = ctx.opset < 13;
+    let r = rank as i64;
+    let a = ctx.attr_int("axis", if legacy { 1 } else { -1 })?;
+    let a = if a < 0 { a + r } else { a };
+    // The 2-D coercion accepts axis = rank (a trailing size-1 dimension).
+    if a < 0 || a > r || (a == r && !legacy) {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "axis",
+            problem: "axis out of range",
+        }));
+    }
+    let axis = a as usize;
+    let outer: usize = x.shape[..axis].iter().product();
+    let (len, inner) = if legacy {
+        (x.shape[axis..].iter().product(), 1)
+    } else {
+        (x.shape[axis], x.shape[axis + 1..].iter().product())
+    };
+    with_type!(@float x.dtype, T => Ok(hardmax_kernel::<T>(x.shape, outer, len, inner)),
+        _ => Err(unsupported_dtype("Hardmax", x.dtype)))
 }
 
 #[cfg(test)]
@@ -401,29 +541,141 @@ mod tests {
     }
 
     #[test]
-    fn clip_non_constant_bound_is_unsupported() {
-        use crate::error::ErrorKind;
-        use crate::ops::{InputInfo, PrepareCtx};
-        use crate::DType;
-        let n = crate::ops::testing::node("Clip", 2, 1, vec![]);
-        let shape = [2usize];
-        let scalar: [usize; 0] = [];
-        let infos = [
-            Some(InputInfo {
-                dtype: DType::F32,
-                shape: &shape,
-                value: None,
-            }),
-            Some(InputInfo {
-                dtype: DType::F32,
-                shape: &scalar,
-                value: None,
-            }),
-        ];
-        let ctx = PrepareCtx::new(&n, 13, &infos);
-        let def = crate::ops::find("", "Clip", 13).unwrap();
-        let e = (def.prepare)(&ctx).unwrap_err();
-        assert!(matches!(e.kind, ErrorKind::Unsupported(_)));
+    fn clip_run_time_bounds() {
+        use crate::ops::elementwise::tests::run_with_runtime_inputs;
+        let x = [-3i8, 0, 5, 9];
+        let out = run_with_runtime_inputs(
+            "Clip",
+            13,
+            &[t::<i8>(&[4], &x), t::<i8>(&[], &[-1]), t::<i8>(&[], &[6])],
+        );
+        assert_eq!(vals::<i8>(&out), vec![-1, 0, 5, 6]);
+        // Only max given, f32 with a NaN.
+        let out = run_with_runtime_inputs(
+            "Clip",
+            13,
+            &[
+                t::<f32>(&[3], &[-2., f32::NAN, 4.]),
+                None,
+                t::<f32>(&[], &[1.]),
+            ],
+        );
+        let v = vals::<f32>(&out);
+        assert_eq!((v[0], v[2]), (-2., 1.));
+        assert!(v[1].is_nan());
+        // min > max gives max.
+        let out = run_with_runtime_inputs(
+            "Clip",
+            13,
+            &[
+                t::<f64>(&[2], &[-5., 5.]),
+                t::<f64>(&[], &[2.]),
+                t::<f64>(&[], &[1.]),
+            ],
+        );
+        assert_eq!(vals::<f64>(&out), vec![1., 1.]);
+        // Constant int8 bounds, and uint8 with only min.
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[
+                t::<i8>(&[3], &[-128, 0, 127]),
+                t::<i8>(&[], &[-5]),
+                t::<i8>(&[], &[5]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![-5, 0, 5]);
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[t::<u8>(&[3], &[1, 7, 200]), t::<u8>(&[], &[7])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<u8>(&r[0]), vec![7, 7, 200]);
+    }
+
+    #[test]
+    fn swish_alpha() {
+        let x = [-2.0f32, 0.0, 1.5];
+        let want = |a: f64| -> Vec<f32> {
+            x.iter()
+                .map(|&v| {
+                    let v = v as f64;
+                    (v / (1.0 + (-a * v).exp())) as f32
+                })
+                .collect()
+        };
+        assert_close(&u("Swish", 24, vec![], &x), &want(1.0), 1e-7);
+        assert_close(
+            &u("Swish", 24, vec![("alpha", AttrValue::Float(0.5))], &x),
+            &want(0.5),
+            1e-7,
+        );
+        let d = [-2.0f64, 3.0];
+        let r = run("Swish", 24, vec![], &[t(&[2], &d)], 1).unwrap();
+        let v = vals::<f64>(&r[0]);
+        assert!((v[0] - (-2.0 / (1.0 + 2f64.exp()))).abs() < 1e-12);
+        assert!((v[1] - (3.0 / (1.0 + (-3f64).exp()))).abs() < 1e-12);
+    }
+
+    #[test]
+    fn hardmax_axes_and_opsets() {
+        // [2,3]: rows [3,1,3] and [0,2,1]; first maximum wins.
+        let x = [3.0f32, 1., 3., 0., 2., 1.];
+        let r = run("Hardmax", 13, vec![], &[t(&[2, 3], &x)], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 0., 0., 0., 1., 0.]);
+        let r = run(
+            "Hardmax",
+            13,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2, 3], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 0., 1., 0., 1., 0.]);
+        // Opset 11, axis 1 of [1,2,3]: one lane over all 6 values.
+        let r = run(
+            "Hardmax",
+            11,
+            vec![("axis", AttrValue::Int(1))],
+            &[t(&[1, 2, 3], &[0.0f32, 1., 2., 5., 4., 3.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 0., 0., 1., 0., 0.]);
+        // Opset 13 on the same input: lanes along the last axis.
+        let r = run(
+            "Hardmax",
+            13,
+            vec![],
+            &[t(&[1, 2, 3], &[0.0f32, 1., 2., 5., 4., 3.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 0., 1., 1., 0., 0.]);
+        // NaN counts as the maximum, like numpy argmax.
+        let r = run(
+            "Hardmax",
+            13,
+            vec![],
+            &[t(&[3], &[1.0f64, f64::NAN, 9.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![0., 1., 0.]);
+        assert!(run(
+            "Hardmax",
+            13,
+            vec![("axis", AttrValue::Int(2))],
+            &[t(&[2, 3], &x)],
+            1
+        )
+        .is_err());
     }
 
     #[test]

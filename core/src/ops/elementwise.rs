@@ -35,11 +35,21 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Sin", 7, |c| unary_float(c, "Sin", libm::sinf, libm::sin)),
     OpDef::onnx("Cos", 7, |c| unary_float(c, "Cos", libm::cosf, libm::cos)),
     OpDef::onnx("Tan", 7, |c| unary_float(c, "Tan", libm::tanf, libm::tan)),
-    OpDef::onnx("Asin", 7, |c| unary_float(c, "Asin", libm::asinf, libm::asin)),
-    OpDef::onnx("Acos", 7, |c| unary_float(c, "Acos", libm::acosf, libm::acos)),
-    OpDef::onnx("Atan", 7, |c| unary_float(c, "Atan", libm::atanf, libm::atan)),
-    OpDef::onnx("Sinh", 9, |c| unary_float(c, "Sinh", libm::sinhf, libm::sinh)),
-    OpDef::onnx("Cosh", 9, |c| unary_float(c, "Cosh", libm::coshf, libm::cosh)),
+    OpDef::onnx("Asin", 7, |c| {
+        unary_float(c, "Asin", libm::asinf, libm::asin)
+    }),
+    OpDef::onnx("Acos", 7, |c| {
+        unary_float(c, "Acos", libm::acosf, libm::acos)
+    }),
+    OpDef::onnx("Atan", 7, |c| {
+        unary_float(c, "Atan", libm::atanf, libm::atan)
+    }),
+    OpDef::onnx("Sinh", 9, |c| {
+        unary_float(c, "Sinh", libm::sinhf, libm::sinh)
+    }),
+    OpDef::onnx("Cosh", 9, |c| {
+        unary_float(c, "Cosh", libm::coshf, libm::cosh)
+    }),
     OpDef::onnx("Asinh", 9, |c| {
         unary_float(c, "Asinh", libm::asinhf, libm::asinh)
     }),
@@ -875,7 +885,11 @@ fn mish(x: f32) -> f32 {
 }
 
 fn mish64(x: f64) -> f64 {
-    let sp = if x > 40.0 { x } else { libm::log1p(libm::exp(x)) };
+    let sp = if x > 40.0 {
+        x
+    } else {
+        libm::log1p(libm::exp(x))
+    };
     x * libm::tanh(sp)
 }
 
@@ -1151,7 +1165,7 @@ pub(crate) mod tests {
             "Add",
             13,
             vec![],
-            &[t::<u8>(&[1], &[1]), t::<u8>(&[1], &[1])],
+            &[t::<u8>(&[1], &[1]), t::<i8>(&[1], &[1])],
             1
         )
         .is_err());
@@ -1237,6 +1251,302 @@ pub(crate) mod tests {
         assert_eq!(vals::<i32>(&r[0]), vec![3, -4]);
     }
 
+    fn bin<T: crate::Element>(op: &str, a: &[T], b: &[T], attrs: Vec<(&str, AttrValue)>) -> Vec<T> {
+        let r = run(op, 13, attrs, &[t(&[a.len()], a), t(&[b.len()], b)], 1).unwrap();
+        vals::<T>(&r[0])
+    }
+
+    #[test]
+    fn mod_python_and_c_semantics() {
+        let fmod1 = || vec![("fmod", AttrValue::Int(1))];
+        // Integers, fmod=0: the divisor's sign (numpy mod).
+        assert_eq!(
+            bin::<i32>("Mod", &[-4, 7, 5, 4, -7, 8], &[2, -3, 8, -2, 3, 5], vec![]),
+            vec![0, -2, 5, 0, 2, 3]
+        );
+        assert_eq!(
+            bin::<i8>("Mod", &[-4, 7, 5, 4, -7, 8], &[2, -3, 8, -2, 3, 5], vec![]),
+            vec![0, -2, 5, 0, 2, 3]
+        );
+        // fmod=1: the dividend's sign (C fmod).
+        assert_eq!(
+            bin::<i64>("Mod", &[-4, 7, 5, 4, -7, 8], &[2, -3, 8, -2, 3, 5], fmod1()),
+            vec![0, 1, 5, 0, -1, 3]
+        );
+        assert_eq!(
+            bin::<u8>("Mod", &[4, 7, 5], &[2, 3, 8], vec![]),
+            vec![0, 1, 5]
+        );
+        // Zero divisors give 0, and MIN % -1 does not trap.
+        assert_eq!(bin::<i16>("Mod", &[5, -5], &[0, 0], vec![]), vec![0, 0]);
+        assert_eq!(bin::<u64>("Mod", &[5], &[0], fmod1()), vec![0]);
+        assert_eq!(bin::<i32>("Mod", &[i32::MIN], &[-1], vec![]), vec![0]);
+        // Floats: fmod=1 is C fmod; fmod=0 follows the divisor's sign.
+        let x = [-4.3f32, 7.2, 5.0, 4.3, -7.2, 8.0];
+        let y = [2.1f32, -3.4, 8.0, -2.1, 3.4, 5.0];
+        assert_close(
+            &bin::<f32>("Mod", &x, &y, fmod1()),
+            &[-0.1, 0.4, 5., 0.1, -0.4, 3.],
+            1e-5,
+        );
+        assert_close(
+            &bin::<f32>("Mod", &x, &y, vec![]),
+            &[2.0, -3.0, 5., -2.0, 3.0, 3.],
+            1e-5,
+        );
+        let z = bin::<f64>(
+            "Mod",
+            &[0., -0., -3., 1., f64::INFINITY, 1.],
+            &[-2., 2., f64::INFINITY, -f64::INFINITY, 2., 0.],
+            vec![],
+        );
+        assert!(z[0] == 0.0 && z[0].is_sign_negative());
+        assert!(z[1] == 0.0 && z[1].is_sign_positive());
+        assert_eq!((z[2], z[3]), (f64::INFINITY, f64::NEG_INFINITY));
+        assert!(z[4].is_nan() && z[5].is_nan());
+        let h =
+            |v: &[f32]| -> Vec<half::f16> { v.iter().map(|&x| half::f16::from_f32(x)).collect() };
+        let r = bin::<half::f16>("Mod", &h(&[-4.0, 7.0]), &h(&[3.0, -2.0]), vec![]);
+        assert_eq!(r, h(&[2.0, -1.0]));
+        // Broadcast.
+        let r = run(
+            "Mod",
+            13,
+            vec![],
+            &[t::<i32>(&[2, 2], &[5, 6, 7, 8]), t::<i32>(&[2], &[3, -4])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![2, -2, 1, 0]);
+        assert!(run(
+            "Mod",
+            13,
+            vec![("fmod", AttrValue::Int(2))],
+            &[t::<i32>(&[1], &[1]), t::<i32>(&[1], &[1])],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn variadic_max_min_sum_mean() {
+        // Three inputs with broadcasting: [2,1], [3], [] -> [2,3].
+        let ins = [
+            t::<f32>(&[2, 1], &[1., 5.]),
+            t::<f32>(&[3], &[0., 3., 6.]),
+            t::<f32>(&[], &[2.]),
+        ];
+        let r = run("Max", 13, vec![], &ins, 1).unwrap();
+        assert_eq!(r[0].shape, vec![2, 3]);
+        assert_eq!(vals::<f32>(&r[0]), vec![2., 3., 6., 5., 5., 6.]);
+        let r = run("Min", 13, vec![], &ins, 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 1., 1., 0., 2., 2.]);
+        let r = run("Sum", 13, vec![], &ins, 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![3., 6., 9., 7., 10., 13.]);
+        let r = run("Mean", 13, vec![], &ins, 1).unwrap();
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[1., 2., 3., 7. / 3., 10. / 3., 13. / 3.],
+            1e-6,
+        );
+        // One input is a copy.
+        let r = run("Sum", 13, vec![], &[t::<f64>(&[2], &[1.5, -2.])], 1).unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![1.5, -2.]);
+        // NaN propagates from either side (numpy maximum).
+        let r = run(
+            "Max",
+            13,
+            vec![],
+            &[
+                t::<f32>(&[2], &[f32::NAN, 1.]),
+                t::<f32>(&[2], &[1., f32::NAN]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert!(vals::<f32>(&r[0]).iter().all(|v| v.is_nan()));
+        // Integers.
+        let r = run(
+            "Max",
+            13,
+            vec![],
+            &[t::<u16>(&[3], &[1, 60000, 3]), t::<u16>(&[3], &[2, 5, 3])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<u16>(&r[0]), vec![2, 60000, 3]);
+        let r = run(
+            "Min",
+            13,
+            vec![],
+            &[t::<i8>(&[2], &[-128, 5]), t::<i8>(&[1], &[0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![-128, 0]);
+        // Sum and Mean are float-only; mismatched dtypes fail.
+        assert!(run("Sum", 13, vec![], &[t::<i32>(&[1], &[1])], 1).is_err());
+        assert!(run(
+            "Max",
+            13,
+            vec![],
+            &[t::<f32>(&[1], &[1.]), t::<f64>(&[1], &[1.])],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn int_widths_and_pow_int_base() {
+        assert_eq!(bin::<u8>("Add", &[250, 1], &[10, 2], vec![]), vec![4, 3]);
+        assert_eq!(bin::<u8>("Sub", &[1], &[2], vec![]), vec![255]);
+        assert_eq!(
+            bin::<i16>("Mul", &[300, -3], &[300, 7], vec![]),
+            vec![24464, -21]
+        );
+        assert_eq!(
+            bin::<i8>("Div", &[-7, 7, 5], &[2, -2, 0], vec![]),
+            vec![-3, -3, 0]
+        );
+        assert_eq!(
+            bin::<u64>("Div", &[u64::MAX, 7], &[2, 0], vec![]),
+            vec![u64::MAX / 2, 0]
+        );
+        assert_eq!(bin::<f64>("Div", &[1.], &[3.], vec![]), vec![1. / 3.]);
+        let h =
+            |v: &[f32]| -> Vec<half::bf16> { v.iter().map(|&x| half::bf16::from_f32(x)).collect() };
+        assert_eq!(
+            bin::<half::bf16>("Add", &h(&[1.5, 2.]), &h(&[0.25, -4.]), vec![]),
+            h(&[1.75, -2.])
+        );
+        // Pow: integer base with integer and float exponents.
+        let r = run(
+            "Pow",
+            15,
+            vec![],
+            &[t::<i64>(&[3], &[1, 2, 3]), t::<i64>(&[3], &[4, 5, 6])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![1, 32, 729]);
+        let r = run(
+            "Pow",
+            15,
+            vec![],
+            &[t::<i32>(&[3], &[2, -1, 3]), t::<i32>(&[3], &[-1, -3, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![0, -1, 1]);
+        let r = run(
+            "Pow",
+            15,
+            vec![],
+            &[t::<i32>(&[2], &[2, 9]), t::<f32>(&[2], &[1.5, 0.5])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![2, 3]);
+        let r = run(
+            "Pow",
+            15,
+            vec![],
+            &[t::<f32>(&[2], &[2., 3.]), t::<u64>(&[2], &[3, 2])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![8., 9.]);
+        let r = run(
+            "Pow",
+            15,
+            vec![],
+            &[t::<f64>(&[1], &[2.]), t::<f64>(&[1], &[0.5])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![core::f64::consts::SQRT_2]);
+        assert!(run(
+            "Pow",
+            15,
+            vec![],
+            &[t::<u8>(&[1], &[2]), t::<u8>(&[1], &[2])],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn unary_other_float_types() {
+        let r = run("Exp", 13, vec![], &[t::<f64>(&[2], &[0., 1.])], 1).unwrap();
+        let v = vals::<f64>(&r[0]);
+        assert_eq!(v[0], 1.0);
+        assert!((v[1] - core::f64::consts::E).abs() < 1e-15);
+        let r = run(
+            "Log",
+            13,
+            vec![],
+            &[t::<f64>(&[1], &[core::f64::consts::E])],
+            1,
+        )
+        .unwrap();
+        assert!((vals::<f64>(&r[0])[0] - 1.0).abs() < 1e-15);
+        let r = run(
+            "Sqrt",
+            13,
+            vec![],
+            &[t(&[2], &[half::f16::from_f32(4.), half::f16::from_f32(2.)])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            vals::<half::f16>(&r[0]),
+            vec![
+                half::f16::from_f32(2.),
+                half::f16::from_f32(core::f32::consts::SQRT_2)
+            ]
+        );
+        let r = run(
+            "Floor",
+            13,
+            vec![],
+            &[t(
+                &[2],
+                &[half::bf16::from_f32(-1.5), half::bf16::from_f32(2.5)],
+            )],
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            vals::<half::bf16>(&r[0]),
+            vec![half::bf16::from_f32(-2.), half::bf16::from_f32(2.)]
+        );
+        let r = run("Sign", 13, vec![], &[t::<f64>(&[3], &[-2., 0., 3.])], 1).unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-1., 0., 1.]);
+        let r = run("Sign", 13, vec![], &[t::<i32>(&[3], &[-7, 0, 9])], 1).unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![-1, 0, 1]);
+        let r = run("Abs", 13, vec![], &[t::<i8>(&[3], &[-7, 0, i8::MIN])], 1).unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![7, 0, i8::MIN]);
+        let r = run("Abs", 13, vec![], &[t::<u8>(&[1], &[200])], 1).unwrap();
+        assert_eq!(vals::<u8>(&r[0]), vec![200]);
+        let r = run("Neg", 13, vec![], &[t::<f64>(&[1], &[2.5])], 1).unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-2.5]);
+        let r = run(
+            "Celu",
+            12,
+            vec![],
+            &[t(
+                &[2],
+                &[half::f16::from_f32(-1.), half::f16::from_f32(1.)],
+            )],
+            1,
+        )
+        .unwrap();
+        let v = vals::<half::f16>(&r[0]);
+        assert!((v[0].to_f32() - ((-1f32).exp() - 1.0)).abs() < 1e-3);
+        assert_eq!(v[1].to_f32(), 1.0);
+        assert!(run("Exp", 13, vec![], &[t::<i32>(&[1], &[1])], 1).is_err());
+    }
+
     /// Runs `op` with output 0 written over input 0 (as the planner does when
     /// input 0 dies at this node); returns output 0.
     pub(crate) fn run_inplace(
@@ -1305,6 +1615,71 @@ pub(crate) mod tests {
         };
         prep.kernel.run(&mut io).unwrap();
         buf
+    }
+
+    /// Runs `op` with every input unknown at prepare (graph inputs, not
+    /// constants), as a session does; returns output 0.
+    pub(crate) fn run_with_runtime_inputs(op: &str, opset: i64, inputs: &[Option<Const>]) -> Const {
+        use crate::ops::{InputInfo, KernelIo, Loc, PrepareCtx, Slot};
+        let n = node(op, inputs.len(), 1, vec![]);
+        let infos: Vec<Option<InputInfo<'_>>> = inputs
+            .iter()
+            .map(|c| {
+                c.as_ref().map(|c| InputInfo {
+                    dtype: c.dtype,
+                    shape: &c.shape,
+                    value: None,
+                })
+            })
+            .collect();
+        let ctx = PrepareCtx::new(&n, opset, &infos);
+        let prep = (crate::ops::find("", op, opset).unwrap().prepare)(&ctx).unwrap();
+        let out = &prep.outputs[0];
+        let len = out.shape.iter().product::<usize>() * out.dtype.size();
+        let mut buf = vec![0u64; len.div_ceil(8).max(1)];
+        let mut slots = Vec::new();
+        let mut ins = Vec::new();
+        let folded: Vec<Const> = inputs.iter().flatten().cloned().collect();
+        let mut k = 0u32;
+        for c in inputs {
+            match c {
+                Some(c) => {
+                    slots.push(Slot {
+                        dtype: c.dtype,
+                        shape: c.shape.clone(),
+                        loc: Loc::Folded(k),
+                    });
+                    k += 1;
+                    ins.push(Some(slots.len() as u32 - 1));
+                }
+                None => ins.push(None),
+            }
+        }
+        slots.push(Slot {
+            dtype: out.dtype,
+            shape: out.shape.clone(),
+            loc: Loc::Arena { offset: 0, len },
+        });
+        let outs = [Some(slots.len() as u32 - 1)];
+        let graph = crate::model::Graph::default();
+        let mut io = KernelIo {
+            slots: &slots,
+            graph: &graph,
+            folded: &folded,
+            base: buf.as_mut_ptr() as *mut u8,
+            base_len: len,
+            inputs: &ins,
+            outputs: &outs,
+            scratch: (len, 0),
+            inplace: false,
+            _arena: core::marker::PhantomData,
+        };
+        prep.kernel.run(&mut io).unwrap();
+        let bytes: &[u8] = bytemuck::cast_slice(&buf);
+        let mut c = Const::from_slice::<u8>(&[len], &bytes[..len]).unwrap();
+        c.dtype = out.dtype;
+        c.shape = out.shape.clone();
+        c
     }
 
     #[test]

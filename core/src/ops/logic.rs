@@ -15,9 +15,15 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Or", 7, |c| prepare_bool(c, Logic::Or, "Or")),
     OpDef::onnx("Xor", 7, |c| prepare_bool(c, Logic::Xor, "Xor")),
     OpDef::onnx("BitShift", 11, prepare_bitshift),
-    OpDef::onnx("BitwiseAnd", 18, |c| prepare_bitwise(c, Bit::And, "BitwiseAnd")),
-    OpDef::onnx("BitwiseOr", 18, |c| prepare_bitwise(c, Bit::Or, "BitwiseOr")),
-    OpDef::onnx("BitwiseXor", 18, |c| prepare_bitwise(c, Bit::Xor, "BitwiseXor")),
+    OpDef::onnx("BitwiseAnd", 18, |c| {
+        prepare_bitwise(c, Bit::And, "BitwiseAnd")
+    }),
+    OpDef::onnx("BitwiseOr", 18, |c| {
+        prepare_bitwise(c, Bit::Or, "BitwiseOr")
+    }),
+    OpDef::onnx("BitwiseXor", 18, |c| {
+        prepare_bitwise(c, Bit::Xor, "BitwiseXor")
+    }),
     OpDef::onnx("BitwiseNot", 18, prepare_bitwise_not),
     OpDef::onnx("IsNaN", 9, prepare_isnan),
     OpDef::onnx("IsInf", 10, prepare_isinf),
@@ -267,7 +273,14 @@ mod tests {
         assert_eq!(vals::<u8>(&r[0]), vec![0, 1, 1, 0]);
         let r = run("Xor", 7, vec![], &[a.clone(), b], 1).unwrap();
         assert_eq!(vals::<u8>(&r[0]), vec![1, 0, 0, 1]);
-        let r = run("Or", 7, vec![], &[bools(&[2, 1], &[0, 1]), bools(&[2], &[0, 1])], 1).unwrap();
+        let r = run(
+            "Or",
+            7,
+            vec![],
+            &[bools(&[2, 1], &[0, 1]), bools(&[2], &[0, 1])],
+            1,
+        )
+        .unwrap();
         assert_eq!(r[0].shape, vec![2, 2]);
         assert_eq!(vals::<u8>(&r[0]), vec![0, 1, 1, 1]);
         assert!(run("And", 7, vec![], &[t::<u8>(&[1], &[1]), b0], 1).is_err());
@@ -309,7 +322,10 @@ mod tests {
             "BitShift",
             11,
             right(),
-            &[t::<i32>(&[4], &[-16, 16, -3, 7]), t::<i32>(&[4], &[2, 2, 40, -1])],
+            &[
+                t::<i32>(&[4], &[-16, 16, -3, 7]),
+                t::<i32>(&[4], &[2, 2, 40, -1]),
+            ],
             1,
         )
         .unwrap();
