@@ -30,44 +30,49 @@ pub const OPS: &[OpDef] = &[
 
 use crate::ops::util::unary_f32;
 
+fn relu_int<T: Num>(shape: &[usize]) -> Prepared {
+    let zero = T::from_usize(0);
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Relu", move |io| {
+            io.unary::<T>()?.map(|v| if v < zero { zero } else { v });
+            Ok(())
+        }),
+    )
+    .in_place()
+}
+
 fn prepare_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     match x.dtype {
-        DType::I32 => Ok(Prepared::single(
-            DType::I32,
-            x.shape,
-            kernel("Relu", |io| {
-                io.unary::<i32>()?.map(|v| v.max(0));
-                Ok(())
-            }),
-        )
-        .in_place()),
-        DType::I64 => Ok(Prepared::single(
-            DType::I64,
-            x.shape,
-            kernel("Relu", |io| {
-                io.unary::<i64>()?.map(|v| v.max(0));
-                Ok(())
-            }),
-        )
-        .in_place()),
+        dt if dt.is_int() => with_type!(@list dt, [I8 => i8, I16 => i16, I32 => i32, I64 => i64],
+            T => Ok(relu_int::<T>(x.shape)),
+            _ => Err(unsupported_dtype("Relu", dt))),
         // NaN stays NaN.
-        _ => unary_f32(ctx, "Relu", |v| if v < 0.0 { 0.0 } else { v }),
+        _ => unary_float(
+            ctx,
+            "Relu",
+            |v| if v < 0.0 { 0.0 } else { v },
+            |v| if v < 0.0 { 0.0 } else { v },
+        ),
     }
 }
 
 fn prepare_leaky_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 0.01)?;
-    unary_f32(
+    let a64 = alpha as f64;
+    unary_float(
         ctx,
         "LeakyRelu",
         move |v| if v < 0.0 { alpha * v } else { v },
+        move |v| if v < 0.0 { a64 * v } else { v },
     )
 }
 
 /// `min(max(x, lo), hi)`, NaN-propagating; `lo > hi` gives `hi`.
 #[inline]
-fn clip(v: f32, lo: f32, hi: f32) -> f32 {
+fn clip<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
     let y = if v < lo { lo } else { v };
     if y > hi {
         hi
@@ -76,17 +81,25 @@ fn clip(v: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
-fn clip_f32(ctx: &PrepareCtx<'_>, lo: f32, hi: f32) -> Result<Prepared> {
-    if lo == 0.0 && hi == f32::INFINITY {
+/// Float Clip with constant bounds (f32 values; f64 bounds round to f32,
+/// well inside the suite's tolerance).
+fn clip_float(ctx: &PrepareCtx<'_>, lo: f32, hi: f32) -> Result<Prepared> {
+    if ctx.input(0)?.dtype == DType::F32 && lo == 0.0 && hi == f32::INFINITY {
         return unary_f32(ctx, "Clip", |v| if v < 0.0 { 0.0 } else { v });
     }
-    unary_f32(ctx, "Clip", move |v| clip(v, lo, hi))
+    let (l64, h64) = (lo as f64, hi as f64);
+    unary_float(
+        ctx,
+        "Clip",
+        move |v| clip(v, lo, hi),
+        move |v| clip(v, l64, h64),
+    )
 }
 
 fn prepare_clip6(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let lo = ctx.attr_float("min", f32::MIN)?;
     let hi = ctx.attr_float("max", f32::MAX)?;
-    clip_f32(ctx, lo, hi)
+    clip_float(ctx, lo, hi)
 }
 
 /// A scalar bound of Clip-11+ (input 1 or 2), as one value.
@@ -130,23 +143,7 @@ fn prepare_clip11(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if x.dtype.is_float() {
         let lo = one(ctx.const_floats(1)?)?.unwrap_or(f32::NEG_INFINITY);
         let hi = one(ctx.const_floats(2)?)?.unwrap_or(f32::INFINITY);
-        if x.dtype == DType::F32 {
-            return clip_f32(ctx, lo, hi);
-        }
-        let (l64, h64) = (lo as f64, hi as f64);
-        return unary_float(
-            ctx,
-            "Clip",
-            move |v| clip(v, lo, hi),
-            move |v| {
-                let y = if v < l64 { l64 } else { v };
-                if y > h64 {
-                    h64
-                } else {
-                    y
-                }
-            },
-        );
+        return clip_float(ctx, lo, hi);
     }
     let lo = one(ctx.const_ints(1)?)?;
     let hi = one(ctx.const_ints(2)?)?;
@@ -219,48 +216,74 @@ fn clip_int<T: Element + PartialOrd + TryFrom<i64>>(
 }
 
 fn prepare_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Sigmoid", math::sigmoid)
+    unary_float(ctx, "Sigmoid", math::sigmoid, |v| {
+        if v >= 0.0 {
+            1.0 / (1.0 + libm::exp(-v))
+        } else {
+            let e = libm::exp(v);
+            e / (1.0 + e)
+        }
+    })
 }
 
 fn prepare_hard_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 0.2)?;
     let beta = ctx.attr_float("beta", 0.5)?;
-    unary_f32(ctx, "HardSigmoid", move |v| {
-        clip(alpha * v + beta, 0.0, 1.0)
-    })
+    let (a64, b64) = (alpha as f64, beta as f64);
+    unary_float(
+        ctx,
+        "HardSigmoid",
+        move |v| clip(alpha * v + beta, 0.0, 1.0),
+        move |v| clip(a64 * v + b64, 0.0, 1.0),
+    )
 }
 
 fn prepare_hard_swish(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "HardSwish", |v| {
-        v * clip(v * (1.0 / 6.0) + 0.5, 0.0, 1.0)
-    })
+    unary_float(
+        ctx,
+        "HardSwish",
+        |v| v * clip(v * (1.0 / 6.0) + 0.5, 0.0, 1.0),
+        |v| v * clip(v * (1.0 / 6.0) + 0.5, 0.0, 1.0),
+    )
 }
 
 fn prepare_tanh(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Tanh", math::tanh)
+    unary_float(ctx, "Tanh", math::tanh, libm::tanh)
 }
 
 fn prepare_elu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 1.0)?;
-    unary_f32(ctx, "Elu", move |v| {
-        if v < 0.0 {
-            alpha * libm::expm1f(v)
-        } else {
-            v
-        }
-    })
+    let a64 = alpha as f64;
+    unary_float(
+        ctx,
+        "Elu",
+        move |v| if v < 0.0 { alpha * libm::expm1f(v) } else { v },
+        move |v| if v < 0.0 { a64 * libm::expm1(v) } else { v },
+    )
 }
 
 fn prepare_selu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 1.673_263_2)?;
     let gamma = ctx.attr_float("gamma", 1.050_701)?;
-    unary_f32(ctx, "Selu", move |v| {
-        if v > 0.0 {
-            gamma * v
-        } else {
-            gamma * alpha * libm::expm1f(v)
-        }
-    })
+    let (a64, g64) = (alpha as f64, gamma as f64);
+    unary_float(
+        ctx,
+        "Selu",
+        move |v| {
+            if v > 0.0 {
+                gamma * v
+            } else {
+                gamma * alpha * libm::expm1f(v)
+            }
+        },
+        move |v| {
+            if v > 0.0 {
+                g64 * v
+            } else {
+                g64 * a64 * libm::expm1(v)
+            }
+        },
+    )
 }
 
 /// `ln(1 + e^x)` without overflow.
@@ -273,12 +296,25 @@ fn softplus(v: f32) -> f32 {
     }
 }
 
+fn softplus64(v: f64) -> f64 {
+    if v > 0.0 {
+        v + libm::log1p(libm::exp(-v))
+    } else {
+        libm::log1p(libm::exp(v))
+    }
+}
+
 fn prepare_softplus(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Softplus", softplus)
+    unary_float(ctx, "Softplus", softplus, softplus64)
 }
 
 fn prepare_softsign(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Softsign", |v| v / (1.0 + math::abs(v)))
+    unary_float(
+        ctx,
+        "Softsign",
+        |v| v / (1.0 + math::abs(v)),
+        |v| v / (1.0 + libm::fabs(v)),
+    )
 }
 
 fn prepare_prelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -302,15 +338,22 @@ fn prepare_prelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 fn prepare_gelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     match ctx.attr_str("approximate", "none")? {
-        "none" => unary_f32(ctx, "Gelu", |v| {
-            0.5 * v * (1.0 + math::erf(v * core::f32::consts::FRAC_1_SQRT_2))
-        }),
+        "none" => unary_float(
+            ctx,
+            "Gelu",
+            |v| 0.5 * v * (1.0 + math::erf(v * core::f32::consts::FRAC_1_SQRT_2)),
+            |v| 0.5 * v * (1.0 + libm::erf(v * core::f64::consts::FRAC_1_SQRT_2)),
+        ),
         "tanh" => {
             // sqrt(2 / pi)
             const K: f32 = 0.797_884_6;
-            unary_f32(ctx, "Gelu", |v| {
-                0.5 * v * (1.0 + math::tanh(K * (v + 0.044_715 * v * v * v)))
-            })
+            const K64: f64 = 0.797_884_560_802_865_4;
+            unary_float(
+                ctx,
+                "Gelu",
+                |v| 0.5 * v * (1.0 + math::tanh(K * (v + 0.044_715 * v * v * v))),
+                |v| 0.5 * v * (1.0 + libm::tanh(K64 * (v + 0.044_715 * v * v * v))),
+            )
         }
         _ => Err(Error::new(ErrorKind::Attribute {
             name: "approximate",
@@ -597,6 +640,54 @@ mod tests {
         )
         .unwrap();
         assert_eq!(vals::<u8>(&r[0]), vec![7, 7, 200]);
+    }
+
+    #[test]
+    fn other_float_types_and_int_relu() {
+        let d = [-2.0f64, 0.5];
+        let f = |op: &str, opset: i64| -> alloc::vec::Vec<f64> {
+            vals::<f64>(&run(op, opset, vec![], &[t(&[2], &d)], 1).unwrap()[0])
+        };
+        let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+        let close = |got: &[f64], want: &[f64]| {
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+            }
+        };
+        close(&f("Relu", 14), &[0.0, 0.5]);
+        close(&f("Sigmoid", 13), &[sig(-2.0), sig(0.5)]);
+        close(&f("Tanh", 13), &[(-2f64).tanh(), 0.5f64.tanh()]);
+        close(&f("Elu", 6), &[(-2f64).exp() - 1.0, 0.5]);
+        close(
+            &f("Softplus", 1),
+            &[(-2f64).exp().ln_1p(), 0.5f64.exp().ln_1p()],
+        );
+        close(&f("Softsign", 1), &[-2.0 / 3.0, 0.5 / 1.5]);
+        // Attributes are f32 in ONNX; the f64 kernel uses their exact value.
+        let (a, b) = (0.01f32 as f64, 0.2f32 as f64);
+        close(&f("LeakyRelu", 16), &[-2.0 * a, 0.5]);
+        close(&f("HardSigmoid", 6), &[-2.0 * b + 0.5, 0.5 * b + 0.5]);
+        let h: alloc::vec::Vec<half::f16> = [-2.0f32, 0.5]
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let r = run("Sigmoid", 13, vec![], &[t(&[2], &h)], 1).unwrap();
+        let v = vals::<half::f16>(&r[0]);
+        assert!((v[0].to_f32() - sig(-2.0) as f32).abs() < 1e-3);
+        let r = run("Relu", 14, vec![], &[t::<i8>(&[3], &[-5, 0, 7])], 1).unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![0, 0, 7]);
+        let r = run(
+            "Clip",
+            6,
+            vec![
+                ("min", AttrValue::Float(-1.0)),
+                ("max", AttrValue::Float(1.0)),
+            ],
+            &[t(&[2], &d)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-1.0, 0.5]);
     }
 
     #[test]
