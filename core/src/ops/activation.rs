@@ -317,23 +317,29 @@ fn prepare_softsign(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     )
 }
 
+fn prelu_kernel<T: Num>(bc: Bcast) -> Prepared {
+    let zero = T::from_usize(0);
+    Prepared::single(
+        T::DTYPE,
+        bc.shape(),
+        kernel("PRelu", move |io| {
+            binary::<T, T>(io, &bc, |v, s| if v < zero { s.mul(v) } else { v })
+        }),
+    )
+    .in_place()
+}
+
 fn prepare_prelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let x = ctx.input_of(0, DType::F32)?;
-    let slope = ctx.input_of(1, DType::F32)?;
+    let x = ctx.input(0)?;
+    let slope = ctx.input_of(1, x.dtype)?;
     let bc = Bcast::new(x.shape, slope.shape)?;
     if !bc.a_is_out {
         return Err(Error::new(ErrorKind::Shape(
             "PRelu slope must broadcast to the input shape",
         )));
     }
-    Ok(Prepared::single(
-        DType::F32,
-        x.shape,
-        kernel("PRelu", move |io| {
-            binary::<f32, f32>(io, &bc, |v, s| if v < 0.0 { s * v } else { v })
-        }),
-    )
-    .in_place())
+    with_type!(@num x.dtype, T => Ok(prelu_kernel::<T>(bc)),
+        _ => Err(unsupported_dtype("PRelu", x.dtype)))
 }
 
 fn prepare_gelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -886,6 +892,25 @@ mod tests {
         )
         .unwrap();
         assert_close(&vals::<f32>(&r[0]), &[-2., -4.], 0.0);
+        // Integer and f64 slopes.
+        let r = run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<i32>(&[3], &[-4, 0, 4]), t::<i32>(&[], &[3])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![-12, 0, 4]);
+        let r = run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<f64>(&[2], &[-4., 1.]), t::<f64>(&[2], &[0.5, 0.5])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-2., 1.]);
         // Slope that would grow the output is rejected.
         assert!(run(
             "PRelu",
