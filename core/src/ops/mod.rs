@@ -26,6 +26,7 @@ pub mod conv;
 pub mod einsum;
 pub mod elementwise;
 pub mod index;
+pub mod logic;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -67,6 +68,7 @@ impl OpDef {
 pub const FAMILIES: &[&[OpDef]] = &[
     elementwise::OPS,
     activation::OPS,
+    logic::OPS,
     matmul::OPS,
     conv::OPS,
     pool::OPS,
