@@ -23,6 +23,7 @@ use crate::{DType, Element};
 pub mod activation;
 pub mod conv;
 pub mod elementwise;
+pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -69,6 +70,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     shape::OPS,
     reduce::OPS,
     resize::OPS,
+    loss::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
