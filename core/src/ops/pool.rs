@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::conv::{forward_geom, valid_range, Geom};
-use crate::ops::{kernel, util, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::DType;
 
 /// Operators of this family.
@@ -54,8 +54,12 @@ fn root(s: f32, p: u32) -> f32 {
 }
 
 fn pool_input<'a>(ctx: &PrepareCtx<'a>) -> Result<&'a [usize]> {
+    pool_input_of(ctx, &[DType::F32])
+}
+
+fn pool_input_of<'a>(ctx: &PrepareCtx<'a>, allowed: &[DType]) -> Result<&'a [usize]> {
     let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], "pool input")?;
+    util::dtype_in(x.dtype, allowed, "pool input")?;
     if x.shape.len() < 3 {
         return Err(Error::new(ErrorKind::Rank {
             expected: 3,
@@ -66,7 +70,12 @@ fn pool_input<'a>(ctx: &PrepareCtx<'a>) -> Result<&'a [usize]> {
 }
 
 fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Result<Prepared> {
-    let xs = pool_input(ctx)?;
+    let xs = if mode == Mode::Max {
+        pool_input_of(ctx, &[DType::F32, DType::U8, DType::I8])?
+    } else {
+        pool_input(ctx)?
+    };
+    let dt = ctx.input(0)?.dtype;
     let n = xs.len() - 2;
     let k: Vec<usize> = match ctx.attr_ints("kernel_shape")? {
         None => {
@@ -106,29 +115,36 @@ fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Resul
             }))
         }
     };
-    if !indices {
-        return Ok(Prepared::single(
-            DType::F32,
-            &shape,
-            kernel(name, move |io| {
-                let x = io.input_slice::<f32>(0)?;
-                let y = io.output_slice::<f32>(0)?;
-                pool(x, y, None, planes, &g, mode)
-            }),
-        ));
+    let mut outs = alloc::vec![OutputInfo::new(dt, &shape)];
+    if indices {
+        outs.push(OutputInfo::new(DType::I64, &shape));
     }
     Ok(Prepared::new(
-        alloc::vec![
-            OutputInfo::new(DType::F32, &shape),
-            OutputInfo::new(DType::I64, &shape),
-        ],
-        kernel(name, move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let (y, i) = io.outputs2(0, 1)?;
-            let (y, i) = (y.into_slice::<f32>()?, i.into_slice::<i64>()?);
-            pool(x, y, Some((i, col_major)), planes, &g, mode)
+        outs,
+        kernel(name, move |io| match dt {
+            DType::U8 => run_window::<u8>(io, indices, col_major, planes, &g, mode),
+            DType::I8 => run_window::<i8>(io, indices, col_major, planes, &g, mode),
+            _ => run_window::<f32>(io, indices, col_major, planes, &g, mode),
         }),
     ))
+}
+
+fn run_window<T: PoolElem>(
+    io: &mut KernelIo<'_>,
+    indices: bool,
+    col_major: bool,
+    planes: usize,
+    g: &Geom,
+    mode: Mode,
+) -> Result<()> {
+    let x = io.input_slice::<T>(0)?;
+    if !indices {
+        let y = io.output_slice::<T>(0)?;
+        return pool(x, y, None, planes, g, mode);
+    }
+    let (y, i) = io.outputs2(0, 1)?;
+    let (y, i) = (y.into_slice::<T>()?, i.into_slice::<i64>()?);
+    pool(x, y, Some((i, col_major)), planes, g, mode)
 }
 
 fn prepare_max_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -181,9 +197,50 @@ fn taps_below(o: usize, s: usize, d: usize, k: usize, pb: usize, limit: usize) -
 /// Windowed pool of `planes` planes; `idx` (MaxPool only) receives the flat
 /// input index of each maximum, in column-major plane order when its flag is
 /// set.
-fn pool(
-    x: &[f32],
-    y: &mut [f32],
+/// Element types a pool reads: MaxPool takes all of them, the averaging
+/// pools only f32 (prepare enforces it).
+trait PoolElem: crate::Element + PartialOrd {
+    /// Value of a window with no tap inside the input.
+    const LOWEST: Self;
+    fn is_nan(self) -> bool;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+
+impl PoolElem for f32 {
+    const LOWEST: Self = f32::MIN;
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+macro_rules! int_pool_elem {
+    ($($t:ty),*) => {$(
+        impl PoolElem for $t {
+            const LOWEST: Self = <$t>::MIN;
+            fn is_nan(self) -> bool {
+                false
+            }
+            fn to_f32(self) -> f32 {
+                self as f32
+            }
+            fn from_f32(v: f32) -> Self {
+                v as $t
+            }
+        }
+    )*};
+}
+int_pool_elem!(u8, i8);
+
+fn pool<T: PoolElem>(
+    x: &[T],
+    y: &mut [T],
     mut idx: Option<(&mut [i64], bool)>,
     planes: usize,
     g: &Geom,
@@ -217,10 +274,8 @@ fn pool(
                 let yrow = &mut yp[(od * o1 + oh) * o2..][..o2];
                 for (ow, out) in yrow.iter_mut().enumerate() {
                     let (aw, bw) = valid_range(k2, d2, ow * s2, p2, i2);
-                    let mut acc = match mode {
-                        Mode::Max => f32::MIN,
-                        Mode::Avg(_) | Mode::Lp(_) => 0.0,
-                    };
+                    let mut acc = 0.0f32;
+                    let mut best = T::LOWEST;
                     // (d, h, w) of the maximum, for Indices.
                     let mut at: Option<[usize; 3]> = None;
                     for kd in ad..bd {
@@ -233,13 +288,13 @@ fn pool(
                                 let v = row[iw];
                                 match mode {
                                     Mode::Max => {
-                                        if v > acc || v.is_nan() || at.is_none() {
-                                            acc = v;
+                                        if v > best || v.is_nan() || at.is_none() {
+                                            best = v;
                                             at = Some([id, ih, iw]);
                                         }
                                     }
-                                    Mode::Avg(_) => acc += v,
-                                    Mode::Lp(p) => acc += abs_pow(v, p),
+                                    Mode::Avg(_) => acc += v.to_f32(),
+                                    Mode::Lp(p) => acc += abs_pow(v.to_f32(), p),
                                 }
                             }
                         }
@@ -259,19 +314,15 @@ fn pool(
                         };
                     }
                     *out = match mode {
-                        Mode::Max => acc,
-                        Mode::Lp(p) => root(acc, p),
+                        Mode::Max => best,
+                        Mode::Lp(p) => T::from_f32(root(acc, p)),
                         Mode::Avg(include) => {
                             let cnt = if include {
                                 pd * ph * taps_below(ow, s2, d2, k2, p2, i2 + e2)
                             } else {
                                 (bd - ad) * (bh - ah) * (bw - aw)
                             };
-                            if cnt == 0 {
-                                0.0
-                            } else {
-                                acc / cnt as f32
-                            }
+                            T::from_f32(if cnt == 0 { 0.0 } else { acc / cnt as f32 })
                         }
                     };
                 }
@@ -787,6 +838,39 @@ mod tests {
             // Column-major: (h, w) counts as h + w * 3 within the plane.
             assert_eq!(vals::<i64>(&r[1]), want.to_vec());
         }
+    }
+
+    #[test]
+    fn max_pool_ints() {
+        let x: Vec<u8> = vec![1, 200, 3, 4, 5, 6, 250, 8, 9];
+        let r = run(
+            "MaxPool",
+            12,
+            vec![("kernel_shape", ints(&[2, 2]))],
+            &[t(&[1, 1, 3, 3], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<u8>(&r[0]), vec![200, 200, 250, 9]);
+        let x: Vec<i8> = vec![-1, -7, -3, -4];
+        let r = run(
+            "MaxPool",
+            12,
+            vec![("kernel_shape", ints(&[2])), ("pads", ints(&[1, 0]))],
+            &[t(&[1, 2, 2], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![-1, -1, -3, -3]);
+        // The averaging pools stay f32-only.
+        assert!(run(
+            "AveragePool",
+            12,
+            vec![("kernel_shape", ints(&[2]))],
+            &[t(&[1, 2, 2], &x)],
+            1,
+        )
+        .is_err());
     }
 
     #[test]
