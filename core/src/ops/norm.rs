@@ -67,9 +67,7 @@ fn check_vec(shape: &[usize], c: usize) -> Result<()> {
 fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let xs = f32_input(ctx, 0, "BatchNormalization X")?;
     if ctx.attr_int("training_mode", 0)? != 0 {
-        return Err(Error::new(ErrorKind::Unsupported(
-            "BatchNormalization training_mode=1",
-        )));
+        return prepare_batchnorm_training(ctx, xs);
     }
     if ctx.opset < 9 && ctx.attr_int("spatial", 1)? == 0 {
         return Err(Error::new(ErrorKind::Unsupported(
@@ -161,6 +159,107 @@ fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }),
     )
     .in_place())
+}
+
+/// Mean and (population) variance of channel `ch` of `x` (`[n, c, inner]`).
+fn channel_stats(x: &[f32], n: usize, c: usize, inner: usize, ch: usize) -> (f64, f64) {
+    let cnt = (n * inner).max(1) as f64;
+    let planes = || (0..n).map(move |img| (img * c + ch) * inner);
+    let mut sum = 0.0f64;
+    for b in planes() {
+        sum += x[b..b + inner].iter().map(|&v| v as f64).sum::<f64>();
+    }
+    let mean = sum / cnt;
+    let mut sq = 0.0f64;
+    for b in planes() {
+        sq += x[b..b + inner]
+            .iter()
+            .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+            .sum::<f64>();
+    }
+    (mean, sq / cnt)
+}
+
+/// BatchNormalization with `training_mode=1` (opset 14+): normalizes with
+/// the batch statistics and outputs the updated running mean and variance
+/// `running * momentum + batch * (1 - momentum)`.
+fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prepared> {
+    if ctx.opset < 14 {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "BatchNormalization training before opset 14",
+        )));
+    }
+    if xs.len() < 2 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 2,
+            got: xs.len(),
+        }));
+    }
+    let (n, c) = (xs[0], xs[1]);
+    let inner: usize = xs[2..].iter().product();
+    for (i, what) in [
+        (1, "BatchNormalization scale"),
+        (2, "BatchNormalization B"),
+        (3, "BatchNormalization mean"),
+        (4, "BatchNormalization var"),
+    ] {
+        check_vec(f32_input(ctx, i, what)?, c)?;
+    }
+    let eps = ctx.attr_float("epsilon", 1e-5)?;
+    let momentum = ctx.attr_float("momentum", 0.9)?;
+    let running = [ctx.has_output(1), ctx.has_output(2)];
+    let mut outs = vec![OutputInfo::new(DType::F32, xs)];
+    if running != [false, false] {
+        outs.push(OutputInfo::new(DType::F32, &[c]));
+        outs.push(OutputInfo::new(DType::F32, &[c]));
+    }
+    Ok(Prepared::new(
+        outs,
+        kernel("BatchNormalization", move |io| {
+            let x = io.input_slice::<f32>(0)?;
+            let s = io.input_slice::<f32>(1)?;
+            let b = io.input_slice::<f32>(2)?;
+            let rm = io.input_slice::<f32>(3)?;
+            let rv = io.input_slice::<f32>(4)?;
+            if x.len() != n * c * inner || [s, b, rm, rv].iter().any(|v| v.len() != c) {
+                return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
+            }
+            {
+                let y = io.output_slice::<f32>(0)?;
+                if y.len() != x.len() {
+                    return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
+                }
+                for ch in 0..c {
+                    let (mean, var) = channel_stats(x, n, c, inner, ch);
+                    let a = s[ch] / math::sqrt((var + eps as f64) as f32);
+                    let sh = b[ch] - mean as f32 * a;
+                    for img in 0..n {
+                        let base = (img * c + ch) * inner;
+                        for (o, &v) in y[base..base + inner].iter_mut().zip(&x[base..base + inner])
+                        {
+                            *o = a * v + sh;
+                        }
+                    }
+                }
+            }
+            for (k, want) in running.iter().enumerate() {
+                if !want {
+                    continue;
+                }
+                let prev = if k == 0 { rm } else { rv };
+                let o = io.output_slice::<f32>(k + 1)?;
+                if o.len() != c {
+                    return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
+                }
+                for ch in 0..c {
+                    let st = channel_stats(x, n, c, inner, ch);
+                    let batch = if k == 0 { st.0 } else { st.1 } as f32;
+                    o[ch] = prev[ch] * momentum + batch * (1.0 - momentum);
+                }
+            }
+            Ok(())
+        }),
+    ))
 }
 
 /// Constant f32 input values, or None when absent or not constant.
@@ -964,9 +1063,51 @@ mod tests {
             assert_eq!(r[0].shape, vec![n, c, hw]);
             assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
         }
+        // Training mode: batch statistics per channel, running stats
+        // updated with momentum.
+        let mom = 0.8f32;
         let r = run(
             "BatchNormalization",
             15,
+            vec![
+                ("training_mode", AttrValue::Int(1)),
+                ("epsilon", AttrValue::Float(eps)),
+                ("momentum", AttrValue::Float(mom)),
+            ],
+            &[
+                t(&[n, c, hw], &x),
+                t(&[c], &s),
+                t(&[c], &b),
+                t(&[c], &m),
+                t(&[c], &v),
+            ],
+            3,
+        )
+        .unwrap();
+        let mut want = vec![0.0; x.len()];
+        let (mut want_m, mut want_v) = (Vec::new(), Vec::new());
+        for ch in 0..c {
+            let vs: Vec<f32> = (0..n)
+                .flat_map(|i| x[(i * c + ch) * hw..][..hw].to_vec())
+                .collect();
+            let bm = vs.iter().sum::<f32>() / vs.len() as f32;
+            let bv = vs.iter().map(|v| (v - bm) * (v - bm)).sum::<f32>() / vs.len() as f32;
+            for i in 0..n {
+                for k in 0..hw {
+                    let idx = (i * c + ch) * hw + k;
+                    want[idx] = s[ch] * (x[idx] - bm) / math::sqrt(bv + eps) + b[ch];
+                }
+            }
+            want_m.push(m[ch] * mom + bm * (1.0 - mom));
+            want_v.push(v[ch] * mom + bv * (1.0 - mom));
+        }
+        assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
+        assert_eq!(r[1].shape, vec![c]);
+        assert_close(&vals::<f32>(&r[1]), &want_m, 1e-6);
+        assert_close(&vals::<f32>(&r[2]), &want_v, 1e-6);
+        assert!(run(
+            "BatchNormalization",
+            9,
             vec![("training_mode", AttrValue::Int(1))],
             &[
                 t(&[n, c, hw], &x),
@@ -976,8 +1117,8 @@ mod tests {
                 t(&[c], &v),
             ],
             1,
-        );
-        assert!(r.is_err());
+        )
+        .is_err());
         let r = run(
             "BatchNormalization",
             15,
