@@ -1,5 +1,5 @@
 //! Normalization operators: BatchNormalization (inference), LRN, Softmax,
-//! LogSoftmax, InstanceNormalization, LayerNormalization (with its Mean and
+//! LogSoftmax, Hardmax, InstanceNormalization, LayerNormalization (with its Mean and
 //! InvStdDev outputs), RMSNormalization, GroupNormalization, LpNormalization,
 //! MeanVarianceNormalization.
 
@@ -20,6 +20,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("LRN", 1, prepare_lrn),
     OpDef::onnx("Softmax", 1, prepare_softmax),
     OpDef::onnx("LogSoftmax", 1, prepare_log_softmax),
+    OpDef::onnx("Hardmax", 1, prepare_hardmax),
     OpDef::onnx("InstanceNormalization", 6, prepare_instance_norm),
     OpDef::onnx("LayerNormalization", 17, prepare_layer_norm),
     OpDef::onnx("RMSNormalization", 23, prepare_rms_norm),
@@ -410,6 +411,41 @@ fn prepare_softmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 fn prepare_log_softmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     softmax_common(ctx, true, "LogSoftmax")
+}
+
+/// 1 at the first maximum along the softmax axis (same axis rules as
+/// Softmax per opset), 0 elsewhere.
+fn prepare_hardmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let xs = f32_input(ctx, 0, "Hardmax input")?;
+    let (outer, n, inner) = softmax_dims(ctx, xs)?;
+    Ok(Prepared::single(
+        DType::F32,
+        xs,
+        kernel("Hardmax", move |io| {
+            in_out_f32(io, |y| {
+                if y.len() != outer * n * inner {
+                    return Err(Error::new(ErrorKind::Internal("Hardmax size")));
+                }
+                for blk in y.chunks_exact_mut((n * inner).max(1)) {
+                    for i in 0..inner {
+                        let mut best = 0usize;
+                        for j in 1..n {
+                            // NaN counts as the maximum, like numpy's argmax.
+                            let (v, b) = (blk[j * inner + i], blk[best * inner + i]);
+                            if !b.is_nan() && (v > b || v.is_nan()) {
+                                best = j;
+                            }
+                        }
+                        for j in 0..n {
+                            blk[j * inner + i] = if j == best { 1.0 } else { 0.0 };
+                        }
+                    }
+                }
+                Ok(())
+            })
+        }),
+    )
+    .in_place())
 }
 
 /// Normalizes one block in place to zero mean, unit variance; returns
@@ -1025,6 +1061,33 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    #[test]
+    fn hardmax_axes() {
+        let x = [1.0f32, 3.0, 3.0, 0.0, 2.0, -1.0];
+        // opset 13, last axis: first maximum of each row wins.
+        let r = run("Hardmax", 13, vec![], &[t(&[2, 3], &x)], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0.0, 1.0, 0.0, 0.0, 1.0, 0.0]);
+        let r = run(
+            "Hardmax",
+            13,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2, 3], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
+        // opset 11, axis 0: one maximum over the whole tensor.
+        let r = run(
+            "Hardmax",
+            11,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2, 3], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
     }
 
     #[test]
