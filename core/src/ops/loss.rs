@@ -1,5 +1,6 @@
 //! Loss operators: NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss
-//! (f32 scores, int32/int64 targets, inputs `[N, C]` or `[N, C, d1..dk]`).
+//! (f32/f64/f16/bf16 scores computed in f64, int32/int64 targets, inputs
+//! `[N, C]` or `[N, C, d1..dk]`).
 //!
 //! Semantics follow the ONNX reference: each sample's weight is
 //! `weight[target]` (1 without a weight input) and 0 when the target equals
@@ -7,7 +8,6 @@
 //! weights, so ignored samples count neither in the sum nor in the divisor.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::DType;
 use alloc::vec;
@@ -39,11 +39,15 @@ struct LossGeom {
     ignore: Option<i64>,
     weighted: bool,
     target_dt: DType,
+    /// Element type of the scores, the weights and the outputs.
+    dtype: DType,
 }
+
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
 
 fn prepare_geom(ctx: &PrepareCtx<'_>, what: &'static str) -> Result<(LossGeom, OutputInfo)> {
     let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], what)?;
+    util::dtype_in(x.dtype, FLOATS, what)?;
     let xs = x.shape;
     if xs.len() < 2 {
         return Err(Error::new(ErrorKind::Rank {
@@ -63,7 +67,12 @@ fn prepare_geom(ctx: &PrepareCtx<'_>, what: &'static str) -> Result<(LossGeom, O
     let weighted = match ctx.opt_input(2) {
         None => false,
         Some(w) => {
-            util::dtype_in(w.dtype, &[DType::F32], "loss weight")?;
+            if w.dtype != x.dtype {
+                return Err(Error::new(ErrorKind::DTypeMismatch {
+                    expected: x.dtype,
+                    got: w.dtype,
+                }));
+            }
             if w.shape != [xs[1]] {
                 return Err(Error::new(ErrorKind::Shape(
                     "loss weight must have shape [C]",
@@ -101,8 +110,9 @@ fn prepare_geom(ctx: &PrepareCtx<'_>, what: &'static str) -> Result<(LossGeom, O
             ignore,
             weighted,
             target_dt: t.dtype,
+            dtype: x.dtype,
         },
-        OutputInfo::new(DType::F32, out_shape),
+        OutputInfo::new(x.dtype, out_shape),
     ))
 }
 
@@ -136,15 +146,57 @@ fn targets<'a>(io: &KernelIo<'a>, dt: DType) -> Result<Targets<'a>> {
     })
 }
 
+/// Float element types of the scores, computed in f64.
+trait Real: crate::Element {
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Real for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Real for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+impl Real for half::f16 {
+    fn to_f64(self) -> f64 {
+        half::f16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+
+impl Real for half::bf16 {
+    fn to_f64(self) -> f64 {
+        half::bf16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
 /// Applies the loss to every sample: `neg_score(n, t, d)` gives
 /// `-score[n, t, d]`; per-sample losses go to `y` when not reduced, and the
 /// (reduced) result is returned otherwise.
-fn accumulate(
+fn accumulate<T: Real>(
     g: &LossGeom,
     t: Targets<'_>,
-    w: Option<&[f32]>,
-    y: &mut [f32],
-    mut neg_score: impl FnMut(usize, usize, usize) -> f32,
+    w: Option<&[T]>,
+    y: &mut [T],
+    mut neg_score: impl FnMut(usize, usize, usize) -> f64,
 ) -> Result<()> {
     let (n, c, d) = (g.n, g.c, g.d);
     if t.len() != n * d
@@ -154,7 +206,6 @@ fn accumulate(
     {
         return Err(Error::new(ErrorKind::Internal("loss size")));
     }
-    // f64 sums: the reduced result should not depend on summation order.
     let (mut sum, mut wsum) = (0.0f64, 0.0f64);
     for i in 0..n {
         for j in 0..d {
@@ -167,68 +218,111 @@ fn accumulate(
                     return Err(Error::new(ErrorKind::Shape("loss target out of [0, C)")));
                 }
                 let tc = tv as usize;
-                let wt = w.map_or(1.0, |w| w[tc]);
-                wsum += wt as f64;
+                let wt = w.map_or(1.0, |w| w[tc].to_f64());
+                wsum += wt;
                 wt * neg_score(i, tc, j)
             };
             match g.reduction {
-                Reduction::None => y[k] = loss,
-                _ => sum += loss as f64,
+                Reduction::None => y[k] = T::from_f64(loss),
+                _ => sum += loss,
             }
         }
     }
     match g.reduction {
         Reduction::None => {}
-        Reduction::Sum => y[0] = sum as f32,
-        Reduction::Mean => y[0] = (sum / wsum) as f32,
+        Reduction::Sum => y[0] = T::from_f64(sum),
+        Reduction::Mean => y[0] = T::from_f64(sum / wsum),
     }
     Ok(())
+}
+
+fn weight<'a, T: Real>(io: &KernelIo<'a>, g: &LossGeom) -> Result<Option<&'a [T]>> {
+    if g.weighted {
+        Ok(Some(io.input_slice::<T>(2)?))
+    } else {
+        Ok(None)
+    }
+}
+
+fn run_nll<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom) -> Result<()> {
+    let x = io.input_slice::<T>(0)?;
+    let t = targets(io, g.target_dt)?;
+    let w = weight::<T>(io, g)?;
+    if x.len() != g.n * g.c * g.d {
+        return Err(Error::new(ErrorKind::Internal("loss input size")));
+    }
+    let y = io.output_slice::<T>(0)?;
+    let (c, d) = (g.c, g.d);
+    accumulate(g, t, w, y, |i, tc, j| -x[(i * c + tc) * d + j].to_f64())
 }
 
 fn prepare_nll(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (g, out) = prepare_geom(ctx, "NegativeLogLikelihoodLoss input")?;
     Ok(Prepared::new(
         vec![out],
-        kernel("NegativeLogLikelihoodLoss", move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let t = targets(io, g.target_dt)?;
-            let w = if g.weighted {
-                Some(io.input_slice::<f32>(2)?)
-            } else {
-                None
-            };
-            if x.len() != g.n * g.c * g.d {
-                return Err(Error::new(ErrorKind::Internal("loss input size")));
-            }
-            let y = io.output_slice::<f32>(0)?;
-            let (c, d) = (g.c, g.d);
-            accumulate(&g, t, w, y, |i, tc, j| -x[(i * c + tc) * d + j])
+        kernel("NegativeLogLikelihoodLoss", move |io| match g.dtype {
+            DType::F64 => run_nll::<f64>(io, &g),
+            DType::F16 => run_nll::<half::f16>(io, &g),
+            DType::BF16 => run_nll::<half::bf16>(io, &g),
+            _ => run_nll::<f32>(io, &g),
         }),
     ))
 }
 
-/// Writes log-softmax over axis 1 of `x` (`[n, c, d]`) into `lp`.
-fn log_softmax(x: &[f32], lp: &mut [f32], n: usize, c: usize, d: usize) {
+/// `ln(sum_c exp(x[c]))` over axis 1 at sample `(i, j)` of `x` (`[n, c, d]`),
+/// shifted by the maximum for stability.
+#[inline]
+fn log_sum_exp<T: Real>(x: &[T], c: usize, d: usize, i: usize, j: usize) -> f64 {
+    let at = |ch: usize| x[(i * c + ch) * d + j].to_f64();
+    let mut mx = f64::NEG_INFINITY;
+    for ch in 0..c {
+        let v = at(ch);
+        if v > mx || v.is_nan() {
+            mx = v;
+        }
+    }
+    if mx.is_infinite() {
+        mx = if mx > 0.0 { mx } else { 0.0 };
+    }
+    let mut s = 0.0f64;
+    for ch in 0..c {
+        s += libm::exp(at(ch) - mx);
+    }
+    libm::log(s) + mx
+}
+
+fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) -> Result<()> {
+    let x = io.input_slice::<T>(0)?;
+    let t = targets(io, g.target_dt)?;
+    let w = weight::<T>(io, g)?;
+    let (n, c, d) = (g.n, g.c, g.d);
+    if x.len() != n * c * d {
+        return Err(Error::new(ErrorKind::Internal("loss input size")));
+    }
+    if !with_log_prob {
+        let y = io.output_slice::<T>(0)?;
+        // Only the target's log-probability is needed: no buffer.
+        return accumulate(g, t, w, y, |i, tc, j| {
+            log_sum_exp(x, c, d, i, j) - x[(i * c + tc) * d + j].to_f64()
+        });
+    }
+    let (y, lp) = io.outputs2(0, 1)?;
+    let y = y.into_slice::<T>()?;
+    let lp = lp.into_slice::<T>()?;
+    if lp.len() != x.len() {
+        return Err(Error::new(ErrorKind::Internal("log_prob size")));
+    }
     for i in 0..n {
         for j in 0..d {
-            let at = |ch: usize| (i * c + ch) * d + j;
-            let mut mx = f32::NEG_INFINITY;
+            let l = log_sum_exp(x, c, d, i, j);
             for ch in 0..c {
-                let v = x[at(ch)];
-                if v > mx || v.is_nan() {
-                    mx = v;
-                }
-            }
-            let mut s = 0.0f32;
-            for ch in 0..c {
-                s += math::exp(x[at(ch)] - mx);
-            }
-            let l = math::ln(s) + mx;
-            for ch in 0..c {
-                lp[at(ch)] = x[at(ch)] - l;
+                let k = (i * c + ch) * d + j;
+                lp[k] = T::from_f64(x[k].to_f64() - l);
             }
         }
     }
+    let lp: &[T] = lp;
+    accumulate(g, t, w, y, |i, tc, j| -lp[(i * c + tc) * d + j].to_f64())
 }
 
 fn prepare_sce(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -237,52 +331,15 @@ fn prepare_sce(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let with_log_prob = ctx.has_output(1);
     let mut outs = vec![out];
     if with_log_prob {
-        outs.push(OutputInfo::new(DType::F32, x.shape));
+        outs.push(OutputInfo::new(x.dtype, x.shape));
     }
     Ok(Prepared::new(
         outs,
-        kernel("SoftmaxCrossEntropyLoss", move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let t = targets(io, g.target_dt)?;
-            let w = if g.weighted {
-                Some(io.input_slice::<f32>(2)?)
-            } else {
-                None
-            };
-            let (n, c, d) = (g.n, g.c, g.d);
-            if x.len() != n * c * d {
-                return Err(Error::new(ErrorKind::Internal("loss input size")));
-            }
-            if with_log_prob {
-                let (y, lp) = io.outputs2(0, 1)?;
-                let y = y.into_slice::<f32>()?;
-                let lp = lp.into_slice::<f32>()?;
-                if lp.len() != x.len() {
-                    return Err(Error::new(ErrorKind::Internal("log_prob size")));
-                }
-                log_softmax(x, lp, n, c, d);
-                let lp: &[f32] = lp;
-                accumulate(&g, t, w, y, |i, tc, j| -lp[(i * c + tc) * d + j])
-            } else {
-                let y = io.output_slice::<f32>(0)?;
-                // Only the target's log-probability is needed: log-sum-exp
-                // per sample, no buffer.
-                accumulate(&g, t, w, y, |i, tc, j| {
-                    let at = |ch: usize| (i * c + ch) * d + j;
-                    let mut mx = f32::NEG_INFINITY;
-                    for ch in 0..c {
-                        let v = x[at(ch)];
-                        if v > mx || v.is_nan() {
-                            mx = v;
-                        }
-                    }
-                    let mut s = 0.0f32;
-                    for ch in 0..c {
-                        s += math::exp(x[at(ch)] - mx);
-                    }
-                    math::ln(s) + mx - x[at(tc)]
-                })
-            }
+        kernel("SoftmaxCrossEntropyLoss", move |io| match g.dtype {
+            DType::F64 => run_sce::<f64>(io, &g, with_log_prob),
+            DType::F16 => run_sce::<half::f16>(io, &g, with_log_prob),
+            DType::BF16 => run_sce::<half::bf16>(io, &g, with_log_prob),
+            _ => run_sce::<f32>(io, &g, with_log_prob),
         }),
     ))
 }
@@ -448,6 +505,52 @@ mod tests {
         )
         .unwrap();
         assert_close(&vals::<f32>(&r[0]), &[-lp[2] - lp[4]], 1e-6);
+    }
+
+    #[test]
+    fn other_float_types() {
+        // f64 natively: exact log-softmax of [0, ln 3] is [-ln 4, ln 3 - ln 4].
+        let x = [0.0f64, 3.0f64.ln()];
+        let r = run(
+            "SoftmaxCrossEntropyLoss",
+            13,
+            vec![red("none")],
+            &[t(&[1, 2], &x), t(&[1], &[1i64])],
+            2,
+        )
+        .unwrap();
+        let want = 4.0f64.ln() - 3.0f64.ln();
+        assert!((vals::<f64>(&r[0])[0] - want).abs() < 1e-12);
+        assert!((vals::<f64>(&r[1])[0] + 4.0f64.ln()).abs() < 1e-12);
+        // f16 through f64 and back; weights share the score type.
+        let h = |v: f32| half::f16::from_f32(v);
+        let r = run(
+            "NegativeLogLikelihoodLoss",
+            22,
+            vec![],
+            &[
+                t(&[2, 2], &[h(0.5), h(0.25), h(1.0), h(2.0)]),
+                t(&[2], &[0i64, 1]),
+                t(&[2], &[h(1.0), h(3.0)]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].dtype, crate::DType::F16);
+        // -(0.5 * 1 + 2 * 3) / 4
+        assert_eq!(vals::<half::f16>(&r[0])[0].to_f32(), -1.625);
+        assert!(run(
+            "NegativeLogLikelihoodLoss",
+            22,
+            vec![],
+            &[
+                t(&[2, 2], &[h(0.5), h(0.25), h(1.0), h(2.0)]),
+                t(&[2], &[0i64, 1]),
+                t(&[2], &[1.0f32, 3.0]),
+            ],
+            1,
+        )
+        .is_err());
     }
 
     #[test]
