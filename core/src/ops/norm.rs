@@ -38,22 +38,9 @@ fn f32_input<'a>(ctx: &PrepareCtx<'a>, i: usize, what: &'static str) -> Result<&
     Ok(x.shape)
 }
 
-/// Runs `f` over one slice holding the input (copied to the output first
-/// when not in place).
+/// [`in_out`] over f32 elements.
 fn in_out_f32(io: &mut KernelIo<'_>, f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
-    match io.unary::<f32>()? {
-        Unary::InPlace(y) => f(y),
-        Unary::Separate(x, y) => {
-            if x.len() != y.len() {
-                return Err(Error::new(ErrorKind::Len {
-                    expected: y.len() as u64,
-                    got: x.len() as u64,
-                }));
-            }
-            y.copy_from_slice(x);
-            f(y)
-        }
-    }
+    in_out::<f32>(io, f)
 }
 
 fn check_vec(shape: &[usize], c: usize) -> Result<()> {
@@ -575,26 +562,99 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
     Ok(ParamIdx::Map(map))
 }
 
+/// Float element types of LayerNormalization / RMSNormalization, whose
+/// statistics are computed in f64.
+trait Real: crate::Element {
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Real for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Real for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+impl Real for half::f16 {
+    fn to_f64(self) -> f64 {
+        half::f16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+
+impl Real for half::bf16 {
+    fn to_f64(self) -> f64 {
+        half::bf16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+
 /// (mean, 1/sqrt(var + eps)) of a block; with `rms`, mean is 0 and the
 /// variance is the mean square.
 #[inline]
-fn row_stats(row: &[f32], eps: f32, rms: bool) -> (f32, f32) {
+fn row_stats_t<T: Real>(row: &[T], eps: f64, rms: bool) -> (f64, f64) {
     let cnt = row.len().max(1) as f64;
     // f64 sums keep the statistics independent of summation order.
     let mean = if rms {
         0.0
     } else {
-        row.iter().map(|&v| v as f64).sum::<f64>() / cnt
+        row.iter().map(|&v| v.to_f64()).sum::<f64>() / cnt
     };
     let var = row
         .iter()
         .map(|&v| {
-            let d = v as f64 - mean;
+            let d = v.to_f64() - mean;
             d * d
         })
         .sum::<f64>()
         / cnt;
-    (mean as f32, (1.0 / math::sqrt((var + eps as f64) as f32)))
+    (mean, 1.0 / libm::sqrt(var + eps))
+}
+
+/// [`row_stats_t`] of an f32 block, rounded to f32.
+#[inline]
+fn row_stats(row: &[f32], eps: f32, rms: bool) -> (f32, f32) {
+    let (m, i) = row_stats_t(row, eps as f64, rms);
+    (m as f32, i as f32)
+}
+
+/// Runs `f` over one slice holding the input (copied to the output first
+/// when not in place).
+fn in_out<T: crate::Element>(
+    io: &mut KernelIo<'_>,
+    f: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<()> {
+    match io.unary::<T>()? {
+        Unary::InPlace(y) => f(y),
+        Unary::Separate(x, y) => {
+            if x.len() != y.len() {
+                return Err(Error::new(ErrorKind::Len {
+                    expected: y.len() as u64,
+                    got: x.len() as u64,
+                }));
+            }
+            y.copy_from_slice(x);
+            f(y)
+        }
+    }
 }
 
 /// LayerNormalization / RMSNormalization over the trailing `block` elements.
@@ -602,16 +662,17 @@ fn row_stats(row: &[f32], eps: f32, rms: bool) -> (f32, f32) {
 struct RowNorm {
     outer: usize,
     block: usize,
-    eps: f32,
+    eps: f64,
     rms: bool,
     scale: ParamIdx,
     bias: Option<ParamIdx>,
     /// Whether the Mean and InvStdDev outputs are wanted.
     stats: [bool; 2],
+    dtype: DType,
 }
 
 impl RowNorm {
-    fn apply(&self, y: &mut [f32], s: &[f32], b: Option<&[f32]>) -> Result<()> {
+    fn apply<T: Real>(&self, y: &mut [T], s: &[T], b: Option<&[T]>) -> Result<()> {
         let block = self.block;
         if y.len() != self.outer * block || !self.scale.fits(block, s.len()) {
             return Err(Error::new(ErrorKind::Internal("normalization size")));
@@ -625,32 +686,40 @@ impl RowNorm {
             return Ok(());
         }
         for blk in y.chunks_exact_mut(block) {
-            let (mean, inv) = row_stats(blk, self.eps, self.rms);
+            let (mean, inv) = row_stats_t(blk, self.eps, self.rms);
             for (j, v) in blk.iter_mut().enumerate() {
-                *v = (*v - mean) * inv * s[self.scale.at(j)];
-            }
-            if let Some((b, bi)) = b {
-                for (j, v) in blk.iter_mut().enumerate() {
-                    *v += b[bi.at(j)];
+                let mut r = (v.to_f64() - mean) * inv * s[self.scale.at(j)].to_f64();
+                if let Some((b, bi)) = b {
+                    r += b[bi.at(j)].to_f64();
                 }
+                *v = T::from_f64(r);
             }
         }
         Ok(())
     }
 
     fn run(&self, io: &mut KernelIo<'_>) -> Result<()> {
-        let s = io.input_slice::<f32>(1)?;
+        match self.dtype {
+            DType::F64 => self.run_t::<f64>(io),
+            DType::F16 => self.run_t::<half::f16>(io),
+            DType::BF16 => self.run_t::<half::bf16>(io),
+            _ => self.run_t::<f32>(io),
+        }
+    }
+
+    fn run_t<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<()> {
+        let s = io.input_slice::<T>(1)?;
         let b = match self.bias {
-            Some(_) => Some(io.input_slice::<f32>(2)?),
+            Some(_) => Some(io.input_slice::<T>(2)?),
             None => None,
         };
         if self.stats == [false, false] {
-            return in_out_f32(io, |y| self.apply(y, s, b));
+            return in_out::<T>(io, |y| self.apply(y, s, b));
         }
         // Not in place here (see prepare): x stays readable for the stats.
-        let x = io.input_slice::<f32>(0)?;
+        let x = io.input_slice::<T>(0)?;
         {
-            let y = io.output_slice::<f32>(0)?;
+            let y = io.output_slice::<T>(0)?;
             if y.len() != x.len() {
                 return Err(Error::new(ErrorKind::Internal("normalization size")));
             }
@@ -662,22 +731,30 @@ impl RowNorm {
             if !want {
                 continue;
             }
+            // stash_type 1: the statistics are f32 whatever X's type.
             let o = io.output_slice::<f32>(k + 1)?;
             if o.len() != self.outer {
                 return Err(Error::new(ErrorKind::Internal("normalization stats size")));
             }
             for (v, row) in o.iter_mut().zip(x.chunks(block)) {
-                let (mean, inv) = row_stats(row, self.eps, self.rms);
-                *v = if k == 0 { mean } else { inv };
+                let (mean, inv) = row_stats_t(row, self.eps, self.rms);
+                *v = if k == 0 { mean } else { inv } as f32;
             }
         }
         Ok(())
     }
 }
 
+/// Input `i`, of X's float dtype `dt`.
+fn same_float<'a>(ctx: &PrepareCtx<'a>, i: usize, dt: DType) -> Result<&'a [usize]> {
+    Ok(ctx.input_of(i, dt)?.shape)
+}
+
 /// Shared prepare of LayerNormalization (`rms` false) and RMSNormalization.
 fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Result<Prepared> {
-    let xs = f32_input(ctx, 0, name)?;
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, FLOATS, name)?;
+    let (xs, dt) = (x.shape, x.dtype);
     if xs.is_empty() {
         return Err(Error::new(ErrorKind::Rank {
             expected: 1,
@@ -690,11 +767,11 @@ fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Resu
         )));
     }
     let axis = util::axis(ctx.attr_int("axis", -1)?, xs.len(), "axis")?;
-    let eps = ctx.attr_float("epsilon", 1e-5)?;
+    let eps = ctx.attr_float("epsilon", 1e-5)? as f64;
     let tail = &xs[axis..];
-    let scale = param_idx(f32_input(ctx, 1, "normalization Scale")?, tail)?;
+    let scale = param_idx(same_float(ctx, 1, dt)?, tail)?;
     let bias = match (rms, ctx.opt_input(2)) {
-        (false, Some(_)) => Some(param_idx(f32_input(ctx, 2, "normalization B")?, tail)?),
+        (false, Some(_)) => Some(param_idx(same_float(ctx, 2, dt)?, tail)?),
         _ => None,
     };
     let stats = if rms {
@@ -710,8 +787,9 @@ fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Resu
         scale,
         bias,
         stats,
+        dtype: dt,
     };
-    let mut outs = vec![OutputInfo::new(DType::F32, xs)];
+    let mut outs = vec![OutputInfo::new(dt, xs)];
     if stats != [false, false] {
         let mut st: Vec<usize> = xs[..axis].to_vec();
         st.resize(xs.len(), 1);
@@ -1395,6 +1473,51 @@ mod tests {
             17,
             vec![],
             &[t(&[2, 2, 2], &x), t(&[2, 1, 2], &rnd(4, 1))],
+            1,
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn row_norms_other_float_types() {
+        // f64 natively: rows [1, 3] and [2, 6] normalize to [-1, 1] exactly
+        // (eps 0); Mean and InvStdDev stay f32.
+        let r = run(
+            "LayerNormalization",
+            17,
+            vec![("epsilon", AttrValue::Float(0.0))],
+            &[
+                t(&[2, 2], &[1.0f64, 3.0, 2.0, 6.0]),
+                t(&[2], &[1.0f64, 2.0]),
+            ],
+            3,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-1.0, 2.0, -1.0, 2.0]);
+        assert_eq!(r[1].dtype, crate::DType::F32);
+        assert_eq!(vals::<f32>(&r[2]), vec![1.0, 0.5]);
+        // f16 RMSNorm: row [3, 4] has rms 5/sqrt(2).
+        let h = |v: f32| half::f16::from_f32(v);
+        let r = run(
+            "RMSNormalization",
+            23,
+            vec![("epsilon", AttrValue::Float(0.0))],
+            &[t(&[1, 2], &[h(3.0), h(4.0)]), t(&[2], &[h(1.0), h(1.0)])],
+            1,
+        )
+        .unwrap();
+        let got: Vec<f32> = vals::<half::f16>(&r[0])
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        let k = math::sqrt(2.0) / 5.0;
+        assert_close(&got, &[3.0 * k, 4.0 * k], 1e-3);
+        // Scale must share X's type.
+        assert!(run(
+            "RMSNormalization",
+            23,
+            vec![],
+            &[t(&[1, 2], &[h(3.0), h(4.0)]), t(&[2], &[1.0f32, 1.0])],
             1,
         )
         .is_err());
