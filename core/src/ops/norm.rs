@@ -339,9 +339,60 @@ fn softmax_dims(ctx: &PrepareCtx<'_>, shape: &[usize]) -> Result<(usize, usize, 
     }
 }
 
+/// Softmax / LogSoftmax of non-f32 floats, in f64.
+fn softmax_t<T: Real>(
+    y: &mut [T],
+    (outer, n, inner): (usize, usize, usize),
+    log: bool,
+) -> Result<()> {
+    if y.len() != outer * n * inner {
+        return Err(Error::new(ErrorKind::Internal("Softmax size")));
+    }
+    for blk in y.chunks_exact_mut((n * inner).max(1)) {
+        for i in 0..inner {
+            let mut mx = f64::NEG_INFINITY;
+            for j in 0..n {
+                let v = blk[j * inner + i].to_f64();
+                if v > mx || v.is_nan() {
+                    mx = v;
+                }
+            }
+            if mx.is_infinite() {
+                mx = if mx > 0.0 { mx } else { 0.0 };
+            }
+            let mut sum = 0.0f64;
+            for j in 0..n {
+                sum += libm::exp(blk[j * inner + i].to_f64() - mx);
+            }
+            let l = libm::log(sum) + mx;
+            for j in 0..n {
+                let v = &mut blk[j * inner + i];
+                let lp = v.to_f64() - l;
+                *v = T::from_f64(if log { lp } else { libm::exp(lp) });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result<Prepared> {
-    let xs = f32_input(ctx, 0, name)?;
-    let (outer, n, inner) = softmax_dims(ctx, xs)?;
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, FLOATS, name)?;
+    let (xs, dt) = (x.shape, x.dtype);
+    let dims = softmax_dims(ctx, xs)?;
+    let (outer, n, inner) = dims;
+    if dt != DType::F32 {
+        return Ok(Prepared::single(
+            dt,
+            xs,
+            kernel(name, move |io| match dt {
+                DType::F64 => in_out::<f64>(io, |y| softmax_t(y, dims, log)),
+                DType::F16 => in_out::<half::f16>(io, |y| softmax_t(y, dims, log)),
+                _ => in_out::<half::bf16>(io, |y| softmax_t(y, dims, log)),
+            }),
+        )
+        .in_place());
+    }
     Ok(Prepared::single(
         DType::F32,
         xs,
@@ -1166,6 +1217,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!(vals::<f32>(&r[0]), vec![0.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn softmax_other_float_types() {
+        // f64: softmax of [0, ln 3] is exactly [1/4, 3/4].
+        let r = run("Softmax", 13, vec![], &[t(&[2], &[0.0f64, 3.0f64.ln()])], 1).unwrap();
+        let got = vals::<f64>(&r[0]);
+        assert!((got[0] - 0.25).abs() < 1e-12 && (got[1] - 0.75).abs() < 1e-12);
+        let r = run(
+            "LogSoftmax",
+            13,
+            vec![],
+            &[t(&[2], &[0.0f64, 3.0f64.ln()])],
+            1,
+        )
+        .unwrap();
+        assert!((vals::<f64>(&r[0])[0] + 4.0f64.ln()).abs() < 1e-12);
+        // f16, opset 11 coerced to 2-D at axis 1.
+        let x = rnd(6, 30);
+        let xh: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let xr: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
+        let r = run("Softmax", 11, vec![], &[t(&[2, 3], &xh)], 1).unwrap();
+        let got: Vec<f32> = vals::<half::f16>(&r[0])
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        assert_close(&got, &naive_softmax(&xr, 2, 3, 1, false), 1e-3);
     }
 
     #[test]
