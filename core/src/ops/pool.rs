@@ -1,6 +1,7 @@
 //! Pooling operators: MaxPool (with its optional Indices output),
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool, GlobalLpPool and
-//! MaxUnpool (f32, NCHW layout; windowed pools over 1 to 3 spatial axes).
+//! MaxUnpool (f32, MaxPool also uint8/int8; NCHW layout; windowed pools
+//! over 1 to 3 spatial axes).
 
 use alloc::vec::Vec;
 
