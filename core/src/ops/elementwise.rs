@@ -1673,6 +1673,7 @@ pub(crate) mod tests {
             outputs: &outs,
             scratch: (len, 0),
             inplace: false,
+            shapes: None,
             _arena: core::marker::PhantomData,
         };
         prep.kernel.run(&mut io).unwrap();

@@ -27,6 +27,7 @@ pub mod einsum;
 pub mod elementwise;
 pub mod index;
 pub mod logic;
+pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -81,6 +82,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     rnn::OPS,
     einsum::OPS,
     select::OPS,
+    loss::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
@@ -747,3 +749,23 @@ pub mod util {
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+#[cfg(test)]
+mod registry_tests {
+    use super::FAMILIES;
+
+    #[test]
+    fn no_op_version_is_registered_twice() {
+        // Two families defining the same (domain, op, since) would make
+        // `find` pick one silently.
+        let mut seen = alloc::vec::Vec::new();
+        for fam in FAMILIES {
+            for d in fam.iter() {
+                let key = (d.domain, d.op_type, d.since);
+                assert!(!seen.contains(&key), "registered twice: {key:?}");
+                seen.push(key);
+            }
+        }
+        assert!(seen.len() > 150, "{} entries", seen.len());
+    }
+}
