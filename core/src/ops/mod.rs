@@ -25,6 +25,7 @@ pub mod attention;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+pub mod image;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -75,6 +76,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     attention::OPS,
     rnn::OPS,
     einsum::OPS,
+    image::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
