@@ -692,8 +692,160 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 // ---------------------------------------------------------------- DeformConv
 
-fn prepare_deform_conv(_ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    Err(Error::new(ErrorKind::Unsupported("DeformConv")))
+/// Bilinear sample of one `h` x `w` plane at (y, x), zero outside.
+fn bilinear_zero(p: &[f32], h: usize, w: usize, y: f32, x: f32) -> f32 {
+    let fy = libm::floorf(y);
+    let fx = libm::floorf(x);
+    let (ty, tx) = (y - fy, x - fx);
+    let (y0, x0) = (fy as i64, fx as i64);
+    let at = |yy: i64, xx: i64| -> f32 {
+        if yy >= 0 && (yy as usize) < h && xx >= 0 && (xx as usize) < w {
+            p[yy as usize * w + xx as usize]
+        } else {
+            0.0
+        }
+    };
+    let r0 = (1.0 - tx) * at(y0, x0) + tx * at(y0, x0 + 1);
+    let r1 = (1.0 - tx) * at(y0 + 1, x0) + tx * at(y0 + 1, x0 + 1);
+    (1.0 - ty) * r0 + ty * r1
+}
+
+fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let wt = ctx.input(1)?;
+    let off = ctx.input(2)?;
+    for (i, what) in [
+        (0, "DeformConv X"),
+        (1, "DeformConv W"),
+        (2, "DeformConv offset"),
+    ] {
+        dtype_in(ctx.input(i)?.dtype, &[DType::F32], what)?;
+    }
+    if x.shape.len() != 4 {
+        return Err(Error::new(ErrorKind::Unsupported("DeformConv: only 2-D")));
+    }
+    if wt.shape.len() != 4 || off.shape.len() != 4 {
+        return Err(shape_err("DeformConv: W and offset must be 4-D"));
+    }
+    let (n, ic, ih, iw) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let oc = wt.shape[0];
+    let kdef = [wt.shape[2] as i64, wt.shape[3] as i64];
+    let pair = |name: &'static str, def: [i64; 2]| -> Result<[i64; 2]> {
+        match ctx.attr_ints(name)? {
+            Some(&[a, b]) => Ok([a, b]),
+            Some(_) => Err(attr_err(name, "expected 2 values")),
+            None => Ok(def),
+        }
+    };
+    let ks = pair("kernel_shape", kdef)?;
+    let dil = pair("dilations", [1, 1])?;
+    let st = pair("strides", [1, 1])?;
+    let pads = match ctx.attr_ints("pads")? {
+        Some(&[a, b, c, d]) => [a, b, c, d],
+        Some(_) => return Err(attr_err("pads", "expected 4 values")),
+        None => [0; 4],
+    };
+    let group = ctx.attr_int("group", 1)?;
+    let og = ctx.attr_int("offset_group", 1)?;
+    if group <= 0 || og <= 0 || ks != kdef || st.iter().chain(&dil).any(|&v| v <= 0) {
+        return Err(attr_err("group", "invalid DeformConv attributes"));
+    }
+    let (group, og) = (group as usize, og as usize);
+    let (kh, kw) = (ks[0] as usize, ks[1] as usize);
+    if wt.shape[1] * group != ic || oc % group != 0 || ic % og != 0 {
+        return Err(shape_err("DeformConv: channels do not divide into groups"));
+    }
+    let (oh, ow) = (off.shape[2], off.shape[3]);
+    let eh = (ih as i64 + pads[0] + pads[2] - ((ks[0] - 1) * dil[0] + 1)) / st[0] + 1;
+    let ew = (iw as i64 + pads[1] + pads[3] - ((ks[1] - 1) * dil[1] + 1)) / st[1] + 1;
+    if off.shape[0] != n || off.shape[1] != og * kh * kw * 2 || eh != oh as i64 || ew != ow as i64 {
+        return Err(shape_err(
+            "DeformConv: offset shape does not match the output",
+        ));
+    }
+    let has_b = ctx.opt_input(3).is_some();
+    if let Some(b) = ctx.opt_input(3) {
+        dtype_in(b.dtype, &[DType::F32], "DeformConv B")?;
+        if b.numel() != oc {
+            return Err(shape_err(
+                "DeformConv: B must have one value per output channel",
+            ));
+        }
+    }
+    let has_m = ctx.opt_input(4).is_some();
+    if let Some(m) = ctx.opt_input(4) {
+        dtype_in(m.dtype, &[DType::F32], "DeformConv mask")?;
+        if m.shape != [n, og * kh * kw, oh, ow] {
+            return Err(shape_err(
+                "DeformConv: mask shape does not match the offset",
+            ));
+        }
+    }
+    let icg = ic / group;
+    let ocg = oc / group;
+    let icog = ic / og;
+    let kk = kh * kw;
+    let opl = oh * ow;
+    Ok(Prepared::single(
+        DType::F32,
+        &[n, oc, oh, ow],
+        kernel("DeformConv", move |io| {
+            let xs = io.input_slice::<f32>(0)?;
+            let ws = io.input_slice::<f32>(1)?;
+            let os = io.input_slice::<f32>(2)?;
+            let bs: &[f32] = if has_b {
+                io.input_slice::<f32>(3)?
+            } else {
+                &[]
+            };
+            let ms: &[f32] = if has_m {
+                io.input_slice::<f32>(4)?
+            } else {
+                &[]
+            };
+            let y = io.output_slice::<f32>(0)?;
+            for b in 0..n {
+                for o in 0..oc {
+                    let g = o / ocg;
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let mut acc = if has_b { bs[o] } else { 0.0 };
+                            for c in g * icg..(g + 1) * icg {
+                                let ogi = c / icog;
+                                let plane = xs
+                                    .get((b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw)
+                                    .ok_or_else(internal)?;
+                                for a in 0..kh {
+                                    for e in 0..kw {
+                                        let k = a * kw + e;
+                                        let ob = ((b * og + ogi) * kk + k) * 2;
+                                        let dy = os[ob * opl + i * ow + j] as f64;
+                                        let dx = os[(ob + 1) * opl + i * ow + j] as f64;
+                                        let py = (i as i64 * st[0] - pads[0] + a as i64 * dil[0])
+                                            as f64
+                                            + dy;
+                                        let px = (j as i64 * st[1] - pads[1] + e as i64 * dil[1])
+                                            as f64
+                                            + dx;
+                                        let v = bilinear_zero(plane, ih, iw, py as f32, px as f32);
+                                        let m = if has_m {
+                                            ms[((b * og + ogi) * kk + k) * opl + i * ow + j]
+                                        } else {
+                                            1.0
+                                        };
+                                        acc +=
+                                            v * ws[((o * icg + c - g * icg) * kh + a) * kw + e] * m;
+                                    }
+                                }
+                            }
+                            y[((b * oc + o) * oh + i) * ow + j] = acc;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
 }
 
 #[cfg(test)]
@@ -787,5 +939,36 @@ mod tests {
         )
         .unwrap();
         assert_close(&vals::<f32>(&y[0]), &[3.0; 4], 0.0);
+    }
+
+    #[test]
+    fn deform_conv_shift_right() {
+        // Offset +1 in x on every tap shifts the 2x2 window one column right;
+        // taps past the right edge read 0.
+        let x = t(
+            &[1, 1, 3, 3],
+            &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+        );
+        let w = t(&[1, 1, 2, 2], &[1.0f32; 4]);
+        let mut off = vec![0.0f32; 8 * 4];
+        for k in 0..4 {
+            off[(k * 2 + 1) * 4..(k * 2 + 2) * 4].fill(1.0);
+        }
+        let off = t(&[1, 8, 2, 2], &off);
+        let y = run(
+            "DeformConv",
+            19,
+            vec![("kernel_shape", AttrValue::Ints(vec![2, 2]))],
+            &[x.clone(), w.clone(), off],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[16.0, 9.0, 28.0, 15.0], 0.0);
+        // Zero offsets with bias and a half mask: half the plain conv + bias.
+        let off = t(&[1, 8, 2, 2], &[0.0f32; 32]);
+        let b = t(&[1], &[1.0f32]);
+        let m = t(&[1, 4, 2, 2], &[0.5f32; 16]);
+        let y = run("DeformConv", 19, vec![], &[x, w, off, b, m], 1).unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[7.0, 9.0, 13.0, 15.0], 0.0);
     }
 }

@@ -33,6 +33,7 @@ pub mod reduce;
 pub mod resize;
 pub mod rnn;
 pub mod shape;
+pub mod signal;
 
 /// Builds an operator's kernel for one node; see the module docs.
 pub type PrepareFn = fn(&PrepareCtx<'_>) -> Result<Prepared>;
@@ -77,6 +78,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     rnn::OPS,
     einsum::OPS,
     image::OPS,
+    signal::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
