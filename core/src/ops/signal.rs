@@ -512,9 +512,6 @@ fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("STFT: frame longer than the signal"));
     }
     let onesided = ctx.attr_int("onesided", 1)? != 0;
-    if onesided && c_in == 2 {
-        return Err(shape_err("STFT: onesided needs a real signal"));
-    }
     let frames = 1 + (len - flen) / step;
     let bins = if onesided { flen / 2 + 1 } else { flen };
     let used = wlen.min(flen);
