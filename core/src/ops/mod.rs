@@ -25,6 +25,7 @@ pub mod attention;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+pub mod image;
 pub mod index;
 pub mod logic;
 pub mod loss;
@@ -36,6 +37,7 @@ pub mod resize;
 pub mod rnn;
 pub mod select;
 pub mod shape;
+pub mod signal;
 
 /// Builds an operator's kernel for one node; see the module docs.
 pub type PrepareFn = fn(&PrepareCtx<'_>) -> Result<Prepared>;
@@ -83,6 +85,8 @@ pub const FAMILIES: &[&[OpDef]] = &[
     einsum::OPS,
     select::OPS,
     loss::OPS,
+    image::OPS,
+    signal::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with

@@ -1,0 +1,974 @@
+//! Image sampling and rearrangement: GridSample, AffineGrid, Col2Im,
+//! CenterCropPad, RoiAlign, DeformConv.
+//!
+//! Semantics follow the ONNX reference implementation (which follows
+//! PyTorch's `grid_sample` / `affine_grid` / `fold` and torchvision's
+//! `roi_align` / `deform_conv2d`); f32 data.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::ops::util::dtype_in;
+use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
+use crate::tensor::MAX_RANK;
+use crate::DType;
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("GridSample", 16, prepare_grid_sample),
+    OpDef::onnx("AffineGrid", 20, prepare_affine_grid),
+    OpDef::onnx("Col2Im", 18, prepare_col2im),
+    OpDef::onnx("CenterCropPad", 18, prepare_center_crop_pad),
+    OpDef::onnx("RoiAlign", 10, prepare_roi_align),
+    OpDef::onnx("DeformConv", 19, prepare_deform_conv),
+];
+
+fn attr_err(name: &'static str, problem: &'static str) -> Error {
+    Error::new(ErrorKind::Attribute { name, problem })
+}
+
+fn shape_err(s: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(s))
+}
+
+fn internal() -> Error {
+    Error::new(ErrorKind::Internal("image index"))
+}
+
+fn to_usize(v: i64, what: &'static str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| shape_err(what))
+}
+
+// ---------------------------------------------------------------- GridSample
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Interp {
+    Nearest,
+    Linear,
+    Cubic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Pad {
+    Zeros,
+    Border,
+    Reflection,
+}
+
+/// Reflects `x` by the nearer border until it lies in `[lo, hi]`.
+fn reflect(x: f64, lo: f64, hi: f64) -> f64 {
+    let rng = hi - lo;
+    if x < lo {
+        let dx = lo - x;
+        let n = libm::trunc(dx / rng);
+        let r = dx - n * rng;
+        if n % 2.0 == 0.0 {
+            lo + r
+        } else {
+            hi - r
+        }
+    } else if x > hi {
+        let dx = x - hi;
+        let n = libm::trunc(dx / rng);
+        let r = dx - n * rng;
+        if n % 2.0 == 0.0 {
+            hi - r
+        } else {
+            lo + r
+        }
+    } else {
+        x
+    }
+}
+
+/// Keys cubic convolution weights (alpha -0.75) for fractional offset `t`.
+fn cubic_coeffs(t: f32) -> [f32; 4] {
+    let a = -0.75f32;
+    let x = t.abs();
+    let x1 = x + 1.0;
+    let y = 1.0 - x;
+    let y1 = 2.0 - x;
+    [
+        ((a * x1 - 5.0 * a) * x1 + 8.0 * a) * x1 - 4.0 * a,
+        ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0,
+        ((a + 2.0) * y - (a + 3.0)) * y * y + 1.0,
+        ((a * y1 - 5.0 * a) * y1 + 8.0 * a) * y1 - 4.0 * a,
+    ]
+}
+
+/// The element index along one axis of size `d` that integer position `i`
+/// reads under `pad`, or `None` for an implicit zero.
+fn pixel_index(i: i64, d: usize, pad: Pad, lo: f64, hi: f64) -> Option<usize> {
+    let di = d as i64;
+    match pad {
+        Pad::Zeros => (i >= 0 && i < di).then_some(i as usize),
+        Pad::Border => Some(i.clamp(0, di - 1) as usize),
+        Pad::Reflection => {
+            let r = reflect(i as f64, lo, hi) as i64;
+            Some(r.clamp(0, di - 1) as usize)
+        }
+    }
+}
+
+fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let g = ctx.input(1)?;
+    dtype_in(x.dtype, &[DType::F32], "GridSample X")?;
+    dtype_in(g.dtype, &[DType::F32], "GridSample grid")?;
+    let r = x.shape.len();
+    if !(r == 4 || r == 5) {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "GridSample: only 4-D and 5-D input",
+        )));
+    }
+    let nd = r - 2;
+    if g.shape.len() != r || g.shape[0] != x.shape[0] || g.shape[r - 1] != nd {
+        return Err(shape_err(
+            "GridSample: grid must be [N, spatial..., rank-2]",
+        ));
+    }
+    let default_mode = if ctx.opset >= 20 {
+        "linear"
+    } else {
+        "bilinear"
+    };
+    let mode = match ctx.attr_str("mode", default_mode)? {
+        "nearest" => Interp::Nearest,
+        "bilinear" | "linear" => Interp::Linear,
+        "bicubic" | "cubic" => Interp::Cubic,
+        _ => return Err(attr_err("mode", "unknown interpolation mode")),
+    };
+    let pad = match ctx.attr_str("padding_mode", "zeros")? {
+        "zeros" => Pad::Zeros,
+        "border" => Pad::Border,
+        "reflection" => Pad::Reflection,
+        _ => return Err(attr_err("padding_mode", "unknown padding mode")),
+    };
+    let align = ctx.attr_int("align_corners", 0)? != 0;
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let mut dims = [0usize; 3];
+    dims[..nd].copy_from_slice(&x.shape[2..]);
+    if dims[..nd].contains(&0) {
+        return Err(shape_err("GridSample: empty spatial axis"));
+    }
+    let mut xst = [0usize; 3];
+    let mut s = 1;
+    for d in (0..nd).rev() {
+        xst[d] = s;
+        s *= dims[d];
+    }
+    let plane = s;
+    let npts: usize = g.shape[1..r - 1].iter().product();
+    let mut out = vec![n, c];
+    out.extend_from_slice(&g.shape[1..r - 1]);
+    let mut lo = [0f64; 3];
+    let mut hi = [0f64; 3];
+    for d in 0..nd {
+        if align {
+            hi[d] = dims[d] as f64 - 1.0;
+        } else {
+            lo[d] = -0.5;
+            hi[d] = dims[d] as f64 - 0.5;
+        }
+    }
+    let k: usize = match mode {
+        Interp::Nearest => 1,
+        Interp::Linear => 2,
+        Interp::Cubic => 4,
+    };
+    let ncombo = k.pow(nd as u32);
+    Ok(Prepared::single(
+        DType::F32,
+        &out,
+        kernel("GridSample", move |io| {
+            let xs = io.input_slice::<f32>(0)?;
+            let gs = io.input_slice::<f32>(1)?;
+            let y = io.output_slice::<f32>(0)?;
+            for b in 0..n {
+                for p in 0..npts {
+                    let gp = gs
+                        .get((b * npts + p) * nd..(b * npts + p + 1) * nd)
+                        .ok_or_else(internal)?;
+                    let mut idx = [[None::<usize>; 4]; 3];
+                    let mut wt = [[0f32; 4]; 3];
+                    for d in 0..nd {
+                        // The grid lists coordinates innermost axis first.
+                        let nv = gp[nd - 1 - d];
+                        let len = dims[d] as f32;
+                        let mut v = if align {
+                            (nv + 1.0) / 2.0 * (len - 1.0)
+                        } else {
+                            ((nv + 1.0) * len - 1.0) / 2.0
+                        };
+                        if mode == Interp::Nearest {
+                            v = libm::rintf(v);
+                        }
+                        if (v as f64) < lo[d] || (v as f64) > hi[d] {
+                            match pad {
+                                Pad::Border => v = v.clamp(0.0, len - 1.0),
+                                Pad::Reflection => v = reflect(v as f64, lo[d], hi[d]) as f32,
+                                Pad::Zeros => {}
+                            }
+                        }
+                        match mode {
+                            Interp::Nearest => {
+                                idx[d][0] = pixel_index(v as i64, dims[d], pad, lo[d], hi[d]);
+                                wt[d][0] = 1.0;
+                            }
+                            Interp::Linear => {
+                                let f = libm::floorf(v);
+                                let t = v - f;
+                                let i0 = f as i64;
+                                idx[d][0] = pixel_index(i0, dims[d], pad, lo[d], hi[d]);
+                                idx[d][1] = pixel_index(i0 + 1, dims[d], pad, lo[d], hi[d]);
+                                wt[d][0] = 1.0 - t;
+                                wt[d][1] = t;
+                            }
+                            Interp::Cubic => {
+                                let f = libm::floorf(v);
+                                let i0 = f as i64;
+                                wt[d] = cubic_coeffs(v - f);
+                                for j in 0..4 {
+                                    idx[d][j] =
+                                        pixel_index(i0 - 1 + j as i64, dims[d], pad, lo[d], hi[d]);
+                                }
+                            }
+                        }
+                    }
+                    for ch in 0..c {
+                        let base = (b * c + ch) * plane;
+                        let xp = xs.get(base..base + plane).ok_or_else(internal)?;
+                        let mut acc = 0f32;
+                        for combo in 0..ncombo {
+                            let mut rem = combo;
+                            let mut off = 0;
+                            let mut w = 1f32;
+                            let mut valid = true;
+                            for d in (0..nd).rev() {
+                                let j = rem % k;
+                                rem /= k;
+                                match idx[d][j] {
+                                    Some(i) => off += i * xst[d],
+                                    None => valid = false,
+                                }
+                                w *= wt[d][j];
+                            }
+                            if valid {
+                                acc += w * xp[off];
+                            }
+                        }
+                        y[(b * c + ch) * npts + p] = acc;
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------- AffineGrid
+
+/// Normalized sample positions along an axis of `d` pixels.
+fn base_coords(d: usize, align: bool) -> Vec<f64> {
+    (0..d)
+        .map(|i| {
+            if align {
+                if d == 1 {
+                    -1.0
+                } else {
+                    -1.0 + i as f64 * (2.0 / (d as f64 - 1.0))
+                }
+            } else {
+                let step = 2.0 / d as f64;
+                -1.0 + step / 2.0 + i as f64 * step
+            }
+        })
+        .collect()
+}
+
+fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let th = ctx.input(0)?;
+    dtype_in(th.dtype, &[DType::F32], "AffineGrid theta")?;
+    let size = ctx
+        .const_ints(1)?
+        .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
+    let align = ctx.attr_int("align_corners", 0)? != 0;
+    let nd = match size.len() {
+        4 => 2,
+        5 => 3,
+        _ => return Err(shape_err("AffineGrid: size must have 4 or 5 entries")),
+    };
+    let n = to_usize(size[0], "AffineGrid: negative size")?;
+    if th.shape != [n, nd, nd + 1] {
+        return Err(shape_err(
+            "AffineGrid: theta must be [N, 2, 3] or [N, 3, 4]",
+        ));
+    }
+    let mut sp = Vec::new();
+    for &v in &size[2..] {
+        sp.push(to_usize(v, "AffineGrid: negative size")?);
+    }
+    // Axes of `sp` are (D,) H, W; the output's last axis lists x (W) first.
+    let axes: Vec<Vec<f64>> = sp.iter().map(|&d| base_coords(d, align)).collect();
+    let npts: usize = sp.iter().product();
+    let mut out = vec![n];
+    out.extend_from_slice(&sp);
+    out.push(nd);
+    Ok(Prepared::single(
+        DType::F32,
+        &out,
+        kernel("AffineGrid", move |io| {
+            let t = io.input_slice::<f32>(0)?;
+            let y = io.output_slice::<f32>(0)?;
+            let tl = nd * (nd + 1);
+            for b in 0..n {
+                let tb = t.get(b * tl..(b + 1) * tl).ok_or_else(internal)?;
+                for p in 0..npts {
+                    let mut homo = [1f64; 4];
+                    let mut rem = p;
+                    // homo = [x, y, (z,) 1]: innermost axis first.
+                    for (j, ax) in axes.iter().enumerate().rev() {
+                        let i = rem % ax.len();
+                        rem /= ax.len();
+                        homo[nd - 1 - j] = ax[i];
+                    }
+                    for r in 0..nd {
+                        let mut acc = 0f64;
+                        for k in 0..=nd {
+                            acc += tb[r * (nd + 1) + k] as f64 * homo[k];
+                        }
+                        y[(b * npts + p) * nd + r] = acc as f32;
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------- Col2Im
+
+fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    dtype_in(x.dtype, &[DType::F32], "Col2Im")?;
+    let img = ctx
+        .const_ints(1)?
+        .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
+    let blk = ctx
+        .const_ints(2)?
+        .ok_or(Error::new(ErrorKind::MissingInput { index: 2 }))?;
+    let nd = img.len();
+    if nd == 0 || blk.len() != nd || nd > MAX_RANK {
+        return Err(shape_err(
+            "Col2Im: image_shape and block_shape differ in length",
+        ));
+    }
+    let list = |name: &'static str, def: i64, len: usize| -> Result<Vec<i64>> {
+        match ctx.attr_ints(name)? {
+            Some(v) if v.len() == len => Ok(v.to_vec()),
+            Some(_) => Err(attr_err(name, "wrong length")),
+            None => Ok(vec![def; len]),
+        }
+    };
+    let dil = list("dilations", 1, nd)?;
+    let pads = list("pads", 0, 2 * nd)?;
+    let strides = list("strides", 1, nd)?;
+    if x.shape.len() != 3 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 3,
+            got: x.shape.len(),
+        }));
+    }
+    let ksize: i64 = blk.iter().product();
+    if ksize <= 0 || x.shape[1] % ksize as usize != 0 {
+        return Err(shape_err(
+            "Col2Im: input dim 1 not a multiple of the block size",
+        ));
+    }
+    let ksize = ksize as usize;
+    let (n, c, l) = (x.shape[0], x.shape[1] / ksize, x.shape[2]);
+    let mut ncol = Vec::with_capacity(nd);
+    for i in 0..nd {
+        if strides[i] <= 0 || dil[i] <= 0 || img[i] <= 0 || blk[i] <= 0 {
+            return Err(attr_err("strides", "must be positive"));
+        }
+        let v = (img[i] + pads[i] + pads[i + nd] - (dil[i] * (blk[i] - 1) + 1)) / strides[i] + 1;
+        if v < 1 {
+            return Err(shape_err("Col2Im: no sliding blocks"));
+        }
+        ncol.push(v);
+    }
+    if ncol.iter().product::<i64>() as usize != l {
+        return Err(shape_err(
+            "Col2Im: input dim 2 does not match the block count",
+        ));
+    }
+    let plane: usize = img.iter().product::<i64>() as usize;
+    // For each (kernel offset, block) the image element it adds to.
+    let mut table = Vec::with_capacity(ksize * l);
+    for kc in 0..ksize {
+        for col in 0..l {
+            let (mut kr, mut cr) = (kc, col);
+            let mut off = 0i64;
+            let mut stride = 1i64;
+            let mut inside = true;
+            for i in (0..nd).rev() {
+                let ko = (kr % blk[i] as usize) as i64;
+                kr /= blk[i] as usize;
+                let co = (cr % ncol[i] as usize) as i64;
+                cr /= ncol[i] as usize;
+                let pos = co * strides[i] - pads[i] + ko * dil[i];
+                if pos < 0 || pos >= img[i] {
+                    inside = false;
+                }
+                off += pos * stride;
+                stride *= img[i];
+            }
+            table.push(if inside { off as usize } else { usize::MAX });
+        }
+    }
+    let mut out = vec![n, c];
+    for &v in &img {
+        out.push(v as usize);
+    }
+    Ok(Prepared::single(
+        DType::F32,
+        &out,
+        kernel("Col2Im", move |io| {
+            let xs = io.input_slice::<f32>(0)?;
+            let y = io.output_slice::<f32>(0)?;
+            y.fill(0.0);
+            for b in 0..n {
+                for ch in 0..c {
+                    let src = xs
+                        .get((b * c + ch) * ksize * l..(b * c + ch + 1) * ksize * l)
+                        .ok_or_else(internal)?;
+                    let dst = y
+                        .get_mut((b * c + ch) * plane..(b * c + ch + 1) * plane)
+                        .ok_or_else(internal)?;
+                    for (&t, &v) in table.iter().zip(src) {
+                        if let Some(o) = dst.get_mut(t) {
+                            *o += v;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------- CenterCropPad
+
+fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let shape = ctx
+        .const_ints(1)?
+        .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
+    let r = x.shape.len();
+    if r == 0 || r > MAX_RANK {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "CenterCropPad: rank 0 or above 8",
+        )));
+    }
+    let axes: Vec<usize> = match ctx.attr_ints("axes")? {
+        Some(a) => a
+            .iter()
+            .map(|&v| crate::ops::util::axis(v, r, "axes"))
+            .collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    if axes.len() != shape.len() {
+        return Err(shape_err("CenterCropPad: shape and axes differ in length"));
+    }
+    let mut out = x.shape.to_vec();
+    // Per axis: first input index copied, first output index written, count.
+    let mut src0 = [0usize; MAX_RANK];
+    let mut dst0 = [0usize; MAX_RANK];
+    let mut cnt = [0usize; MAX_RANK];
+    cnt[..r].copy_from_slice(x.shape);
+    for (&a, &s) in axes.iter().zip(&shape) {
+        let s = to_usize(s, "CenterCropPad: negative shape")?;
+        let d = x.shape[a];
+        out[a] = s;
+        if s < d {
+            src0[a] = (d - s) / 2;
+            cnt[a] = s;
+        } else if s > d {
+            dst0[a] = (s - d) / 2;
+        }
+    }
+    let es = x.dtype.size();
+    let ist = crate::tensor::strides(x.shape).ok_or_else(internal)?;
+    let ost = crate::tensor::strides(&out).ok_or_else(internal)?;
+    let rows: usize = cnt[..r - 1].iter().product();
+    let row = cnt[r - 1] * es;
+    Ok(Prepared::single(
+        x.dtype,
+        &out,
+        kernel("CenterCropPad", move |io| {
+            let xs = io.input(0)?.bytes();
+            let mut o = io.output(0)?;
+            let y = o.bytes_mut();
+            y.fill(0);
+            if row == 0 {
+                return Ok(());
+            }
+            for ri in 0..rows {
+                let mut rem = ri;
+                let mut si = src0[r - 1] * ist[r - 1];
+                let mut di = dst0[r - 1] * ost[r - 1];
+                for a in (0..r - 1).rev() {
+                    let i = rem % cnt[a];
+                    rem /= cnt[a];
+                    si += (src0[a] + i) * ist[a];
+                    di += (dst0[a] + i) * ost[a];
+                }
+                let s = xs.get(si * es..si * es + row).ok_or_else(internal)?;
+                y.get_mut(di * es..di * es + row)
+                    .ok_or_else(internal)?
+                    .copy_from_slice(s);
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------- RoiAlign
+
+/// One bilinear sample of a roi bin: four flat positions and weights
+/// (all zero when the point lies outside the feature map).
+fn roi_sample(y: f64, x: f64, h: usize, w: usize) -> ([usize; 4], [f64; 4]) {
+    if y < -1.0 || y > h as f64 || x < -1.0 || x > w as f64 {
+        return ([0; 4], [0.0; 4]);
+    }
+    let mut y = y.max(0.0);
+    let mut x = x.max(0.0);
+    let mut yl = y as usize;
+    let mut xl = x as usize;
+    let yh;
+    let xh;
+    if yl >= h - 1 {
+        yl = h - 1;
+        yh = yl;
+        y = yl as f64;
+    } else {
+        yh = yl + 1;
+    }
+    if xl >= w - 1 {
+        xl = w - 1;
+        xh = xl;
+        x = xl as f64;
+    } else {
+        xh = xl + 1;
+    }
+    let ly = y - yl as f64;
+    let lx = x - xl as f64;
+    let hy = 1.0 - ly;
+    let hx = 1.0 - lx;
+    (
+        [yl * w + xl, yl * w + xh, yh * w + xl, yh * w + xh],
+        [hy * hx, hy * lx, ly * hx, ly * lx],
+    )
+}
+
+fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let rois = ctx.input(1)?;
+    let bi = ctx.input(2)?;
+    dtype_in(x.dtype, &[DType::F32], "RoiAlign X")?;
+    dtype_in(rois.dtype, &[DType::F32], "RoiAlign rois")?;
+    dtype_in(bi.dtype, &[DType::I64], "RoiAlign batch_indices")?;
+    if x.shape.len() != 4 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 4,
+            got: x.shape.len(),
+        }));
+    }
+    let nr = bi.numel();
+    if rois.shape != [nr, 4] {
+        return Err(shape_err("RoiAlign: rois must be [num_rois, 4]"));
+    }
+    let default_ct = if ctx.opset >= 16 {
+        "half_pixel"
+    } else {
+        "output_half_pixel"
+    };
+    let half = match ctx.attr_str("coordinate_transformation_mode", default_ct)? {
+        "half_pixel" => true,
+        "output_half_pixel" => false,
+        _ => return Err(attr_err("coordinate_transformation_mode", "unknown mode")),
+    };
+    let avg = match ctx.attr_str("mode", "avg")? {
+        "avg" => true,
+        "max" => false,
+        _ => return Err(attr_err("mode", "must be avg or max")),
+    };
+    let oh = to_usize(ctx.attr_int("output_height", 1)?, "RoiAlign: output_height")?;
+    let ow = to_usize(ctx.attr_int("output_width", 1)?, "RoiAlign: output_width")?;
+    let sr = ctx.attr_int("sampling_ratio", 0)?;
+    let scale = ctx.attr_float("spatial_scale", 1.0)? as f64;
+    let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    if h == 0 || w == 0 {
+        return Err(shape_err("RoiAlign: empty feature map"));
+    }
+    Ok(Prepared::single(
+        DType::F32,
+        &[nr, c, oh, ow],
+        kernel("RoiAlign", move |io| {
+            let xs = io.input_slice::<f32>(0)?;
+            let rs = io.input_slice::<f32>(1)?;
+            let bs = io.input_slice::<i64>(2)?;
+            let y = io.output_slice::<f32>(0)?;
+            let off = if half { 0.5 } else { 0.0 };
+            for ri in 0..nr {
+                let b = usize::try_from(bs[ri])
+                    .ok()
+                    .filter(|&b| b < n)
+                    .ok_or(shape_err("RoiAlign: batch index out of range"))?;
+                let sw = rs[ri * 4] as f64 * scale - off;
+                let sh = rs[ri * 4 + 1] as f64 * scale - off;
+                let ew = rs[ri * 4 + 2] as f64 * scale - off;
+                let eh = rs[ri * 4 + 3] as f64 * scale - off;
+                let (mut rw, mut rh) = (ew - sw, eh - sh);
+                if !half {
+                    rw = rw.max(1.0);
+                    rh = rh.max(1.0);
+                }
+                let bh = rh / oh as f64;
+                let bw = rw / ow as f64;
+                let gh = if sr > 0 {
+                    sr as usize
+                } else {
+                    libm::ceil(rh / oh as f64).max(0.0) as usize
+                };
+                let gw = if sr > 0 {
+                    sr as usize
+                } else {
+                    libm::ceil(rw / ow as f64).max(0.0) as usize
+                };
+                let count = (gh * gw).max(1) as f64;
+                for ch in 0..c {
+                    let plane = xs
+                        .get((b * c + ch) * h * w..(b * c + ch + 1) * h * w)
+                        .ok_or_else(internal)?;
+                    for ph in 0..oh {
+                        for pw in 0..ow {
+                            let mut acc = 0f64;
+                            let mut first = true;
+                            for iy in 0..gh {
+                                let yy = sh + ph as f64 * bh + (iy as f64 + 0.5) * bh / gh as f64;
+                                for ix in 0..gw {
+                                    let xx =
+                                        sw + pw as f64 * bw + (ix as f64 + 0.5) * bw / gw as f64;
+                                    let (pos, wt) = roi_sample(yy, xx, h, w);
+                                    if avg {
+                                        for k in 0..4 {
+                                            acc += wt[k] * plane[pos[k]] as f64;
+                                        }
+                                    } else {
+                                        let mut v = wt[0] * plane[pos[0]] as f64;
+                                        for k in 1..4 {
+                                            v = v.max(wt[k] * plane[pos[k]] as f64);
+                                        }
+                                        acc = if first { v } else { acc.max(v) };
+                                        first = false;
+                                    }
+                                }
+                            }
+                            if avg {
+                                acc /= count;
+                            }
+                            y[((ri * c + ch) * oh + ph) * ow + pw] = acc as f32;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------- DeformConv
+
+/// Bilinear sample of one `h` x `w` plane at (y, x), zero outside.
+fn bilinear_zero(p: &[f32], h: usize, w: usize, y: f32, x: f32) -> f32 {
+    let fy = libm::floorf(y);
+    let fx = libm::floorf(x);
+    let (ty, tx) = (y - fy, x - fx);
+    let (y0, x0) = (fy as i64, fx as i64);
+    let at = |yy: i64, xx: i64| -> f32 {
+        if yy >= 0 && (yy as usize) < h && xx >= 0 && (xx as usize) < w {
+            p[yy as usize * w + xx as usize]
+        } else {
+            0.0
+        }
+    };
+    let r0 = (1.0 - tx) * at(y0, x0) + tx * at(y0, x0 + 1);
+    let r1 = (1.0 - tx) * at(y0 + 1, x0) + tx * at(y0 + 1, x0 + 1);
+    (1.0 - ty) * r0 + ty * r1
+}
+
+fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let wt = ctx.input(1)?;
+    let off = ctx.input(2)?;
+    for (i, what) in [
+        (0, "DeformConv X"),
+        (1, "DeformConv W"),
+        (2, "DeformConv offset"),
+    ] {
+        dtype_in(ctx.input(i)?.dtype, &[DType::F32], what)?;
+    }
+    if x.shape.len() != 4 {
+        return Err(Error::new(ErrorKind::Unsupported("DeformConv: only 2-D")));
+    }
+    if wt.shape.len() != 4 || off.shape.len() != 4 {
+        return Err(shape_err("DeformConv: W and offset must be 4-D"));
+    }
+    let (n, ic, ih, iw) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let oc = wt.shape[0];
+    let kdef = [wt.shape[2] as i64, wt.shape[3] as i64];
+    let pair = |name: &'static str, def: [i64; 2]| -> Result<[i64; 2]> {
+        match ctx.attr_ints(name)? {
+            Some(&[a, b]) => Ok([a, b]),
+            Some(_) => Err(attr_err(name, "expected 2 values")),
+            None => Ok(def),
+        }
+    };
+    let ks = pair("kernel_shape", kdef)?;
+    let dil = pair("dilations", [1, 1])?;
+    let st = pair("strides", [1, 1])?;
+    let pads = match ctx.attr_ints("pads")? {
+        Some(&[a, b, c, d]) => [a, b, c, d],
+        Some(_) => return Err(attr_err("pads", "expected 4 values")),
+        None => [0; 4],
+    };
+    let group = ctx.attr_int("group", 1)?;
+    let og = ctx.attr_int("offset_group", 1)?;
+    if group <= 0 || og <= 0 || ks != kdef || st.iter().chain(&dil).any(|&v| v <= 0) {
+        return Err(attr_err("group", "invalid DeformConv attributes"));
+    }
+    let (group, og) = (group as usize, og as usize);
+    let (kh, kw) = (ks[0] as usize, ks[1] as usize);
+    if wt.shape[1] * group != ic || oc % group != 0 || ic % og != 0 {
+        return Err(shape_err("DeformConv: channels do not divide into groups"));
+    }
+    let (oh, ow) = (off.shape[2], off.shape[3]);
+    let eh = (ih as i64 + pads[0] + pads[2] - ((ks[0] - 1) * dil[0] + 1)) / st[0] + 1;
+    let ew = (iw as i64 + pads[1] + pads[3] - ((ks[1] - 1) * dil[1] + 1)) / st[1] + 1;
+    if off.shape[0] != n || off.shape[1] != og * kh * kw * 2 || eh != oh as i64 || ew != ow as i64 {
+        return Err(shape_err(
+            "DeformConv: offset shape does not match the output",
+        ));
+    }
+    let has_b = ctx.opt_input(3).is_some();
+    if let Some(b) = ctx.opt_input(3) {
+        dtype_in(b.dtype, &[DType::F32], "DeformConv B")?;
+        if b.numel() != oc {
+            return Err(shape_err(
+                "DeformConv: B must have one value per output channel",
+            ));
+        }
+    }
+    let has_m = ctx.opt_input(4).is_some();
+    if let Some(m) = ctx.opt_input(4) {
+        dtype_in(m.dtype, &[DType::F32], "DeformConv mask")?;
+        if m.shape != [n, og * kh * kw, oh, ow] {
+            return Err(shape_err(
+                "DeformConv: mask shape does not match the offset",
+            ));
+        }
+    }
+    let icg = ic / group;
+    let ocg = oc / group;
+    let icog = ic / og;
+    let kk = kh * kw;
+    let opl = oh * ow;
+    Ok(Prepared::single(
+        DType::F32,
+        &[n, oc, oh, ow],
+        kernel("DeformConv", move |io| {
+            let xs = io.input_slice::<f32>(0)?;
+            let ws = io.input_slice::<f32>(1)?;
+            let os = io.input_slice::<f32>(2)?;
+            let bs: &[f32] = if has_b {
+                io.input_slice::<f32>(3)?
+            } else {
+                &[]
+            };
+            let ms: &[f32] = if has_m {
+                io.input_slice::<f32>(4)?
+            } else {
+                &[]
+            };
+            let y = io.output_slice::<f32>(0)?;
+            for b in 0..n {
+                for o in 0..oc {
+                    let g = o / ocg;
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let mut acc = if has_b { bs[o] } else { 0.0 };
+                            for c in g * icg..(g + 1) * icg {
+                                let ogi = c / icog;
+                                let plane = xs
+                                    .get((b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw)
+                                    .ok_or_else(internal)?;
+                                for a in 0..kh {
+                                    for e in 0..kw {
+                                        let k = a * kw + e;
+                                        let ob = ((b * og + ogi) * kk + k) * 2;
+                                        let dy = os[ob * opl + i * ow + j] as f64;
+                                        let dx = os[(ob + 1) * opl + i * ow + j] as f64;
+                                        let py = (i as i64 * st[0] - pads[0] + a as i64 * dil[0])
+                                            as f64
+                                            + dy;
+                                        let px = (j as i64 * st[1] - pads[1] + e as i64 * dil[1])
+                                            as f64
+                                            + dx;
+                                        let v = bilinear_zero(plane, ih, iw, py as f32, px as f32);
+                                        let m = if has_m {
+                                            ms[((b * og + ogi) * kk + k) * opl + i * ow + j]
+                                        } else {
+                                            1.0
+                                        };
+                                        acc +=
+                                            v * ws[((o * icg + c - g * icg) * kh + a) * kw + e] * m;
+                                    }
+                                }
+                            }
+                            y[((b * oc + o) * oh + i) * ow + j] = acc;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::AttrValue;
+    use crate::ops::testing::{assert_close, run, t, vals};
+
+    fn s(v: &str) -> AttrValue {
+        AttrValue::Str(v.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn grid_sample_bilinear_center_and_corner() {
+        // 2x2 image; grid point (0,0) is the image centre = mean of all four;
+        // (-1,-1) without align_corners is the outer corner: a quarter of x00.
+        let x = t(&[1, 1, 2, 2], &[1.0f32, 2.0, 3.0, 4.0]);
+        let g = t(&[1, 1, 2, 2], &[0.0f32, 0.0, -1.0, -1.0]);
+        let y = run("GridSample", 20, vec![], &[x, g], 1).unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[2.5, 0.25], 0.0);
+    }
+
+    #[test]
+    fn grid_sample_nearest_border() {
+        // Far outside on the right, border padding clamps to the last column.
+        let x = t(&[1, 1, 1, 3], &[1.0f32, 2.0, 3.0]);
+        let g = t(&[1, 1, 2, 2], &[5.0f32, 0.0, -0.1, 0.0]);
+        let y = run(
+            "GridSample",
+            20,
+            vec![("mode", s("nearest")), ("padding_mode", s("border"))],
+            &[x, g],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[3.0, 2.0], 0.0);
+    }
+
+    #[test]
+    fn affine_grid_identity() {
+        let th = t(&[1, 2, 3], &[1.0f32, 0.0, 0.0, 0.0, 1.0, 0.0]);
+        let sz = t(&[4], &[1i64, 1, 1, 2]);
+        let y = run(
+            "AffineGrid",
+            20,
+            vec![("align_corners", AttrValue::Int(1))],
+            &[th, sz],
+            1,
+        )
+        .unwrap();
+        assert_eq!(y[0].shape, vec![1, 1, 2, 2]);
+        // H = 1 with align_corners gives y = -1.
+        assert_close(&vals::<f32>(&y[0]), &[-1.0, -1.0, 1.0, -1.0], 0.0);
+    }
+
+    #[test]
+    fn col2im_sums_overlaps() {
+        // 1-D image of 3 with block 2 (as 1x2): blocks at 0 and 1 overlap at 1.
+        let x = t(&[1, 2, 2], &[1.0f32, 2.0, 10.0, 20.0]);
+        let img = t(&[2], &[1i64, 3]);
+        let blk = t(&[2], &[1i64, 2]);
+        let y = run("Col2Im", 18, vec![], &[x, img, blk], 1).unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[1.0, 12.0, 20.0], 0.0);
+    }
+
+    #[test]
+    fn center_crop_pad_both() {
+        // Crop axis 0 from 3 to 2 (start 0), pad axis 1 from 1 to 3 (offset 1).
+        let x = t(&[3, 1], &[1.0f32, 2.0, 3.0]);
+        let sh = t(&[2], &[2i64, 3]);
+        let y = run("CenterCropPad", 18, vec![], &[x, sh], 1).unwrap();
+        assert_eq!(vals::<f32>(&y[0]), vec![0.0, 1.0, 0.0, 0.0, 2.0, 0.0]);
+    }
+
+    #[test]
+    fn roi_align_avg_constant_map() {
+        // A constant map averages to the constant wherever the roi lies inside.
+        let x = t(&[1, 1, 4, 4], &[3.0f32; 16]);
+        let rois = t(&[1, 4], &[0.5f32, 0.5, 2.5, 2.5]);
+        let bi = t(&[1], &[0i64]);
+        let y = run(
+            "RoiAlign",
+            16,
+            vec![
+                ("output_height", AttrValue::Int(2)),
+                ("output_width", AttrValue::Int(2)),
+                ("sampling_ratio", AttrValue::Int(2)),
+            ],
+            &[x, rois, bi],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[3.0; 4], 0.0);
+    }
+
+    #[test]
+    fn deform_conv_shift_right() {
+        // Offset +1 in x on every tap shifts the 2x2 window one column right;
+        // taps past the right edge read 0.
+        let x = t(
+            &[1, 1, 3, 3],
+            &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+        );
+        let w = t(&[1, 1, 2, 2], &[1.0f32; 4]);
+        let mut off = vec![0.0f32; 8 * 4];
+        for k in 0..4 {
+            off[(k * 2 + 1) * 4..(k * 2 + 2) * 4].fill(1.0);
+        }
+        let off = t(&[1, 8, 2, 2], &off);
+        let y = run(
+            "DeformConv",
+            19,
+            vec![("kernel_shape", AttrValue::Ints(vec![2, 2]))],
+            &[x.clone(), w.clone(), off],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[16.0, 9.0, 28.0, 15.0], 0.0);
+        // Zero offsets with bias and a half mask: half the plain conv + bias.
+        let off = t(&[1, 8, 2, 2], &[0.0f32; 32]);
+        let b = t(&[1], &[1.0f32]);
+        let m = t(&[1, 4, 2, 2], &[0.5f32; 16]);
+        let y = run("DeformConv", 19, vec![], &[x, w, off, b, m], 1).unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[7.0, 9.0, 13.0, 15.0], 0.0);
+    }
+}

@@ -1,0 +1,799 @@
+//! Signal processing: DFT, STFT, the Hann/Hamming/Blackman windows and
+//! MelWeightMatrix.
+//!
+//! Transforms are direct O(n²) sums over twiddle tables built at prepare,
+//! accumulated in f64; that is exact enough for the short lengths ONNX
+//! models use and needs no scratch. Windows and mel matrices depend only on
+//! build-time values, so they are computed at prepare as constants.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::Const;
+use crate::ops::util::{axis as norm_axis, dtype_in};
+use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
+use crate::DType;
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("DFT", 17, prepare_dft),
+    OpDef::onnx("STFT", 17, prepare_stft),
+    OpDef::onnx("HannWindow", 17, prepare_hann),
+    OpDef::onnx("HammingWindow", 17, prepare_hamming),
+    OpDef::onnx("BlackmanWindow", 17, prepare_blackman),
+    OpDef::onnx("MelWeightMatrix", 17, prepare_mel),
+];
+
+fn shape_err(s: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(s))
+}
+
+fn internal() -> Error {
+    Error::new(ErrorKind::Internal("signal index"))
+}
+
+/// A scalar (or one-element) integer input known at build time.
+fn const_scalar(ctx: &PrepareCtx<'_>, i: usize) -> Result<Option<i64>> {
+    match ctx.const_ints(i)? {
+        None => Ok(None),
+        Some(v) if v.len() == 1 => Ok(Some(v[0])),
+        Some(_) => Err(shape_err("expected a scalar input")),
+    }
+}
+
+/// cos and sin of 2πj/n for j in 0..n.
+fn twiddles(n: usize) -> Vec<(f64, f64)> {
+    (0..n)
+        .map(|j| {
+            let a = 2.0 * core::f64::consts::PI * j as f64 / n as f64;
+            (libm::cos(a), libm::sin(a))
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dir {
+    Forward,
+    Inverse,
+    /// Inverse of a one-sided spectrum: Hermitian-extended, real output.
+    InverseReal,
+}
+
+/// Geometry of one transform over a `[outer, len, inner, comps]` layout.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    outer: usize,
+    inner: usize,
+    n_in: usize,
+    c_in: usize,
+    n_out: usize,
+    c_out: usize,
+}
+
+/// Transforms every line of `x` into `y`; `n` is the DFT length.
+fn transform(x: &[f32], y: &mut [f32], l: Layout, n: usize, dir: Dir, tw: &[(f64, f64)]) {
+    let Layout {
+        outer,
+        inner,
+        n_in,
+        c_in,
+        n_out,
+        c_out,
+    } = l;
+    let used = match dir {
+        Dir::InverseReal => n_in.min(n / 2 + 1),
+        _ => n_in.min(n),
+    };
+    let scale = if dir == Dir::Forward {
+        1.0
+    } else {
+        1.0 / n as f64
+    };
+    for o in 0..outer {
+        for i in 0..inner {
+            for k in 0..n_out {
+                let (mut re, mut im) = (0f64, 0f64);
+                for t in 0..used {
+                    let at = ((o * n_in + t) * inner + i) * c_in;
+                    let xr = x[at] as f64;
+                    let xi = if c_in == 2 { x[at + 1] as f64 } else { 0.0 };
+                    let (c, s) = tw[(k * t) % n];
+                    match dir {
+                        // x * e^{-iθ}
+                        Dir::Forward => {
+                            re += xr * c + xi * s;
+                            im += xi * c - xr * s;
+                        }
+                        // x * e^{+iθ}
+                        Dir::Inverse => {
+                            re += xr * c - xi * s;
+                            im += xi * c + xr * s;
+                        }
+                        Dir::InverseReal => {
+                            // Bins other than DC and Nyquist stand for their
+                            // conjugate mirror too.
+                            let w = if t == 0 || 2 * t == n { 1.0 } else { 2.0 };
+                            re += w * (xr * c - xi * s);
+                        }
+                    }
+                }
+                let at = ((o * n_out + k) * inner + i) * c_out;
+                y[at] = (re * scale) as f32;
+                if c_out == 2 {
+                    y[at + 1] = (im * scale) as f32;
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------ f32 c2c FFT
+//
+// The expected outputs come from numpy's pocketfft run in single precision,
+// and values that are mathematically zero carry its f32 rounding residue
+// (~1e-7, the size of the suite's atol). Reproducing pocketfft's radix-2/3/
+// 4/5 passes operation for operation gives the same residue; lengths with
+// other factors fall back to the f64 direct sum.
+
+type C = [f32; 2];
+
+#[inline]
+fn cadd(a: C, b: C) -> C {
+    [a[0] + b[0], a[1] + b[1]]
+}
+
+#[inline]
+fn csub(a: C, b: C) -> C {
+    [a[0] - b[0], a[1] - b[1]]
+}
+
+/// `v` times `w` (backward) or times conj(`w`) (forward).
+#[inline]
+fn smul(v: C, w: C, fwd: bool) -> C {
+    if fwd {
+        [v[0] * w[0] + v[1] * w[1], v[1] * w[0] - v[0] * w[1]]
+    } else {
+        [v[0] * w[0] - v[1] * w[1], v[0] * w[1] + v[1] * w[0]]
+    }
+}
+
+/// pocketfft's `cfftp` plan: radix factors with their twiddle offsets.
+#[derive(Debug)]
+struct Cfftp {
+    n: usize,
+    fact: Vec<(usize, usize)>,
+    tw: Vec<C>,
+}
+
+impl Cfftp {
+    /// The plan for length `n`, or `None` when a factor is not 2, 3, 4 or 5
+    /// (pocketfft would use radix 7, 8, 11, a generic pass or Bluestein).
+    fn new(n: usize) -> Option<Self> {
+        if n == 0 {
+            return None;
+        }
+        let mut f: Vec<usize> = Vec::new();
+        let mut len = n;
+        if len % 8 == 0 {
+            return None;
+        }
+        while len % 4 == 0 {
+            f.push(4);
+            len /= 4;
+        }
+        if len % 2 == 0 {
+            len /= 2;
+            f.push(2);
+            let last = f.len() - 1;
+            f.swap(0, last);
+        }
+        let mut d = 3;
+        while d * d <= len {
+            while len % d == 0 {
+                f.push(d);
+                len /= d;
+            }
+            d += 2;
+        }
+        if len > 1 {
+            f.push(len);
+        }
+        if f.iter().any(|&p| p > 5) {
+            return None;
+        }
+        let root = |m: usize| -> C {
+            let a = 2.0 * core::f64::consts::PI * m as f64 / n as f64;
+            [libm::cos(a) as f32, libm::sin(a) as f32]
+        };
+        let mut tw = Vec::new();
+        let mut fact = Vec::new();
+        let mut l1 = 1;
+        for &ip in &f {
+            let ido = n / (l1 * ip);
+            fact.push((ip, tw.len()));
+            for j in 1..ip {
+                for i in 1..ido {
+                    tw.push(root(j * l1 * i));
+                }
+            }
+            l1 *= ip;
+        }
+        Some(Cfftp { n, fact, tw })
+    }
+
+    /// Transforms `c` in place (`ch` is a work buffer of the same length),
+    /// then scales by `fct` unless it is 1.
+    fn exec(&self, c: &mut [C], ch: &mut [C], fwd: bool, fct: f32) {
+        let n = self.n;
+        if n == 1 {
+            c[0] = [c[0][0] * fct, c[0][1] * fct];
+            return;
+        }
+        let mut l1 = 1;
+        let mut in_c = true;
+        for &(ip, off) in &self.fact {
+            let ido = n / (l1 * ip);
+            let wa = &self.tw[off..];
+            let (src, dst): (&[C], &mut [C]) = if in_c {
+                (&*c, &mut *ch)
+            } else {
+                (&*ch, &mut *c)
+            };
+            match ip {
+                2 => pass2(ido, l1, src, dst, wa, fwd),
+                3 => pass3(ido, l1, src, dst, wa, fwd),
+                4 => pass4(ido, l1, src, dst, wa, fwd),
+                _ => pass5(ido, l1, src, dst, wa, fwd),
+            }
+            in_c = !in_c;
+            l1 *= ip;
+        }
+        if !in_c {
+            for (d, s) in c[..n].iter_mut().zip(&ch[..n]) {
+                *d = if fct != 1.0 {
+                    [s[0] * fct, s[1] * fct]
+                } else {
+                    *s
+                };
+            }
+        } else if fct != 1.0 {
+            for d in c[..n].iter_mut() {
+                *d = [d[0] * fct, d[1] * fct];
+            }
+        }
+    }
+}
+
+fn pass2(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
+    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 2 * k)];
+    for k in 0..l1 {
+        ch[ido * k] = cadd(cci(0, 0, k), cci(0, 1, k));
+        ch[ido * (k + l1)] = csub(cci(0, 0, k), cci(0, 1, k));
+        for i in 1..ido {
+            ch[i + ido * k] = cadd(cci(i, 0, k), cci(i, 1, k));
+            ch[i + ido * (k + l1)] = smul(csub(cci(i, 0, k), cci(i, 1, k)), wa[i - 1], fwd);
+        }
+    }
+}
+
+fn pass3(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
+    let twr = -0.5f32;
+    let twi = if fwd { -1.0f32 } else { 1.0 } * (0.866_025_403_784_438_6_f64 as f32);
+    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 3 * k)];
+    for k in 0..l1 {
+        for i in 0..ido {
+            let t0 = cci(i, 0, k);
+            let t1 = cadd(cci(i, 1, k), cci(i, 2, k));
+            let t2 = csub(cci(i, 1, k), cci(i, 2, k));
+            ch[i + ido * k] = cadd(t0, t1);
+            let ca = [t0[0] + t1[0] * twr, t0[1] + t1[1] * twr];
+            let cb = [-(t2[1] * twi), t2[0] * twi];
+            let (u1, u2) = (cadd(ca, cb), csub(ca, cb));
+            if i == 0 {
+                ch[ido * (k + l1)] = u1;
+                ch[ido * (k + 2 * l1)] = u2;
+            } else {
+                ch[i + ido * (k + l1)] = smul(u1, wa[i - 1], fwd);
+                ch[i + ido * (k + 2 * l1)] = smul(u2, wa[i - 1 + (ido - 1)], fwd);
+            }
+        }
+    }
+}
+
+fn pass4(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
+    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 4 * k)];
+    for k in 0..l1 {
+        for i in 0..ido {
+            let (c0, c1, c2, c3) = (cci(i, 0, k), cci(i, 1, k), cci(i, 2, k), cci(i, 3, k));
+            let (t2, t1) = (cadd(c0, c2), csub(c0, c2));
+            let (t3, mut t4) = (cadd(c1, c3), csub(c1, c3));
+            t4 = if fwd {
+                [t4[1], -t4[0]]
+            } else {
+                [-t4[1], t4[0]]
+            };
+            let (o0, o1, o2, o3) = (cadd(t2, t3), cadd(t1, t4), csub(t2, t3), csub(t1, t4));
+            ch[i + ido * k] = o0;
+            if i == 0 {
+                ch[ido * (k + l1)] = o1;
+                ch[ido * (k + 2 * l1)] = o2;
+                ch[ido * (k + 3 * l1)] = o3;
+            } else {
+                let w = |x: usize| wa[i - 1 + x * (ido - 1)];
+                ch[i + ido * (k + l1)] = smul(o1, w(0), fwd);
+                ch[i + ido * (k + 2 * l1)] = smul(o2, w(1), fwd);
+                ch[i + ido * (k + 3 * l1)] = smul(o3, w(2), fwd);
+            }
+        }
+    }
+}
+
+fn pass5(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
+    let sign = if fwd { -1.0f32 } else { 1.0 };
+    let tw1r = 0.309_016_994_374_947_4_f64 as f32;
+    let tw1i = sign * (0.951_056_516_295_153_5_f64 as f32);
+    let tw2r = -0.809_016_994_374_947_4_f64 as f32;
+    let tw2i = sign * (0.587_785_252_292_473_1_f64 as f32);
+    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 5 * k)];
+    for k in 0..l1 {
+        for i in 0..ido {
+            let t0 = cci(i, 0, k);
+            let (t1, t4) = (
+                cadd(cci(i, 1, k), cci(i, 4, k)),
+                csub(cci(i, 1, k), cci(i, 4, k)),
+            );
+            let (t2, t3) = (
+                cadd(cci(i, 2, k), cci(i, 3, k)),
+                csub(cci(i, 2, k), cci(i, 3, k)),
+            );
+            ch[i + ido * k] = [t0[0] + t1[0] + t2[0], t0[1] + t1[1] + t2[1]];
+            let mut step = |u1: usize, u2: usize, twar: f32, twbr: f32, twai: f32, twbi: f32| {
+                let ca = [
+                    t0[0] + twar * t1[0] + twbr * t2[0],
+                    t0[1] + twar * t1[1] + twbr * t2[1],
+                ];
+                let cb = [-(twai * t4[1] + twbi * t3[1]), twai * t4[0] + twbi * t3[0]];
+                let (a, b) = (cadd(ca, cb), csub(ca, cb));
+                if i == 0 {
+                    ch[ido * (k + u1 * l1)] = a;
+                    ch[ido * (k + u2 * l1)] = b;
+                } else {
+                    ch[i + ido * (k + u1 * l1)] = smul(a, wa[i - 1 + (u1 - 1) * (ido - 1)], fwd);
+                    ch[i + ido * (k + u2 * l1)] = smul(b, wa[i - 1 + (u2 - 1) * (ido - 1)], fwd);
+                }
+            };
+            step(1, 4, tw1r, tw2r, tw1i, tw2i);
+            step(2, 3, tw2r, tw1r, tw2i, -tw1i);
+        }
+    }
+}
+
+fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    dtype_in(x.dtype, &[DType::F32], "DFT")?;
+    let r = x.shape.len();
+    if r < 2 {
+        return Err(shape_err(
+            "DFT: input needs a signal axis and a component axis",
+        ));
+    }
+    let c_in = x.shape[r - 1];
+    if !(c_in == 1 || c_in == 2) {
+        return Err(shape_err("DFT: last axis must be 1 (real) or 2 (complex)"));
+    }
+    let ax = if ctx.opset >= 20 {
+        const_scalar(ctx, 2)?.unwrap_or(-2)
+    } else {
+        ctx.attr_int("axis", 1)?
+    };
+    let ax = norm_axis(ax, r, "axis")?;
+    if ax == r - 1 {
+        return Err(shape_err("DFT: axis cannot be the component axis"));
+    }
+    let inverse = ctx.attr_int("inverse", 0)? != 0;
+    let onesided = ctx.attr_int("onesided", 0)? != 0;
+    let n_in = x.shape[ax];
+    let n = match const_scalar(ctx, 1)? {
+        Some(v) => usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or(shape_err("DFT: dft_length must be positive"))?,
+        None if inverse && onesided => 2 * n_in.saturating_sub(1),
+        None => n_in,
+    };
+    if n == 0 {
+        return Err(shape_err("DFT: empty transform"));
+    }
+    let (dir, n_out, c_out) = match (inverse, onesided) {
+        (false, false) => (Dir::Forward, n, 2),
+        (false, true) => (Dir::Forward, n / 2 + 1, 2),
+        (true, false) => (Dir::Inverse, n, 2),
+        (true, true) => (Dir::InverseReal, n, 1),
+    };
+    let l = Layout {
+        outer: x.shape[..ax].iter().product(),
+        inner: x.shape[ax + 1..r - 1].iter().product(),
+        n_in,
+        c_in,
+        n_out,
+        c_out,
+    };
+    let mut out = x.shape.to_vec();
+    out[ax] = n_out;
+    out[r - 1] = c_out;
+    // numpy transforms real input in f64 but complex input (built from f32
+    // parts) in f32, so only the latter takes the f32 replica.
+    let plan = match dir {
+        Dir::InverseReal => None,
+        _ if c_in == 1 => None,
+        _ => Cfftp::new(n),
+    };
+    let Some(plan) = plan else {
+        let tw = twiddles(n);
+        return Ok(Prepared::single(
+            DType::F32,
+            &out,
+            kernel("DFT", move |io| {
+                let xs = io.input_slice::<f32>(0)?;
+                let y = io.output_slice::<f32>(0)?;
+                transform(xs, y, l, n, dir, &tw);
+                Ok(())
+            }),
+        ));
+    };
+    let fwd = dir == Dir::Forward;
+    // numpy scales the inverse by the f32 reciprocal of the length.
+    let fct = if fwd { 1.0 } else { 1.0 / n as f32 };
+    Ok(Prepared::single(
+        DType::F32,
+        &out,
+        kernel("DFT", move |io| {
+            let xs = io.input_slice::<f32>(0)?;
+            let (mut yt, scratch) = io.output_and_scratch(0)?;
+            let y = yt.as_slice_mut::<f32>()?;
+            let buf: &mut [C] = bytemuck::try_cast_slice_mut(scratch)
+                .map_err(|_| Error::new(ErrorKind::Internal("DFT scratch alignment")))?;
+            let (c, ch) = buf.split_at_mut(n);
+            for o in 0..l.outer {
+                for i in 0..l.inner {
+                    for (t, v) in c.iter_mut().enumerate() {
+                        *v = if t < l.n_in {
+                            let at = ((o * l.n_in + t) * l.inner + i) * l.c_in;
+                            [xs[at], if l.c_in == 2 { xs[at + 1] } else { 0.0 }]
+                        } else {
+                            [0.0, 0.0]
+                        };
+                    }
+                    plan.exec(c, ch, fwd, fct);
+                    for (k, v) in c[..l.n_out].iter().enumerate() {
+                        let at = ((o * l.n_out + k) * l.inner + i) * 2;
+                        y[at] = v[0];
+                        y[at + 1] = v[1];
+                    }
+                }
+            }
+            Ok(())
+        }),
+    )
+    .with_scratch(2 * n * core::mem::size_of::<C>()))
+}
+
+fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    dtype_in(x.dtype, &[DType::F32], "STFT")?;
+    if x.shape.len() != 3 || !(x.shape[2] == 1 || x.shape[2] == 2) {
+        return Err(shape_err("STFT: signal must be [batch, length, 1 or 2]"));
+    }
+    let (batch, len, c_in) = (x.shape[0], x.shape[1], x.shape[2]);
+    let step = const_scalar(ctx, 1)?.ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
+    let step = usize::try_from(step)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or(shape_err("STFT: frame_step must be positive"))?;
+    let win = ctx.opt_input(2);
+    if let Some(w) = win {
+        dtype_in(w.dtype, &[DType::F32], "STFT window")?;
+        if w.shape.len() != 1 {
+            return Err(shape_err("STFT: window must be 1-D"));
+        }
+    }
+    let win_len = win.map(|w| w.shape[0]);
+    let flen = match const_scalar(ctx, 3)? {
+        Some(v) => usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or(shape_err("STFT: frame_length must be positive"))?,
+        None => win_len.unwrap_or(len),
+    };
+    // Samples taken from each frame before the DFT pads or truncates them.
+    let wlen = win_len.unwrap_or(flen);
+    if wlen == 0 || flen > len {
+        return Err(shape_err("STFT: frame longer than the signal"));
+    }
+    let onesided = ctx.attr_int("onesided", 1)? != 0;
+    let frames = 1 + (len - flen) / step;
+    let bins = if onesided { flen / 2 + 1 } else { flen };
+    let used = wlen.min(flen);
+    let has_win = win.is_some();
+    let tw = twiddles(flen);
+    Ok(Prepared::single(
+        DType::F32,
+        &[batch, frames, bins, 2],
+        kernel("STFT", move |io| {
+            let xs = io.input_slice::<f32>(0)?;
+            let ws: &[f32] = if has_win {
+                io.input_slice::<f32>(2)?
+            } else {
+                &[]
+            };
+            let y = io.output_slice::<f32>(0)?;
+            for b in 0..batch {
+                for f in 0..frames {
+                    for k in 0..bins {
+                        let (mut re, mut im) = (0f64, 0f64);
+                        for t in 0..used {
+                            let pos = f * step + t;
+                            if pos >= len {
+                                break;
+                            }
+                            let w = if has_win { ws[t] as f64 } else { 1.0 };
+                            let at = (b * len + pos) * c_in;
+                            let xr = xs[at] as f64 * w;
+                            let xi = if c_in == 2 {
+                                xs[at + 1] as f64 * w
+                            } else {
+                                0.0
+                            };
+                            let (c, s) = tw[(k * t) % flen];
+                            re += xr * c + xi * s;
+                            im += xi * c - xr * s;
+                        }
+                        let at = ((b * frames + f) * bins + k) * 2;
+                        let o = y.get_mut(at..at + 2).ok_or_else(internal)?;
+                        o[0] = re as f32;
+                        o[1] = im as f32;
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+/// `vals` as a constant of the op's `output_datatype` (default float).
+fn float_const(ctx: &PrepareCtx<'_>, shape: &[usize], vals: &[f64]) -> Result<Prepared> {
+    let code = ctx.attr_int("output_datatype", 1)?;
+    let c = match code {
+        1 => {
+            let v: Vec<f32> = vals.iter().map(|&v| v as f32).collect();
+            Const::from_slice(shape, &v)?
+        }
+        11 => Const::from_slice(shape, vals)?,
+        10 => {
+            let v: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f64(v)).collect();
+            Const::from_slice(shape, &v)?
+        }
+        16 => {
+            let v: Vec<half::bf16> = vals.iter().map(|&v| half::bf16::from_f64(v)).collect();
+            Const::from_slice(shape, &v)?
+        }
+        _ => {
+            return Err(Error::new(ErrorKind::UnsupportedDType {
+                what: "output_datatype",
+                code: code as i32,
+            }))
+        }
+    };
+    Ok(Prepared::values(vec![c]))
+}
+
+/// Window length and the denominator N (periodic) or N - 1 (symmetric).
+fn window_params(ctx: &PrepareCtx<'_>) -> Result<(usize, f64)> {
+    let size = const_scalar(ctx, 0)?.ok_or(Error::new(ErrorKind::MissingInput { index: 0 }))?;
+    let size = usize::try_from(size).map_err(|_| shape_err("window size must be >= 0"))?;
+    let periodic = ctx.attr_int("periodic", 1)? != 0;
+    let den = if periodic {
+        size as f64
+    } else {
+        size as f64 - 1.0
+    };
+    Ok((size, den))
+}
+
+fn window(ctx: &PrepareCtx<'_>, f: impl Fn(f64) -> f64) -> Result<Prepared> {
+    let (size, den) = window_params(ctx)?;
+    let pi = core::f64::consts::PI;
+    let v: Vec<f64> = (0..size).map(|i| f(i as f64 * pi / den)).collect();
+    float_const(ctx, &[size], &v)
+}
+
+fn prepare_hann(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    window(ctx, |a| {
+        let s = libm::sin(a);
+        s * s
+    })
+}
+
+fn prepare_hamming(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = 25.0 / 46.0;
+    window(ctx, move |a| alpha - libm::cos(2.0 * a) * (1.0 - alpha))
+}
+
+fn prepare_blackman(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    window(ctx, |a| {
+        0.42 - 0.5 * libm::cos(2.0 * a) + 0.08 * libm::cos(4.0 * a)
+    })
+}
+
+fn prepare_mel(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let need = |i: usize| Error::new(ErrorKind::MissingInput { index: i });
+    let bins = const_scalar(ctx, 0)?.ok_or(need(0))?;
+    let dft_len = const_scalar(ctx, 1)?.ok_or(need(1))?;
+    let rate = const_scalar(ctx, 2)?.ok_or(need(2))?;
+    let lo = ctx
+        .const_floats(3)?
+        .and_then(|v| v.first().copied())
+        .ok_or(need(3))? as f64;
+    let hi = ctx
+        .const_floats(4)?
+        .and_then(|v| v.first().copied())
+        .ok_or(need(4))? as f64;
+    if bins <= 0 || dft_len <= 0 || rate <= 0 {
+        return Err(shape_err("MelWeightMatrix: sizes must be positive"));
+    }
+    let nb = bins as usize;
+    let spec = dft_len as usize / 2 + 1;
+    let ln10 = libm::log(10.0);
+    let lo_mel = 2595.0 * libm::log1p(lo / 700.0) / ln10;
+    let hi_mel = 2595.0 * libm::log1p(hi / 700.0) / ln10;
+    let step = (hi_mel - lo_mel) / (nb + 2) as f64;
+    let mut edges = Vec::with_capacity(nb + 2);
+    for i in 0..nb + 2 {
+        let mel = i as f64 * step + lo_mel;
+        let hz = 700.0 * libm::expm1(mel / 2595.0 * ln10);
+        edges.push(libm::floor((dft_len + 1) as f64 * hz / rate as f64) as i64);
+    }
+    let mut out = vec![0f64; spec * nb];
+    let mut set = |j: i64, i: usize, v: f64| -> Result<()> {
+        let j = usize::try_from(j)
+            .ok()
+            .filter(|&j| j < spec)
+            .ok_or(shape_err("MelWeightMatrix: band edge out of range"))?;
+        out[j * nb + i] = v;
+        Ok(())
+    };
+    for i in 0..nb {
+        let (l, c, h) = (edges[i], edges[i + 1], edges[i + 2]);
+        if c == l {
+            set(c, i, 1.0)?;
+        } else {
+            for j in l..=c {
+                set(j, i, (j - l) as f64 / (c - l) as f64)?;
+            }
+        }
+        if h > c {
+            for j in c..h {
+                set(j, i, (h - j) as f64 / (h - c) as f64)?;
+            }
+        }
+    }
+    float_const(ctx, &[spec, nb], &out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::AttrValue;
+    use crate::ops::testing::{assert_close, run, t, vals};
+
+    #[test]
+    fn dft_real_length4() {
+        // DFT of [1, 2, 3, 4] is [10, -2+2i, -2, -2-2i].
+        let x = t(&[1, 4, 1], &[1.0f32, 2.0, 3.0, 4.0]);
+        let y = run("DFT", 17, vec![], &[x], 1).unwrap();
+        assert_close(
+            &vals::<f32>(&y[0]),
+            &[10.0, 0.0, -2.0, 2.0, -2.0, 0.0, -2.0, -2.0],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn dft_inverse_onesided_roundtrip() {
+        // The one-sided spectrum of [1, 2, 3, 4] inverts back to the signal.
+        let x = t(&[1, 3, 2], &[10.0f32, 0.0, -2.0, 2.0, -2.0, 0.0]);
+        let y = run(
+            "DFT",
+            17,
+            vec![
+                ("inverse", AttrValue::Int(1)),
+                ("onesided", AttrValue::Int(1)),
+            ],
+            &[x],
+            1,
+        )
+        .unwrap();
+        assert_eq!(y[0].shape, vec![1, 4, 1]);
+        assert_close(&vals::<f32>(&y[0]), &[1.0, 2.0, 3.0, 4.0], 1e-6);
+    }
+
+    #[test]
+    fn stft_rectangular() {
+        // Two frames of length 2, step 2: bins are sum and difference.
+        let x = t(&[1, 4, 1], &[1.0f32, 2.0, 3.0, 5.0]);
+        let step = t(&[], &[2i64]);
+        let len = t(&[], &[2i64]);
+        let y = run("STFT", 17, vec![], &[x, step, None, len], 1).unwrap();
+        assert_eq!(y[0].shape, vec![1, 2, 2, 2]);
+        assert_close(
+            &vals::<f32>(&y[0]),
+            &[3.0, 0.0, -1.0, 0.0, 8.0, 0.0, -2.0, 0.0],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn hann_periodic_4() {
+        // sin²(πn/4): 0, 0.5, 1, 0.5.
+        let y = run("HannWindow", 17, vec![], &[t(&[], &[4i64])], 1).unwrap();
+        assert_close(&vals::<f32>(&y[0]), &[0.0, 0.5, 1.0, 0.5], 1e-7);
+    }
+
+    #[test]
+    fn hamming_symmetric_3() {
+        // alpha - beta cos(2πn/2): alpha - beta, 1, alpha - beta.
+        let y = run(
+            "HammingWindow",
+            17,
+            vec![("periodic", AttrValue::Int(0))],
+            &[t(&[], &[3i64])],
+            1,
+        )
+        .unwrap();
+        let e = 25.0 / 46.0 - 21.0 / 46.0;
+        assert_close(&vals::<f32>(&y[0]), &[e, 1.0, e], 1e-7);
+    }
+
+    #[test]
+    fn dft_complex_single_tone() {
+        // x_t = i^t has all its energy in bin 1: X = [0, 4, 0, 0].
+        let x = t(&[1, 4, 2], &[1.0f32, 0.0, 0.0, 1.0, -1.0, 0.0, 0.0, -1.0]);
+        let y = run("DFT", 17, vec![], &[x], 1).unwrap();
+        assert_close(
+            &vals::<f32>(&y[0]),
+            &[0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn radix_passes_match_direct_sum() {
+        // Every radix-2/3/4/5 pass, with and without twiddles, against the
+        // f64 direct sum, both directions.
+        for n in [1usize, 2, 3, 4, 5, 6, 9, 10, 12, 15, 20, 25, 36, 60] {
+            let plan = Cfftp::new(n).unwrap();
+            let r = crate::ops::testing::rnd(2 * n, n as u64);
+            let tw = twiddles(n);
+            for (fwd, dir) in [(true, Dir::Forward), (false, Dir::Inverse)] {
+                let mut c: Vec<C> = r.chunks(2).map(|p| [p[0], p[1]]).collect();
+                let mut ch = vec![[0.0f32; 2]; n];
+                let fct = if fwd { 1.0 } else { 1.0 / n as f32 };
+                plan.exec(&mut c, &mut ch, fwd, fct);
+                let mut want = vec![0.0f32; 2 * n];
+                let l = Layout {
+                    outer: 1,
+                    inner: 1,
+                    n_in: n,
+                    c_in: 2,
+                    n_out: n,
+                    c_out: 2,
+                };
+                transform(&r, &mut want, l, n, dir, &tw);
+                let got: Vec<f32> = c.iter().flatten().copied().collect();
+                assert_close(&got, &want, 1e-5);
+            }
+        }
+        assert!(Cfftp::new(7).is_none() && Cfftp::new(8).is_none());
+    }
+}
