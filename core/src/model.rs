@@ -210,6 +210,27 @@ pub struct Node {
     pub attrs: Vec<Attr>,
 }
 
+/// Outer-scope names the subgraph attributes of a node capture, sorted,
+/// without repeats. The importer appends them, in this order, to the node's
+/// inputs after its ONNX inputs, so the planner sees what a control-flow
+/// node reads and keeps it alive.
+pub fn captured_names(attrs: &[Attr]) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for a in attrs {
+        let graphs: &[Graph] = match &a.value {
+            AttrValue::Graph(g) => core::slice::from_ref(&**g),
+            AttrValue::Graphs(g) => g,
+            _ => continue,
+        };
+        for g in graphs {
+            v.extend(g.free_names().into_iter().map(String::from));
+        }
+    }
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 impl Node {
     /// The attribute of this name.
     pub fn attr(&self, name: &str) -> Option<&AttrValue> {
@@ -231,6 +252,40 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// Names this graph reads but neither defines, receives nor holds as
+    /// constants: the outer-scope values a control-flow body captures.
+    /// Sorted, without repeats.
+    pub fn free_names(&self) -> Vec<&str> {
+        let mut produced = alloc::vec![false; self.tensors.len()];
+        for n in &self.nodes {
+            for &o in n.outputs.iter().flatten() {
+                if let Some(p) = produced.get_mut(o as usize) {
+                    *p = true;
+                }
+            }
+        }
+        let read = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.inputs.iter().flatten())
+            .chain(self.outputs.iter());
+        let mut v: Vec<&str> = Vec::new();
+        for &t in read {
+            let Some(info) = self.tensors.get(t as usize) else {
+                continue;
+            };
+            if info.value.is_none()
+                && !self.inputs.contains(&t)
+                && !produced.get(t as usize).copied().unwrap_or(true)
+            {
+                v.push(&info.name);
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// The tensor of this name.
     pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
         self.tensors

@@ -214,11 +214,14 @@ fn import_graph(
         for a in n.attribute {
             attrs.push(import_attr(a, opsets, depth).map_err(|e| e.at_node(node_id))?);
         }
-        let inputs: Vec<Option<TensorId>> = n
+        let mut inputs: Vec<Option<TensorId>> = n
             .input
             .iter()
             .map(|s| if s.is_empty() { None } else { Some(b.id(s)) })
             .collect();
+        for name in crate::model::captured_names(&attrs) {
+            inputs.push(Some(b.id(&name)));
+        }
         let outputs: Vec<Option<TensorId>> = n
             .output
             .iter()

@@ -22,6 +22,7 @@ use crate::{DType, Element};
 
 pub mod activation;
 pub mod attention;
+pub mod control;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
@@ -87,6 +88,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     loss::OPS,
     image::OPS,
     signal::OPS,
+    control::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
