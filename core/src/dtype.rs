@@ -1,4 +1,13 @@
 //! Element types and their ONNX codes.
+//!
+//! The low-precision types of ONNX (8-bit floats, 4-bit floats and ints,
+//! 2-bit ints) are stored one element per byte in memory, sub-byte types
+//! **unpacked**: a code in the low bits (4-bit and 2-bit ints sign-extended
+//! to the whole byte for the signed ones, so an `INT4` byte reads as the
+//! `i8` it stands for). Import unpacks the packed `TensorProto` layout. This
+//! keeps every tensor byte-addressable (planning, slicing, Gather and the
+//! like work unchanged) at a cost of 2x memory for 4-bit types and 4x for
+//! 2-bit ones.
 
 use half::{bf16, f16};
 
@@ -32,11 +41,30 @@ pub enum DType {
     U64,
     /// Boolean, one byte per element (0 or 1).
     Bool,
+    /// 8-bit float, 4 exponent bits, 3 mantissa bits, no infinity
+    /// (`FLOAT8E4M3FN`).
+    F8E4M3FN,
+    /// 8-bit float E4M3, no infinity, no negative zero (`FLOAT8E4M3FNUZ`).
+    F8E4M3FNUZ,
+    /// 8-bit float, 5 exponent bits, 2 mantissa bits, IEEE-like (`FLOAT8E5M2`).
+    F8E5M2,
+    /// 8-bit float E5M2, no infinity, no negative zero (`FLOAT8E5M2FNUZ`).
+    F8E5M2FNUZ,
+    /// Unsigned 4-bit integer, unpacked: one byte (0..=15) per element.
+    U4,
+    /// Signed 4-bit integer, unpacked: one byte (-8..=7 as `i8`) per element.
+    I4,
+    /// 4-bit float E2M1 (`FLOAT4E2M1`), unpacked: the code in the low nibble.
+    F4E2M1,
+    /// Unsigned 2-bit integer, unpacked: one byte (0..=3) per element.
+    U2,
+    /// Signed 2-bit integer, unpacked: one byte (-2..=1 as `i8`) per element.
+    I2,
 }
 
 impl DType {
     /// All supported element types.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 22] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -50,12 +78,32 @@ impl DType {
         DType::I64,
         DType::U64,
         DType::Bool,
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
+        DType::U4,
+        DType::I4,
+        DType::F4E2M1,
+        DType::U2,
+        DType::I2,
     ];
 
-    /// Bytes per element.
+    /// Bytes per element (in memory: sub-byte types take a whole byte).
     pub const fn size(self) -> usize {
         match self {
-            DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::I8
+            | DType::U8
+            | DType::Bool
+            | DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::U4
+            | DType::I4
+            | DType::F4E2M1
+            | DType::U2
+            | DType::I2 => 1,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -63,7 +111,7 @@ impl DType {
     }
 
     /// From the ONNX `TensorProto.DataType` code; `None` for types mote does
-    /// not store (strings, complex, 4-bit and 8-bit floats).
+    /// not store (strings, complex, E8M0, 6-bit floats).
     pub const fn from_onnx(code: i32) -> Option<DType> {
         Some(match code {
             1 => DType::F32,
@@ -79,6 +127,15 @@ impl DType {
             12 => DType::U32,
             13 => DType::U64,
             16 => DType::BF16,
+            17 => DType::F8E4M3FN,
+            18 => DType::F8E4M3FNUZ,
+            19 => DType::F8E5M2,
+            20 => DType::F8E5M2FNUZ,
+            21 => DType::U4,
+            22 => DType::I4,
+            23 => DType::F4E2M1,
+            25 => DType::U2,
+            26 => DType::I2,
             _ => return None,
         })
     }
@@ -99,6 +156,15 @@ impl DType {
             DType::U32 => 12,
             DType::U64 => 13,
             DType::BF16 => 16,
+            DType::F8E4M3FN => 17,
+            DType::F8E4M3FNUZ => 18,
+            DType::F8E5M2 => 19,
+            DType::F8E5M2FNUZ => 20,
+            DType::U4 => 21,
+            DType::I4 => 22,
+            DType::F4E2M1 => 23,
+            DType::U2 => 25,
+            DType::I2 => 26,
         }
     }
 
@@ -118,6 +184,15 @@ impl DType {
             DType::I64 => "int64",
             DType::U64 => "uint64",
             DType::Bool => "bool",
+            DType::F8E4M3FN => "float8_e4m3fn",
+            DType::F8E4M3FNUZ => "float8_e4m3fnuz",
+            DType::F8E5M2 => "float8_e5m2",
+            DType::F8E5M2FNUZ => "float8_e5m2fnuz",
+            DType::U4 => "uint4",
+            DType::I4 => "int4",
+            DType::F4E2M1 => "float4_e2m1fn",
+            DType::U2 => "uint2",
+            DType::I2 => "int2",
         }
     }
 
@@ -129,15 +204,16 @@ impl DType {
                 8 => "string",
                 14 => "complex64",
                 15 => "complex128",
-                17..=20 => "float8",
-                21 | 22 => "4-bit int",
-                23 => "float4",
+                24 => "float8_e8m0fnu",
+                27 | 28 => "float6",
                 _ => "undefined",
             },
         }
     }
 
-    /// True for floating-point types.
+    /// True for the common floating-point types (f32, f64, f16, bf16); the
+    /// 8-bit and 4-bit floats answer [`DType::is_minifloat`] instead, as no
+    /// arithmetic kernel reads them directly.
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
@@ -156,6 +232,215 @@ impl DType {
                 | DType::U64
         )
     }
+}
+
+impl DType {
+    /// True for the 8-bit and 4-bit floats.
+    pub const fn is_minifloat(self) -> bool {
+        matches!(
+            self,
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F4E2M1
+        )
+    }
+
+    /// Range of the 4-bit and 2-bit integer types; `None` for the others.
+    pub const fn small_int_range(self) -> Option<(i64, i64)> {
+        match self {
+            DType::U4 => Some((0, 15)),
+            DType::I4 => Some((-8, 7)),
+            DType::U2 => Some((0, 3)),
+            DType::I2 => Some((-2, 1)),
+            _ => None,
+        }
+    }
+
+    /// Bits of a sub-byte type as stored in files (4 or 2); `None` otherwise.
+    pub const fn packed_bits(self) -> Option<u32> {
+        match self {
+            DType::U4 | DType::I4 | DType::F4E2M1 => Some(4),
+            DType::U2 | DType::I2 => Some(2),
+            _ => None,
+        }
+    }
+
+    /// The in-memory byte of a sub-byte value from its packed code (the
+    /// `bits` low bits of `code`): signed ints are sign-extended.
+    pub const fn unpack_code(self, code: u8) -> u8 {
+        match self {
+            DType::I4 => (((code & 0xF) << 4) as i8 >> 4) as u8,
+            DType::I2 => (((code & 0x3) << 6) as i8 >> 6) as u8,
+            DType::U4 | DType::F4E2M1 => code & 0xF,
+            DType::U2 => code & 0x3,
+            _ => code,
+        }
+    }
+
+    /// A 4-bit or 2-bit int from an integer: wraps modulo 2^bits (as
+    /// ml_dtypes converts integers), stored unpacked.
+    pub const fn wrap_small_int(self, v: i128) -> u8 {
+        self.unpack_code(v as u8)
+    }
+
+    /// A 4-bit or 2-bit int from a float: truncated toward zero, and 0 when
+    /// NaN or out of range (what ml_dtypes, hence the ONNX reference, does).
+    pub fn small_int_from_f64(self, v: f64) -> u8 {
+        let Some((lo, hi)) = self.small_int_range() else {
+            return 0;
+        };
+        let t = libm::trunc(v);
+        if t >= lo as f64 && t <= hi as f64 {
+            (t as i64) as u8
+        } else {
+            0
+        }
+    }
+
+    fn minifloat(self) -> Option<MiniFloat> {
+        let (man, bias, max, special, sign) = match self {
+            DType::F8E4M3FN => (3, 7, 0x7E, Special::Fn, 0x80),
+            DType::F8E4M3FNUZ => (3, 8, 0x7F, Special::Fnuz, 0x80),
+            DType::F8E5M2 => (2, 15, 0x7B, Special::Ieee, 0x80),
+            DType::F8E5M2FNUZ => (2, 16, 0x7F, Special::Fnuz, 0x80),
+            DType::F4E2M1 => (1, 1, 0x7, Special::Finite, 0x8),
+            _ => return None,
+        };
+        Some(MiniFloat {
+            man,
+            bias,
+            max,
+            special,
+            sign,
+        })
+    }
+
+    /// Value of a minifloat byte (`NaN` for non-minifloat dtypes).
+    pub fn minifloat_to_f64(self, code: u8) -> f64 {
+        match self.minifloat() {
+            Some(m) => m.decode(code),
+            None => f64::NAN,
+        }
+    }
+
+    /// A minifloat byte from `x`, rounded to nearest even. `saturate` (the
+    /// Cast attribute) clamps out-of-range values and infinities to the
+    /// largest finite value; without it they become infinity (E5M2) or NaN.
+    /// FLOAT4E2M1 has neither, so it always saturates.
+    pub fn minifloat_from_f64(self, x: f64, saturate: bool) -> u8 {
+        match self.minifloat() {
+            Some(m) => m.encode(x, saturate),
+            None => 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Special {
+    /// Exponent all ones is infinity (mantissa 0) or NaN (E5M2).
+    Ieee,
+    /// No infinity; all ones is NaN (E4M3FN).
+    Fn,
+    /// No infinity, no negative zero; 0x80 is the only NaN.
+    Fnuz,
+    /// No infinity, no NaN (FLOAT4E2M1).
+    Finite,
+}
+
+/// Layout of a minifloat: mantissa bits, exponent bias, the largest finite
+/// magnitude code, special values and the sign bit.
+struct MiniFloat {
+    man: u32,
+    bias: i32,
+    max: u32,
+    special: Special,
+    sign: u8,
+}
+
+impl MiniFloat {
+    fn decode(&self, code: u8) -> f64 {
+        let neg = code & self.sign != 0;
+        let mag = (code & (self.sign - 1)) as u32;
+        match self.special {
+            Special::Fnuz if code == 0x80 => return f64::NAN,
+            Special::Fn if mag == 0x7F => return f64::NAN,
+            Special::Ieee if mag > self.max + 1 => return f64::NAN,
+            Special::Ieee if mag == self.max + 1 => {
+                return if neg {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::INFINITY
+                };
+            }
+            _ => {}
+        }
+        let e = (mag >> self.man) as i32;
+        let f = (mag & ((1 << self.man) - 1)) as f64;
+        let v = if e == 0 {
+            f * pow2(1 - self.bias - self.man as i32)
+        } else {
+            (f + (1u32 << self.man) as f64) * pow2(e - self.bias - self.man as i32)
+        };
+        if neg {
+            -v
+        } else {
+            v
+        }
+    }
+
+    fn encode(&self, x: f64, saturate: bool) -> u8 {
+        let sign = if x.is_sign_negative() { self.sign } else { 0 };
+        let saturate = saturate || self.special == Special::Finite;
+        let overflow = || -> u8 {
+            if saturate {
+                return self.max as u8 | sign;
+            }
+            match self.special {
+                Special::Ieee => (self.max + 1) as u8 | sign,
+                Special::Fn => 0x7F | sign,
+                _ => 0x80,
+            }
+        };
+        if x.is_nan() {
+            return match self.special {
+                Special::Ieee => 0x7E | sign,
+                Special::Fn => 0x7F | sign,
+                Special::Fnuz => 0x80,
+                // ml_dtypes turns +NaN into the -0 code of FLOAT4E2M1 (and
+                // -NaN into +0); the reference outputs follow it.
+                Special::Finite => self.sign ^ sign,
+            };
+        }
+        let a = x.abs();
+        if a.is_infinite() {
+            return overflow();
+        }
+        let emin = 1 - self.bias;
+        let mag: u64 = if a < pow2(emin) {
+            // Subnormal grid; rounding up to 2^man lands on the smallest
+            // normal code, which is the right encoding.
+            libm::rint(a * pow2(self.man as i32 - emin)) as u64
+        } else {
+            let e = ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023;
+            if e - emin > 40 {
+                return overflow();
+            }
+            let frac = a * pow2(-e) - 1.0;
+            let q = libm::rint(frac * pow2(self.man as i32)) as u64;
+            // A carry out of the mantissa bumps the exponent by itself.
+            (((e + self.bias) as u64) << self.man) + q
+        };
+        if mag > self.max as u64 {
+            return overflow();
+        }
+        if mag == 0 && self.special == Special::Fnuz {
+            return 0;
+        }
+        mag as u8 | sign
+    }
+}
+
+/// 2^e for the small exponents minifloats need (exact).
+fn pow2(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
 }
 
 impl core::fmt::Display for DType {

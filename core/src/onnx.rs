@@ -399,6 +399,9 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
             got: got as u64,
         })
     };
+    if let Some(bits) = dtype.packed_bits() {
+        return unpack_sub_byte(dtype, bits, shape, n, t.raw_data, &t.int32_data);
+    }
     if let Some(raw) = t.raw_data {
         if raw.len() != bytes {
             return Err(len_err(raw.len()));
@@ -447,6 +450,43 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
                 chunk.copy_from_slice(v.get(..sz).unwrap_or(&[]));
             }
         }
+    }
+    Ok(Const { dtype, shape, data })
+}
+
+/// Sub-byte types come packed (low bits first, in `raw_data` or one packed
+/// byte per `int32_data` entry); mote keeps them one element per byte.
+fn unpack_sub_byte(
+    dtype: DType,
+    bits: u32,
+    shape: Vec<usize>,
+    n: usize,
+    raw: Option<Bytes>,
+    int32: &[i32],
+) -> Result<Const> {
+    let per = (8 / bits) as usize;
+    let packed = n.div_ceil(per);
+    let got = match &raw {
+        Some(r) => r.len(),
+        None => int32.len(),
+    };
+    if got != packed {
+        return Err(Error::new(ErrorKind::Len {
+            expected: packed as u64,
+            got: got as u64,
+        }));
+    }
+    let byte = |k: usize| -> u8 {
+        match &raw {
+            Some(r) => r.get(k).copied().unwrap_or(0),
+            None => int32.get(k).copied().unwrap_or(0) as u8,
+        }
+    };
+    let mut data = ConstData::zeroed(n)?;
+    let mask = (1u8 << bits) - 1;
+    for (i, o) in data.bytes_mut().iter_mut().enumerate() {
+        let code = (byte(i / per) >> ((i % per) as u32 * bits)) & mask;
+        *o = dtype.unpack_code(code);
     }
     Ok(Const { dtype, shape, data })
 }

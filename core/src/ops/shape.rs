@@ -1109,11 +1109,17 @@ fn read_num(dt: DType, b: &[u8]) -> Num {
         DType::U32 => Num::I(u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as i128),
         DType::I64 => Num::I(i64::from_le_bytes(w) as i128),
         DType::U64 => Num::I(u64::from_le_bytes(w) as i128),
+        DType::I4 | DType::I2 => Num::I(w[0] as i8 as i128),
+        DType::U4 | DType::U2 => Num::I(w[0] as i128),
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F4E2M1 => {
+            Num::F(dt.minifloat_to_f64(w[0]))
+        }
     }
 }
 
 #[inline]
-fn write_num(dt: DType, v: Num, out: &mut [u8]) {
+/// `saturate` is the Cast attribute: only the 8-bit floats look at it.
+fn write_num(dt: DType, v: Num, saturate: bool, out: &mut [u8]) {
     let mut w = [0u8; 8];
     let es = dt.size();
     let (f, i) = match v {
@@ -1145,6 +1151,13 @@ fn write_num(dt: DType, v: Num, out: &mut [u8]) {
             };
             w = u.to_le_bytes()
         }
+        _ if dt.is_minifloat() => w[0] = dt.minifloat_from_f64(f, saturate),
+        _ if dt.small_int_range().is_some() => {
+            w[0] = match v {
+                Num::F(f) => dt.small_int_from_f64(f),
+                Num::I(i) => dt.wrap_small_int(i),
+            }
+        }
         _ => w = (i as u64).to_le_bytes(),
     }
     out.copy_from_slice(&w[..es]);
@@ -1172,6 +1185,7 @@ fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
         return Ok(Prepared::alias(to, x.shape));
     }
     let (ei, eo) = (from.size(), to.size());
+    let saturate = ctx.attr_int("saturate", 1)? != 0;
     Ok(Prepared::single(
         to,
         x.shape,
@@ -1179,7 +1193,7 @@ fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
             let src = io.input(0)?.bytes();
             let mut y = io.output(0)?;
             for (i, o) in src.chunks_exact(ei).zip(y.bytes_mut().chunks_exact_mut(eo)) {
-                write_num(to, read_num(from, i), o);
+                write_num(to, read_num(from, i), saturate, o);
             }
             Ok(())
         }),
@@ -1348,6 +1362,10 @@ fn prepare_cmp(ctx: &PrepareCtx<'_>, name: &'static str, c: Cmp) -> Result<Prepa
         DType::U64 => cmp_typed::<u64>(sa, sb, name, cmp_fn!(c, u64)),
         DType::F16 => cmp_typed::<half::f16>(sa, sb, name, cmp_fn!(c, half::f16)),
         DType::BF16 => cmp_typed::<half::bf16>(sa, sb, name, cmp_fn!(c, half::bf16)),
+        dt => Err(Error::new(ErrorKind::UnsupportedDType {
+            what: name,
+            code: dt.onnx_code(),
+        })),
     }
 }
 
