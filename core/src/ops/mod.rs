@@ -28,6 +28,7 @@ pub mod elementwise;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
 pub mod resize;
 pub mod rnn;
@@ -75,6 +76,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     attention::OPS,
     rnn::OPS,
     einsum::OPS,
+    quant::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
