@@ -460,3 +460,80 @@ macro_rules! element {
 }
 element!(f32 => F32, f64 => F64, f16 => F16, bf16 => BF16, i8 => I8, u8 => U8, i16 => I16,
     u16 => U16, i32 => I32, u32 => U32, i64 => I64, u64 => U64);
+
+#[cfg(test)]
+mod tests {
+    use super::DType;
+
+    #[test]
+    fn minifloat_decodes_by_layout() {
+        // E4M3FN: 0 0111 000 = 1, 0 1111 110 = 448 (max), 0x7F = NaN,
+        // 0 0000 001 = 2^-9 (smallest subnormal).
+        let d = DType::F8E4M3FN;
+        assert_eq!(d.minifloat_to_f64(0x38), 1.0);
+        assert_eq!(d.minifloat_to_f64(0x7E), 448.0);
+        assert!(d.minifloat_to_f64(0x7F).is_nan());
+        assert_eq!(d.minifloat_to_f64(0x01), 1.0 / 512.0);
+        assert_eq!(d.minifloat_to_f64(0xC0), -2.0);
+        // FNUZ: 0x80 is NaN, bias 8 (0x40 = 1), max 0x7F = 240.
+        assert!(DType::F8E4M3FNUZ.minifloat_to_f64(0x80).is_nan());
+        assert_eq!(DType::F8E4M3FNUZ.minifloat_to_f64(0x40), 1.0);
+        assert_eq!(DType::F8E4M3FNUZ.minifloat_to_f64(0x7F), 240.0);
+        // E5M2: 0x7C = inf, 0x7B = 57344, 0x3C = 1.
+        assert_eq!(DType::F8E5M2.minifloat_to_f64(0x7C), f64::INFINITY);
+        assert_eq!(DType::F8E5M2.minifloat_to_f64(0x7B), 57344.0);
+        assert_eq!(DType::F8E5M2.minifloat_to_f64(0x3C), 1.0);
+        assert_eq!(DType::F8E5M2FNUZ.minifloat_to_f64(0x7F), 57344.0);
+        // E2M1 codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+        let f4: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        for (c, &v) in f4.iter().enumerate() {
+            assert_eq!(DType::F4E2M1.minifloat_to_f64(c as u8), v);
+            assert_eq!(DType::F4E2M1.minifloat_to_f64(c as u8 | 8), -v);
+        }
+    }
+
+    #[test]
+    fn minifloat_encoding_rounds_even_and_saturates() {
+        let d = DType::F8E4M3FN;
+        // 1.0625 is halfway between 1 (0x38) and 1.125 (0x39): even wins.
+        assert_eq!(d.minifloat_from_f64(1.0625, true), 0x38);
+        assert_eq!(d.minifloat_from_f64(1.1875, true), 0x3A);
+        // 464 is halfway between 448 and the NaN slot: ties to 448; above
+        // it overflows to NaN, or to 448 when saturating.
+        assert_eq!(d.minifloat_from_f64(464.0, false), 0x7E);
+        assert_eq!(d.minifloat_from_f64(465.0, false), 0x7F);
+        assert_eq!(d.minifloat_from_f64(-1e6, true), 0xFE);
+        assert_eq!(d.minifloat_from_f64(f64::INFINITY, false), 0x7F);
+        // Below half the smallest subnormal: signed zero (none in FNUZ).
+        assert_eq!(d.minifloat_from_f64(-1e-4, true), 0x80);
+        assert_eq!(DType::F8E4M3FNUZ.minifloat_from_f64(-1e-4, true), 0x00);
+        assert_eq!(DType::F8E4M3FNUZ.minifloat_from_f64(300.0, false), 0x80);
+        // E5M2 overflows to infinity without saturation.
+        assert_eq!(DType::F8E5M2.minifloat_from_f64(1e6, false), 0x7C);
+        assert_eq!(DType::F8E5M2.minifloat_from_f64(1e6, true), 0x7B);
+        assert_eq!(DType::F8E5M2.minifloat_from_f64(f64::NAN, true), 0x7E);
+        // E2M1 always saturates: 5 ties to 4 (even), 100 -> 6.
+        assert_eq!(DType::F4E2M1.minifloat_from_f64(5.0, false), 0x6);
+        assert_eq!(DType::F4E2M1.minifloat_from_f64(-100.0, false), 0xF);
+        assert_eq!(DType::F4E2M1.minifloat_from_f64(0.25, false), 0x0);
+    }
+
+    #[test]
+    fn small_ints_wrap_from_ints_and_zero_out_of_range_floats() {
+        assert_eq!(DType::I4.wrap_small_int(9), (-7i8) as u8);
+        assert_eq!(DType::U4.wrap_small_int(-1), 15);
+        assert_eq!(DType::I2.wrap_small_int(3), (-1i8) as u8);
+        assert_eq!(DType::I4.small_int_from_f64(-8.9), (-8i8) as u8);
+        assert_eq!(DType::I4.small_int_from_f64(8.0), 0);
+        assert_eq!(DType::U2.small_int_from_f64(3.7), 3);
+        assert_eq!(DType::U4.small_int_from_f64(f64::NAN), 0);
+        assert_eq!(DType::I4.unpack_code(0xF), 0xFF);
+    }
+
+    #[test]
+    fn onnx_codes_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_onnx(d.onnx_code()), Some(d));
+        }
+    }
+}

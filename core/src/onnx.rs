@@ -490,3 +490,45 @@ fn unpack_sub_byte(
     }
     Ok(Const { dtype, shape, data })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proto(
+        code: i32,
+        dims: &[i64],
+        raw: Option<&[u8]>,
+        int32: &[i32],
+    ) -> mote_proto::TensorProto {
+        mote_proto::TensorProto {
+            dims: dims.to_vec(),
+            data_type: Some(code),
+            raw_data: raw.map(Bytes::copy_from_slice),
+            int32_data: int32.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sub_byte_tensors_are_unpacked_low_bits_first() {
+        // INT4 [-8, 7, -1] packed: 0x78, then 0x0F with a padding nibble.
+        let c = tensor_from_proto(proto(22, &[3], Some(&[0x78, 0x0F]), &[])).unwrap();
+        assert_eq!(c.dtype, DType::I4);
+        assert_eq!(c.data.bytes(), [0xF8, 0x07, 0xFF]);
+        // UINT4 from int32_data: one packed byte per entry.
+        let c = tensor_from_proto(proto(21, &[2], None, &[0xA5])).unwrap();
+        assert_eq!(c.data.bytes(), [5, 10]);
+        // INT2 [1, -2, -1, 0, 1]: 0b00_11_10_01, then 0b01.
+        let c = tensor_from_proto(proto(26, &[5], Some(&[0b0011_1001, 0b01]), &[])).unwrap();
+        assert_eq!(c.data.bytes(), [1, 0xFE, 0xFF, 0, 1]);
+        // A byte short of the packed length is refused.
+        assert!(tensor_from_proto(proto(23, &[3], Some(&[0x11]), &[])).is_err());
+        // Float8 is one byte per element, in raw_data or int32_data.
+        let c = tensor_from_proto(proto(17, &[2], None, &[0x38, 0x7E])).unwrap();
+        assert_eq!(
+            (c.dtype, c.data.bytes()),
+            (DType::F8E4M3FN, &[0x38u8, 0x7E][..])
+        );
+    }
+}
