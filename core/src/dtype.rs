@@ -60,11 +60,25 @@ pub enum DType {
     U2,
     /// Signed 2-bit integer, unpacked: one byte (-2..=1 as `i8`) per element.
     I2,
+    /// 8-bit power of two 2^(code - 127), 0xFF is NaN (`FLOAT8E8M0`, the
+    /// scale type of microscaling formats).
+    F8E8M0,
+}
+
+/// Rounding of a Cast to [`DType::F8E8M0`] (its `round_mode` attribute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum E8M0Round {
+    /// Toward +infinity in magnitude (the ONNX default).
+    Up,
+    /// Toward zero.
+    Down,
+    /// To nearest.
+    Nearest,
 }
 
 impl DType {
     /// All supported element types.
-    pub const ALL: [DType; 22] = [
+    pub const ALL: [DType; 23] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -87,6 +101,7 @@ impl DType {
         DType::F4E2M1,
         DType::U2,
         DType::I2,
+        DType::F8E8M0,
     ];
 
     /// Bytes per element (in memory: sub-byte types take a whole byte).
@@ -103,7 +118,8 @@ impl DType {
             | DType::I4
             | DType::F4E2M1
             | DType::U2
-            | DType::I2 => 1,
+            | DType::I2
+            | DType::F8E8M0 => 1,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -111,7 +127,7 @@ impl DType {
     }
 
     /// From the ONNX `TensorProto.DataType` code; `None` for types mote does
-    /// not store (strings, complex, E8M0, 6-bit floats).
+    /// not store (strings, complex, 6-bit floats).
     pub const fn from_onnx(code: i32) -> Option<DType> {
         Some(match code {
             1 => DType::F32,
@@ -134,6 +150,7 @@ impl DType {
             21 => DType::U4,
             22 => DType::I4,
             23 => DType::F4E2M1,
+            24 => DType::F8E8M0,
             25 => DType::U2,
             26 => DType::I2,
             _ => return None,
@@ -163,6 +180,7 @@ impl DType {
             DType::U4 => 21,
             DType::I4 => 22,
             DType::F4E2M1 => 23,
+            DType::F8E8M0 => 24,
             DType::U2 => 25,
             DType::I2 => 26,
         }
@@ -193,6 +211,7 @@ impl DType {
             DType::F4E2M1 => "float4_e2m1fn",
             DType::U2 => "uint2",
             DType::I2 => "int2",
+            DType::F8E8M0 => "float8_e8m0fnu",
         }
     }
 
@@ -204,7 +223,6 @@ impl DType {
                 8 => "string",
                 14 => "complex64",
                 15 => "complex128",
-                24 => "float8_e8m0fnu",
                 27 | 28 => "float6",
                 _ => "undefined",
             },
@@ -313,8 +331,15 @@ impl DType {
         })
     }
 
-    /// Value of a minifloat byte (`NaN` for non-minifloat dtypes).
+    /// Value of a minifloat (or E8M0) byte (`NaN` for other dtypes).
     pub fn minifloat_to_f64(self, code: u8) -> f64 {
+        if self == DType::F8E8M0 {
+            return if code == 0xFF {
+                f64::NAN
+            } else {
+                pow2(code as i32 - 127)
+            };
+        }
         match self.minifloat() {
             Some(m) => m.decode(code),
             None => f64::NAN,
@@ -331,6 +356,31 @@ impl DType {
             None => 0,
         }
     }
+}
+
+/// An E8M0 byte from `x` (sign ignored), as `onnx.numpy_helper.to_float8e8m0`:
+/// only the f32 exponent survives; `round` decides how the mantissa bumps
+/// it, and `saturate` keeps the largest exponent from rounding into NaN.
+pub(crate) fn e8m0_from_f32(x: f32, saturate: bool, round: E8M0Round) -> u8 {
+    let bits = x.to_bits();
+    let e = (bits >> 23) & 0xFF;
+    if e == 0xFF {
+        return 0xFF;
+    }
+    let up = match round {
+        E8M0Round::Down => false,
+        E8M0Round::Up => bits & 0x7F_FFFF != 0,
+        E8M0Round::Nearest => {
+            // The reference's guard/round/sticky test, with its "lsb" being
+            // "exponent is non-zero".
+            let g = bits & 0x40_0000 != 0;
+            let r = bits & 0x20_0000 != 0;
+            let s = bits & 0x1F_FFFF != 0;
+            g && (r || s || e > 0)
+        }
+    };
+    let up = up && !(saturate && e == 0xFE);
+    (e + up as u32) as u8
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -528,6 +578,24 @@ mod tests {
         assert_eq!(DType::U2.small_int_from_f64(3.7), 3);
         assert_eq!(DType::U4.small_int_from_f64(f64::NAN), 0);
         assert_eq!(DType::I4.unpack_code(0xF), 0xFF);
+    }
+
+    #[test]
+    fn e8m0_keeps_the_exponent_and_rounds_by_mode() {
+        use super::{e8m0_from_f32, E8M0Round as R};
+        assert_eq!(DType::F8E8M0.minifloat_to_f64(127), 1.0);
+        assert_eq!(DType::F8E8M0.minifloat_to_f64(124), 0.125);
+        assert!(DType::F8E8M0.minifloat_to_f64(0xFF).is_nan());
+        // 1.1 = 1.1 * 2^0: up -> 2 (128), down -> 1 (127), nearest -> 1.
+        assert_eq!(e8m0_from_f32(1.1, true, R::Up), 128);
+        assert_eq!(e8m0_from_f32(1.1, true, R::Down), 127);
+        assert_eq!(e8m0_from_f32(1.1, true, R::Nearest), 127);
+        assert_eq!(e8m0_from_f32(1.75, true, R::Nearest), 128);
+        // Sign is dropped; the top exponent rounds into NaN unless saturating.
+        assert_eq!(e8m0_from_f32(-4.0, true, R::Up), 129);
+        assert_eq!(e8m0_from_f32(3e38, false, R::Up), 0xFF);
+        assert_eq!(e8m0_from_f32(3e38, true, R::Up), 0xFE);
+        assert_eq!(e8m0_from_f32(f32::INFINITY, true, R::Up), 0xFF);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use alloc::vec::Vec;
 
+use crate::dtype::{e8m0_from_f32, E8M0Round};
 use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::model::Const;
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
@@ -1111,15 +1112,19 @@ fn read_num(dt: DType, b: &[u8]) -> Num {
         DType::U64 => Num::I(u64::from_le_bytes(w) as i128),
         DType::I4 | DType::I2 => Num::I(w[0] as i8 as i128),
         DType::U4 | DType::U2 => Num::I(w[0] as i128),
-        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F4E2M1 => {
-            Num::F(dt.minifloat_to_f64(w[0]))
-        }
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F4E2M1
+        | DType::F8E8M0 => Num::F(dt.minifloat_to_f64(w[0])),
     }
 }
 
 #[inline]
-/// `saturate` is the Cast attribute: only the 8-bit floats look at it.
-fn write_num(dt: DType, v: Num, saturate: bool, out: &mut [u8]) {
+/// `saturate` and `round` are Cast attributes: only the 8-bit floats look
+/// at them.
+fn write_num(dt: DType, v: Num, saturate: bool, round: E8M0Round, out: &mut [u8]) {
     let mut w = [0u8; 8];
     let es = dt.size();
     let (f, i) = match v {
@@ -1151,6 +1156,8 @@ fn write_num(dt: DType, v: Num, saturate: bool, out: &mut [u8]) {
             };
             w = u.to_le_bytes()
         }
+        // The reference converts to f32 first.
+        DType::F8E8M0 => w[0] = e8m0_from_f32(f as f32, saturate, round),
         _ if dt.is_minifloat() => w[0] = dt.minifloat_from_f64(f, saturate),
         _ if dt.small_int_range().is_some() => {
             w[0] = match v {
@@ -1186,6 +1193,12 @@ fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
     }
     let (ei, eo) = (from.size(), to.size());
     let saturate = ctx.attr_int("saturate", 1)? != 0;
+    let round = match ctx.attr_str("round_mode", "up")? {
+        "up" => E8M0Round::Up,
+        "down" => E8M0Round::Down,
+        "nearest" => E8M0Round::Nearest,
+        _ => return Err(Error::new(ErrorKind::Unsupported("Cast round_mode"))),
+    };
     Ok(Prepared::single(
         to,
         x.shape,
@@ -1193,7 +1206,7 @@ fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
             let src = io.input(0)?.bytes();
             let mut y = io.output(0)?;
             for (i, o) in src.chunks_exact(ei).zip(y.bytes_mut().chunks_exact_mut(eo)) {
-                write_num(to, read_num(from, i), saturate, o);
+                write_num(to, read_num(from, i), saturate, round, o);
             }
             Ok(())
         }),
