@@ -374,7 +374,8 @@ fn prepare_dequantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             for i in 0..n {
                 let k = mode.index(i);
                 let z = zb.map_or(0.0, |b| load(xt, b, k));
-                let dx = round_to(calc, load(xt, xb, i) - z);
+                // x.astype(float32) first, as the reference does.
+                let dx = round_to(calc, load(xt, xb, i) as f32 as f64 - z);
                 let v = round_to(calc, dx * load(st, sb, k));
                 store_float(to, out, i, v);
             }
@@ -507,6 +508,40 @@ mod tests {
         .unwrap();
         assert_eq!(raw(&r[0])[3], 0b0101_0111);
         assert_eq!(raw(&r[0])[0], 0b1101_0010);
+    }
+
+    #[test]
+    fn quantize_float4_adds_zero_point_and_precision_rounds_first() {
+        // E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6; zero point 0.5 (code 1):
+        // 1.5 -> 3, 3.1 -> 3.0 (5), 100.5 -> 6 (7), 0.2 -> 0.
+        let r = run(
+            "QuantizeLinear",
+            23,
+            vec![],
+            &[
+                t(&[4], &[1f32, 2.6, 100.0, -0.3]),
+                t(&[], &[1f32]),
+                bytes_of(DType::F4E2M1, &[], &[1]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(raw(&r[0]), [3, 5, 7, 0]);
+        // 2.5 + 2^-10 is a tie in f16 and rounds to 2.5, then to 2 (even);
+        // in f32 it stays above 2.5 and rounds to 3.
+        let x = t(&[1], &[2.500_976_6f32]);
+        let q = |attrs| {
+            let r = run(
+                "QuantizeLinear",
+                23,
+                attrs,
+                &[x.clone(), t(&[], &[1f32]), t(&[], &[0i8])],
+                1,
+            );
+            vals::<i8>(&r.unwrap()[0])
+        };
+        assert_eq!(q(vec![]), [3]);
+        assert_eq!(q(vec![("precision", AttrValue::Int(10))]), [2]);
     }
 
     #[test]
