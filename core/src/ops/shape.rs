@@ -1796,6 +1796,35 @@ mod tests {
     }
 
     #[test]
+    fn cast_low_precision_types() {
+        let cast = |x: &Option<crate::model::Const>, to: i64, sat: i64| {
+            let a = vec![
+                ("to", AttrValue::Int(to)),
+                ("saturate", AttrValue::Int(sat)),
+            ];
+            run("Cast", 19, a, &[x.clone()], 1).unwrap().remove(0)
+        };
+        // E4M3FN: 1 = 0x38, 500 overflows to NaN (0x7F) or saturates to
+        // 448 (0x7E); E5M2 rounds 500 to 512 (0x60) and overflows to
+        // infinity (0x7C).
+        let x = t(&[3], &[1f32, 500.0, -1e6]);
+        assert_eq!(cast(&x, 17, 1).data.bytes(), &[0x38, 0x7E, 0xFE]);
+        assert_eq!(cast(&x, 17, 0).data.bytes(), &[0x38, 0x7F, 0xFF]);
+        assert_eq!(cast(&x, 19, 0).data.bytes(), &[0x3C, 0x60, 0xFC]);
+        // Back: E4M3FN 0xFE = -448.
+        let f8 = cast(&x, 17, 1);
+        let back = run("Cast", 19, vec![("to", AttrValue::Int(1))], &[Some(f8)], 1).unwrap();
+        assert_eq!(vals::<f32>(&back[0]), vec![1.0, 448.0, -448.0]);
+        // INT4 from floats truncates and zeroes what is out of range; from
+        // ints it wraps.
+        let x = t(&[4], &[-8.7f32, 7.9, 8.0, -9.0]);
+        assert_eq!(cast(&x, 22, 1).data.bytes(), &[0xF8, 7, 0, 0]);
+        let x = t(&[3], &[9i8, -9, 17]);
+        assert_eq!(cast(&x, 22, 1).data.bytes(), &[0xF9, 7, 1]);
+        assert_eq!(cast(&x, 21, 1).data.bytes(), &[9, 7, 1]);
+    }
+
+    #[test]
     fn range_and_constant_of_shape() {
         let r = run(
             "Range",
