@@ -1121,9 +1121,9 @@ fn read_num(dt: DType, b: &[u8]) -> Num {
     }
 }
 
-#[inline]
 /// `saturate` and `round` are Cast attributes: only the 8-bit floats look
 /// at them.
+#[inline]
 fn write_num(dt: DType, v: Num, saturate: bool, round: E8M0Round, out: &mut [u8]) {
     let mut w = [0u8; 8];
     let es = dt.size();
