@@ -34,6 +34,9 @@ pub(crate) struct Step {
     pub outputs: Vec<Option<TensorId>>,
     pub scratch: (usize, usize),
     pub inplace: bool,
+    /// Arena offset of the run-time shape records of a kernel with
+    /// data-dependent output shapes (one record per output).
+    pub shapes: Option<usize>,
 }
 
 /// Name, dtype and shape of a graph input or output of a plan.
@@ -47,6 +50,10 @@ pub struct IoInfo {
     pub shape: Vec<usize>,
     /// Tensor id in the model graph.
     pub id: TensorId,
+    /// `shape` is an upper bound: the output's shape depends on input
+    /// values (NonZero, Unique, ...) and [`crate::Session::output`] gives
+    /// the real one after a run.
+    pub dynamic: bool,
     /// The input's value was fixed at build time
     /// ([`SessionBuilder::input_value`]): it is not in the arena and
     /// [`crate::Session::run`] checks that the fed value equals it.
@@ -136,6 +143,8 @@ pub struct Plan {
     pub(crate) scratch_bytes: usize,
     pub(crate) inputs: Vec<IoInfo>,
     pub(crate) outputs: Vec<IoInfo>,
+    /// Per graph output: arena offset of its run-time shape record.
+    pub(crate) records: Vec<Option<usize>>,
     pub(crate) defaulted: Vec<String>,
     pub(crate) fingerprint: (usize, usize),
 }
@@ -280,6 +289,24 @@ fn byte_len(s: &Slot) -> Result<usize> {
         .ok_or(Error::new(ErrorKind::Overflow))
 }
 
+/// The shape in the run-time shape record at byte `at` of `bytes`.
+fn read_record(bytes: &[u8], at: usize) -> Result<Vec<usize>> {
+    const W: usize = core::mem::size_of::<usize>();
+    let word = |k: usize| -> Result<usize> {
+        let b = bytes
+            .get(at + k * W..at + (k + 1) * W)
+            .ok_or(Error::new(ErrorKind::Internal("shape record")))?;
+        let mut a = [0u8; W];
+        a.copy_from_slice(b);
+        Ok(usize::from_ne_bytes(a))
+    };
+    let rank = word(0)?;
+    if rank >= ops::SHAPE_RECORD {
+        return Err(Error::new(ErrorKind::Internal("shape record rank")));
+    }
+    (1..=rank).map(word).collect()
+}
+
 /// Runs one node on constant inputs with heap buffers (folding; op tests).
 pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> Result<Vec<Const>> {
     let def = ops::find(&node.domain, &node.op_type, opset)
@@ -358,9 +385,20 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
         }
     }
     let scratch = (off, prep.scratch);
-    let total = off
-        .checked_add(prep.scratch)
-        .ok_or(Error::new(ErrorKind::Overflow))?;
+    let rec_at = planner::align_up(
+        off.checked_add(prep.scratch)
+            .ok_or(Error::new(ErrorKind::Overflow))?,
+    )
+    .ok_or(Error::new(ErrorKind::Overflow))?;
+    let rec_len = ops::SHAPE_RECORD * core::mem::size_of::<usize>();
+    let total = if prep.dynamic {
+        rec_at
+            .checked_add(prep.outputs.len() * rec_len)
+            .ok_or(Error::new(ErrorKind::Overflow))?
+    } else {
+        off.checked_add(prep.scratch)
+            .ok_or(Error::new(ErrorKind::Overflow))?
+    };
     let mut buf = ConstData::zeroed(total)?;
     let graph = crate::model::Graph::default();
     {
@@ -375,6 +413,7 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
             outputs: &outs,
             scratch,
             inplace: false,
+            shapes: prep.dynamic.then_some(rec_at),
             _arena: core::marker::PhantomData,
         };
         prep.kernel.run(&mut io)?;
@@ -392,13 +431,22 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
                 else {
                     return Err(Error::new(ErrorKind::Internal("fold slot")));
                 };
+                let mut shape = info.shape.clone();
+                let mut len = len;
+                if prep.dynamic {
+                    shape = read_record(buf.bytes(), rec_at + i * rec_len)?;
+                    len = checked_numel(&shape)?
+                        .checked_mul(info.dtype.size())
+                        .filter(|&l| l <= len)
+                        .ok_or(Error::new(ErrorKind::Internal("run-time shape")))?;
+                }
                 let b = buf
                     .bytes()
                     .get(offset..offset + len)
                     .ok_or(Error::new(ErrorKind::Internal("fold range")))?;
                 result.push(Const {
                     dtype: info.dtype,
-                    shape: info.shape.clone(),
+                    shape,
                     data: ConstData::from_bytes(b)?,
                 });
             }
@@ -670,6 +718,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 .collect(),
             scratch: (0, 0),
             inplace: false,
+            shapes: prep.dynamic.then_some(0),
         });
     }
     for &o in &g.outputs {
@@ -722,6 +771,22 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     }
     let mut steps = kept_steps;
     let n_steps = steps.len();
+
+    // A data-dependent shape is only known after its kernel ran, so such a
+    // tensor may only be a graph output: nothing planned may read it.
+    for st in steps.iter().filter(|st| st.shapes.is_some()) {
+        for &o in st.outputs.iter().flatten() {
+            let read =
+                steps.iter().any(|s| s.inputs.contains(&Some(o))) || alias_of.contains(&Some(o));
+            if read || !g.outputs.contains(&o) {
+                return Err(Error::new(ErrorKind::Unsupported(
+                    "an output whose shape depends on values (NonZero, Unique, ...) feeds another op",
+                ))
+                .at_node(st.node)
+                .at_tensor(o));
+            }
+        }
+    }
 
     // Liveness per root buffer: first definition and last use, in steps.
     let nt = slots.len();
@@ -835,6 +900,18 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             });
         }
     }
+    let record_bytes = ops::SHAPE_RECORD * core::mem::size_of::<usize>();
+    let mut shapes_buf = alloc::vec![usize::MAX; n_steps];
+    for (si, st) in steps.iter().enumerate() {
+        if st.shapes.is_some() {
+            shapes_buf[si] = bufs.len();
+            bufs.push(Buffer {
+                size: st.outputs.len().max(1) * record_bytes,
+                first: si,
+                last: n_steps.saturating_sub(1),
+            });
+        }
+    }
     let offsets = GreedyBySize.place(&bufs)?;
     let arena_bytes = planner::arena_size(&bufs, &offsets)?;
     let lower_bound = planner::lower_bound(&bufs)?;
@@ -873,6 +950,22 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             st.scratch = (offsets[b], bufs[b].size);
             scratch_max = scratch_max.max(bufs[b].size);
         }
+        if shapes_buf[si] != usize::MAX {
+            st.shapes = Some(offsets[shapes_buf[si]]);
+        }
+    }
+    // Where each dynamic graph output's shape record is.
+    let mut records = alloc::vec![None; g.outputs.len()];
+    for st in &steps {
+        if let Some(at) = st.shapes {
+            for (k, o) in st.outputs.iter().enumerate() {
+                for (gi, go) in g.outputs.iter().enumerate() {
+                    if *o == Some(*go) {
+                        records[gi] = Some(at + k * record_bytes);
+                    }
+                }
+            }
+        }
     }
     let io = |id: TensorId| -> Result<IoInfo> {
         let t = g.tensor(id)?;
@@ -883,6 +976,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             shape: s.shape.clone(),
             id,
             bound: false,
+            dynamic: false,
         })
     };
     let inputs = g
@@ -898,7 +992,13 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     let outputs = g
         .outputs
         .iter()
-        .map(|&i| io(i))
+        .zip(&records)
+        .map(|(&i, r)| {
+            io(i).map(|mut info| {
+                info.dynamic = r.is_some();
+                info
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     for o in &outputs {
         if matches!(slots[o.id as usize].loc, Loc::None) {
@@ -916,6 +1016,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         scratch_bytes: scratch_max,
         inputs,
         outputs,
+        records,
         defaulted,
         fingerprint: (g.tensors.len(), g.nodes.len()),
     })

@@ -7,7 +7,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Model;
-use crate::ops::{KernelIo, Loc};
+use crate::ops::{KernelIo, Loc, SHAPE_RECORD};
 use crate::plan::{IoInfo, Plan};
 use crate::planner::ALIGN;
 use crate::tensor::{TensorMut, TensorView};
@@ -201,6 +201,9 @@ impl<'a> Session<'a> {
     /// Runs on the inputs already in the arena (see [`Session::input_mut`]).
     pub fn invoke(&mut self) -> Result<()> {
         for st in &self.plan.steps {
+            if let Some(at) = st.shapes {
+                self.prefill_records(at, &st.outputs)?;
+            }
             let mut io = KernelIo {
                 slots: &self.plan.slots,
                 graph: &self.model.graph,
@@ -211,6 +214,7 @@ impl<'a> Session<'a> {
                 outputs: &st.outputs,
                 scratch: st.scratch,
                 inplace: st.inplace,
+                shapes: st.shapes,
                 _arena: core::marker::PhantomData,
             };
             st.kernel.run(&mut io).map_err(|e| e.at_node(st.node))?;
@@ -218,8 +222,56 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// The shape record at arena byte `at`, as a slice of words.
+    fn record(&self, at: usize) -> Result<&[usize]> {
+        let words = SHAPE_RECORD * core::mem::size_of::<usize>();
+        let (p, _) = self.arena_slice(Loc::Arena {
+            offset: at,
+            len: words,
+        })?;
+        if (p as usize) % core::mem::align_of::<usize>() != 0 {
+            return Err(Error::new(ErrorKind::Internal("shape record alignment")));
+        }
+        // SAFETY: in bounds (checked by arena_slice), aligned (checked), and
+        // any bit pattern is a valid usize.
+        Ok(unsafe { core::slice::from_raw_parts(p as *const usize, SHAPE_RECORD) })
+    }
+
+    /// Writes the planned (upper bound) shapes into a dynamic step's
+    /// records, so they are valid even if the kernel fails midway.
+    fn prefill_records(&mut self, at: usize, outputs: &[Option<crate::TensorId>]) -> Result<()> {
+        let words = SHAPE_RECORD * core::mem::size_of::<usize>();
+        for (k, o) in outputs.iter().enumerate() {
+            let Some(o) = o else { continue };
+            let shape = &self
+                .plan
+                .slots
+                .get(*o as usize)
+                .ok_or(Error::new(ErrorKind::Internal("slot")))?
+                .shape;
+            let (p, _) = self.arena_slice(Loc::Arena {
+                offset: at + k * words,
+                len: words,
+            })?;
+            if (p as usize) % core::mem::align_of::<usize>() != 0 {
+                return Err(Error::new(ErrorKind::Internal("shape record alignment")));
+            }
+            // SAFETY: in bounds and aligned (checked); `&mut self` makes it
+            // the only view of these bytes.
+            let rec = unsafe { core::slice::from_raw_parts_mut(p as *mut usize, SHAPE_RECORD) };
+            rec.fill(0);
+            rec[0] = shape.len();
+            for (r, &d) in rec[1..].iter_mut().zip(shape) {
+                *r = d;
+            }
+        }
+        Ok(())
+    }
+
     /// Output `i` after a run: a view into the arena (or into the model,
-    /// for outputs that are constants).
+    /// for outputs that are constants). For an output whose shape depends
+    /// on values ([`IoInfo::dynamic`]), the view has the shape of the last
+    /// run.
     pub fn output(&self, i: usize) -> Result<TensorView<'_>> {
         let info = self
             .plan
@@ -254,6 +306,20 @@ impl<'a> Session<'a> {
                 .ok_or(Error::new(ErrorKind::Internal("folded")))?,
             Loc::None => return Err(Error::new(ErrorKind::Internal("output not placed"))),
         };
+        if let Some(Some(at)) = self.plan.records.get(i) {
+            let rec = self.record(*at)?;
+            let rank = rec[0];
+            let shape = rec
+                .get(1..1 + rank)
+                .ok_or(Error::new(ErrorKind::Internal("shape record rank")))?;
+            let len = crate::error::checked_numel(shape)?
+                .checked_mul(slot.dtype.size())
+                .ok_or(Error::new(ErrorKind::Overflow))?;
+            let data = data
+                .get(..len)
+                .ok_or(Error::new(ErrorKind::Internal("run-time shape")))?;
+            return TensorView::from_bytes(slot.dtype, shape, data);
+        }
         TensorView::from_bytes(slot.dtype, &slot.shape, data)
     }
 

@@ -168,3 +168,73 @@ fn shape_tensor_input_bound_by_value() {
         .expect_err("value differs");
     assert!(matches!(e.kind, mote_core::ErrorKind::Binding(_)), "{e:?}");
 }
+
+fn one_node_model(op: &str, extra: Option<&str>) -> Vec<u8> {
+    let mut nodes = vec![pb::NodeProto {
+        op_type: Some(op.into()),
+        input: vec!["x".into()],
+        output: vec!["y".into()],
+        ..Default::default()
+    }];
+    let mut out = "y".to_string();
+    if let Some(next) = extra {
+        nodes.push(pb::NodeProto {
+            op_type: Some(next.into()),
+            input: vec!["y".into()],
+            output: vec!["z".into()],
+            ..Default::default()
+        });
+        out = "z".into();
+    }
+    let m = pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: None,
+            version: Some(13),
+        }],
+        graph: Some(pb::GraphProto {
+            node: nodes,
+            input: vec![vi("x", &[2, 3])],
+            output: vec![vi_typed(&out, 7, &[])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    m.encode_to_vec()
+}
+
+#[test]
+fn data_dependent_output_shape_is_reported_after_run() {
+    let model = Model::from_onnx(&one_node_model("NonZero", None)).expect("import");
+    let plan = SessionBuilder::new(&model).plan().expect("plan");
+    let out = &plan.outputs()[0];
+    assert!(out.dynamic);
+    assert_eq!(out.shape, [2, 6], "upper bound: every element non-zero");
+    let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+    let mut s = Session::new(&model, &plan, &mut arena).expect("session");
+    let x = [0f32, 5., 0., 7., 0., 9.];
+    s.run(&[("x", TensorView::new(&[2, 3], &x).expect("view"))])
+        .expect("run");
+    let y = s.output(0).expect("y");
+    assert_eq!(y.shape(), [2, 3]);
+    assert_eq!(y.as_slice::<i64>().expect("i64"), &[0, 1, 1, 1, 0, 2]);
+    // The next run has another shape, same arena.
+    let x = [1f32, 0., 0., 0., 0., 0.];
+    s.run(&[("x", TensorView::new(&[2, 3], &x).expect("view"))])
+        .expect("run");
+    let y = s.output(0).expect("y");
+    assert_eq!(y.shape(), [2, 1]);
+    assert_eq!(y.as_slice::<i64>().expect("i64"), &[0, 0]);
+}
+
+#[test]
+fn data_dependent_shape_feeding_an_op_is_refused() {
+    let model = Model::from_onnx(&one_node_model("NonZero", Some("Neg"))).expect("import");
+    let e = SessionBuilder::new(&model).plan().expect_err("refused");
+    assert!(
+        matches!(e.kind, mote_core::ErrorKind::Unsupported(m) if m.contains("depends on values")),
+        "{e:?}"
+    );
+    let text = model.explain(&e).to_string();
+    assert!(text.contains("NonZero"), "{text}");
+}

@@ -1,11 +1,12 @@
 //! Activation operators: Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid,
-//! HardSwish, Tanh, Elu, Selu, Softplus, Softsign, PRelu, Gelu.
+//! HardSwish, Tanh, Elu, Selu, Softplus, Softsign, PRelu, Gelu, Swish,
+//! Hardmax.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
-use crate::ops::elementwise::{binary, Bcast};
+use crate::ops::elementwise::{binary, unary_float, unsupported_dtype, with_type, Bcast, Num};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
-use crate::DType;
+use crate::{DType, Element};
 
 /// Operators of this family.
 pub const OPS: &[OpDef] = &[
@@ -23,48 +24,55 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Softsign", 1, prepare_softsign),
     OpDef::onnx("PRelu", 7, prepare_prelu),
     OpDef::onnx("Gelu", 20, prepare_gelu),
+    OpDef::onnx("Swish", 24, prepare_swish),
+    OpDef::onnx("Hardmax", 1, prepare_hardmax),
 ];
 
 use crate::ops::util::unary_f32;
 
+fn relu_int<T: Num>(shape: &[usize]) -> Prepared {
+    let zero = T::from_usize(0);
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Relu", move |io| {
+            io.unary::<T>()?.map(|v| if v < zero { zero } else { v });
+            Ok(())
+        }),
+    )
+    .in_place()
+}
+
 fn prepare_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     match x.dtype {
-        DType::I32 => Ok(Prepared::single(
-            DType::I32,
-            x.shape,
-            kernel("Relu", |io| {
-                io.unary::<i32>()?.map(|v| v.max(0));
-                Ok(())
-            }),
-        )
-        .in_place()),
-        DType::I64 => Ok(Prepared::single(
-            DType::I64,
-            x.shape,
-            kernel("Relu", |io| {
-                io.unary::<i64>()?.map(|v| v.max(0));
-                Ok(())
-            }),
-        )
-        .in_place()),
+        dt if dt.is_int() => with_type!(@list dt, [I8 => i8, I16 => i16, I32 => i32, I64 => i64],
+            T => Ok(relu_int::<T>(x.shape)),
+            _ => Err(unsupported_dtype("Relu", dt))),
         // NaN stays NaN.
-        _ => unary_f32(ctx, "Relu", |v| if v < 0.0 { 0.0 } else { v }),
+        _ => unary_float(
+            ctx,
+            "Relu",
+            |v| if v < 0.0 { 0.0 } else { v },
+            |v| if v < 0.0 { 0.0 } else { v },
+        ),
     }
 }
 
 fn prepare_leaky_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 0.01)?;
-    unary_f32(
+    let a64 = alpha as f64;
+    unary_float(
         ctx,
         "LeakyRelu",
         move |v| if v < 0.0 { alpha * v } else { v },
+        move |v| if v < 0.0 { a64 * v } else { v },
     )
 }
 
 /// `min(max(x, lo), hi)`, NaN-propagating; `lo > hi` gives `hi`.
 #[inline]
-fn clip(v: f32, lo: f32, hi: f32) -> f32 {
+fn clip<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
     let y = if v < lo { lo } else { v };
     if y > hi {
         hi
@@ -73,17 +81,25 @@ fn clip(v: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
-fn clip_f32(ctx: &PrepareCtx<'_>, lo: f32, hi: f32) -> Result<Prepared> {
-    if lo == 0.0 && hi == f32::INFINITY {
+/// Float Clip with constant bounds (f32 values; f64 bounds round to f32,
+/// well inside the suite's tolerance).
+fn clip_float(ctx: &PrepareCtx<'_>, lo: f32, hi: f32) -> Result<Prepared> {
+    if ctx.input(0)?.dtype == DType::F32 && lo == 0.0 && hi == f32::INFINITY {
         return unary_f32(ctx, "Clip", |v| if v < 0.0 { 0.0 } else { v });
     }
-    unary_f32(ctx, "Clip", move |v| clip(v, lo, hi))
+    let (l64, h64) = (lo as f64, hi as f64);
+    unary_float(
+        ctx,
+        "Clip",
+        move |v| clip(v, lo, hi),
+        move |v| clip(v, l64, h64),
+    )
 }
 
 fn prepare_clip6(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let lo = ctx.attr_float("min", f32::MIN)?;
     let hi = ctx.attr_float("max", f32::MAX)?;
-    clip_f32(ctx, lo, hi)
+    clip_float(ctx, lo, hi)
 }
 
 /// A scalar bound of Clip-11+ (input 1 or 2), as one value.
@@ -109,96 +125,165 @@ fn prepare_clip11(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     got: b.dtype,
                 }));
             }
+            if b.numel() != 1 {
+                return Err(Error::new(ErrorKind::Shape(
+                    "Clip min and max must be scalars",
+                )));
+            }
         }
     }
-    match x.dtype {
-        DType::F32 => {
-            let lo = one(ctx.const_floats(1)?)?.unwrap_or(f32::NEG_INFINITY);
-            let hi = one(ctx.const_floats(2)?)?.unwrap_or(f32::INFINITY);
-            clip_f32(ctx, lo, hi)
-        }
-        DType::I32 | DType::I64 => {
-            let lo = one(ctx.const_ints(1)?)?.unwrap_or(i64::MIN);
-            let hi = one(ctx.const_ints(2)?)?.unwrap_or(i64::MAX);
-            let clamp = move |v: i64| {
-                let y = if v < lo { lo } else { v };
-                if y > hi {
-                    hi
-                } else {
-                    y
+    let runtime = [1, 2]
+        .iter()
+        .any(|&i| ctx.opt_input(i).is_some_and(|b| b.value.is_none()));
+    if runtime {
+        let (lo, hi) = (ctx.opt_input(1).is_some(), ctx.opt_input(2).is_some());
+        return with_type!(@num x.dtype, T => Ok(clip_runtime::<T>(x.shape, lo, hi)),
+            _ => Err(unsupported_dtype("Clip", x.dtype)));
+    }
+    if x.dtype.is_float() {
+        let lo = one(ctx.const_floats(1)?)?.unwrap_or(f32::NEG_INFINITY);
+        let hi = one(ctx.const_floats(2)?)?.unwrap_or(f32::INFINITY);
+        return clip_float(ctx, lo, hi);
+    }
+    let lo = one(ctx.const_ints(1)?)?;
+    let hi = one(ctx.const_ints(2)?)?;
+    with_type!(@int x.dtype, T => Ok(clip_int::<T>(x.shape, lo, hi)),
+        _ => Err(unsupported_dtype("Clip", x.dtype)))
+}
+
+/// Clip whose bounds are read at each run (graph inputs rather than
+/// constants); NaN inputs stay NaN, `min > max` gives `max`.
+fn clip_runtime<T: Num>(shape: &[usize], has_lo: bool, has_hi: bool) -> Prepared {
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Clip", move |io| {
+            let bound = |i: usize, present: bool| -> Result<Option<T>> {
+                if !present {
+                    return Ok(None);
                 }
+                let v = io.input_slice::<T>(i)?;
+                v.first()
+                    .copied()
+                    .map(Some)
+                    .ok_or(Error::new(ErrorKind::Internal("Clip bound")))
             };
-            let p = if x.dtype == DType::I32 {
-                Prepared::single(
-                    DType::I32,
-                    x.shape,
-                    kernel("Clip", move |io| {
-                        io.unary::<i32>()?.map(|v| clamp(v as i64) as i32);
-                        Ok(())
-                    }),
-                )
-            } else {
-                Prepared::single(
-                    DType::I64,
-                    x.shape,
-                    kernel("Clip", move |io| {
-                        io.unary::<i64>()?.map(clamp);
-                        Ok(())
-                    }),
-                )
-            };
-            Ok(p.in_place())
-        }
-        dt => Err(Error::new(ErrorKind::UnsupportedDType {
-            what: "Clip",
-            code: dt.onnx_code(),
-        })),
-    }
+            let lo = bound(1, has_lo)?;
+            let hi = bound(2, has_hi)?;
+            io.unary::<T>()?.map(|v| {
+                let y = match lo {
+                    Some(l) if v < l => l,
+                    _ => v,
+                };
+                match hi {
+                    Some(h) if y > h => h,
+                    _ => y,
+                }
+            });
+            Ok(())
+        }),
+    )
+    .in_place()
+}
+
+/// Integer Clip; the bounds are constants of the input's dtype, so they
+/// convert back exactly.
+fn clip_int<T: Element + PartialOrd + TryFrom<i64>>(
+    shape: &[usize],
+    lo: Option<i64>,
+    hi: Option<i64>,
+) -> Prepared {
+    let lo = lo.and_then(|v| T::try_from(v).ok());
+    let hi = hi.and_then(|v| T::try_from(v).ok());
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Clip", move |io| {
+            io.unary::<T>()?.map(|v| {
+                let y = match lo {
+                    Some(l) if v < l => l,
+                    _ => v,
+                };
+                match hi {
+                    Some(h) if y > h => h,
+                    _ => y,
+                }
+            });
+            Ok(())
+        }),
+    )
+    .in_place()
 }
 
 fn prepare_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Sigmoid", math::sigmoid)
+    unary_float(ctx, "Sigmoid", math::sigmoid, |v| {
+        if v >= 0.0 {
+            1.0 / (1.0 + libm::exp(-v))
+        } else {
+            let e = libm::exp(v);
+            e / (1.0 + e)
+        }
+    })
 }
 
 fn prepare_hard_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 0.2)?;
     let beta = ctx.attr_float("beta", 0.5)?;
-    unary_f32(ctx, "HardSigmoid", move |v| {
-        clip(alpha * v + beta, 0.0, 1.0)
-    })
+    let (a64, b64) = (alpha as f64, beta as f64);
+    unary_float(
+        ctx,
+        "HardSigmoid",
+        move |v| clip(alpha * v + beta, 0.0, 1.0),
+        move |v| clip(a64 * v + b64, 0.0, 1.0),
+    )
 }
 
 fn prepare_hard_swish(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "HardSwish", |v| {
-        v * clip(v * (1.0 / 6.0) + 0.5, 0.0, 1.0)
-    })
+    unary_float(
+        ctx,
+        "HardSwish",
+        |v| v * clip(v * (1.0 / 6.0) + 0.5, 0.0, 1.0),
+        |v| v * clip(v * (1.0 / 6.0) + 0.5, 0.0, 1.0),
+    )
 }
 
 fn prepare_tanh(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Tanh", math::tanh)
+    unary_float(ctx, "Tanh", math::tanh, libm::tanh)
 }
 
 fn prepare_elu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 1.0)?;
-    unary_f32(ctx, "Elu", move |v| {
-        if v < 0.0 {
-            alpha * libm::expm1f(v)
-        } else {
-            v
-        }
-    })
+    let a64 = alpha as f64;
+    unary_float(
+        ctx,
+        "Elu",
+        move |v| if v < 0.0 { alpha * libm::expm1f(v) } else { v },
+        move |v| if v < 0.0 { a64 * libm::expm1(v) } else { v },
+    )
 }
 
 fn prepare_selu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 1.673_263_2)?;
     let gamma = ctx.attr_float("gamma", 1.050_701)?;
-    unary_f32(ctx, "Selu", move |v| {
-        if v > 0.0 {
-            gamma * v
-        } else {
-            gamma * alpha * libm::expm1f(v)
-        }
-    })
+    let (a64, g64) = (alpha as f64, gamma as f64);
+    unary_float(
+        ctx,
+        "Selu",
+        move |v| {
+            if v > 0.0 {
+                gamma * v
+            } else {
+                gamma * alpha * libm::expm1f(v)
+            }
+        },
+        move |v| {
+            if v > 0.0 {
+                g64 * v
+            } else {
+                g64 * a64 * libm::expm1(v)
+            }
+        },
+    )
 }
 
 /// `ln(1 + e^x)` without overflow.
@@ -211,50 +296,154 @@ fn softplus(v: f32) -> f32 {
     }
 }
 
+fn softplus64(v: f64) -> f64 {
+    if v > 0.0 {
+        v + libm::log1p(libm::exp(-v))
+    } else {
+        libm::log1p(libm::exp(v))
+    }
+}
+
 fn prepare_softplus(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Softplus", softplus)
+    unary_float(ctx, "Softplus", softplus, softplus64)
 }
 
 fn prepare_softsign(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_f32(ctx, "Softsign", |v| v / (1.0 + math::abs(v)))
+    unary_float(
+        ctx,
+        "Softsign",
+        |v| v / (1.0 + math::abs(v)),
+        |v| v / (1.0 + libm::fabs(v)),
+    )
+}
+
+fn prelu_kernel<T: Num>(bc: Bcast) -> Prepared {
+    let zero = T::from_usize(0);
+    Prepared::single(
+        T::DTYPE,
+        bc.shape(),
+        kernel("PRelu", move |io| {
+            binary::<T, T>(io, &bc, |v, s| if v < zero { s.mul(v) } else { v })
+        }),
+    )
+    .in_place()
 }
 
 fn prepare_prelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let x = ctx.input_of(0, DType::F32)?;
-    let slope = ctx.input_of(1, DType::F32)?;
+    let x = ctx.input(0)?;
+    let slope = ctx.input_of(1, x.dtype)?;
     let bc = Bcast::new(x.shape, slope.shape)?;
     if !bc.a_is_out {
         return Err(Error::new(ErrorKind::Shape(
             "PRelu slope must broadcast to the input shape",
         )));
     }
-    Ok(Prepared::single(
-        DType::F32,
-        x.shape,
-        kernel("PRelu", move |io| {
-            binary::<f32, f32>(io, &bc, |v, s| if v < 0.0 { s * v } else { v })
-        }),
-    )
-    .in_place())
+    with_type!(@num x.dtype, T => Ok(prelu_kernel::<T>(bc)),
+        _ => Err(unsupported_dtype("PRelu", x.dtype)))
 }
 
 fn prepare_gelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     match ctx.attr_str("approximate", "none")? {
-        "none" => unary_f32(ctx, "Gelu", |v| {
-            0.5 * v * (1.0 + math::erf(v * core::f32::consts::FRAC_1_SQRT_2))
-        }),
+        "none" => unary_float(
+            ctx,
+            "Gelu",
+            |v| 0.5 * v * (1.0 + math::erf(v * core::f32::consts::FRAC_1_SQRT_2)),
+            |v| 0.5 * v * (1.0 + libm::erf(v * core::f64::consts::FRAC_1_SQRT_2)),
+        ),
         "tanh" => {
             // sqrt(2 / pi)
             const K: f32 = 0.797_884_6;
-            unary_f32(ctx, "Gelu", |v| {
-                0.5 * v * (1.0 + math::tanh(K * (v + 0.044_715 * v * v * v)))
-            })
+            const K64: f64 = 0.797_884_560_802_865_4;
+            unary_float(
+                ctx,
+                "Gelu",
+                |v| 0.5 * v * (1.0 + math::tanh(K * (v + 0.044_715 * v * v * v))),
+                |v| 0.5 * v * (1.0 + libm::tanh(K64 * (v + 0.044_715 * v * v * v))),
+            )
         }
         _ => Err(Error::new(ErrorKind::Attribute {
             name: "approximate",
             problem: "must be \"none\" or \"tanh\"",
         })),
     }
+}
+
+fn prepare_swish(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 1.0)?;
+    let a64 = alpha as f64;
+    unary_float(
+        ctx,
+        "Swish",
+        move |v| v * math::sigmoid(alpha * v),
+        move |v| v / (1.0 + libm::exp(-a64 * v)),
+    )
+}
+
+/// One-hot of the first maximum along each lane of `len` elements spaced
+/// `inner` apart; NaN counts as the maximum (numpy `argmax`).
+fn hardmax_kernel<T: Num>(shape: &[usize], outer: usize, len: usize, inner: usize) -> Prepared {
+    let zero = T::from_usize(0);
+    let one = T::from_usize(1);
+    let is_nan = |v: T| v.partial_cmp(&v).is_none();
+    Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("Hardmax", move |io| {
+            let x = io.input_slice::<T>(0)?;
+            let y = io.output_slice::<T>(0)?;
+            if x.len() != y.len() || x.len() != outer * len * inner {
+                return Err(Error::new(ErrorKind::Internal("Hardmax length")));
+            }
+            for v in y.iter_mut() {
+                *v = zero;
+            }
+            if len == 0 {
+                return Ok(());
+            }
+            for o in 0..outer {
+                for i in 0..inner {
+                    let base = o * len * inner + i;
+                    let (mut best, mut bv) = (0, x[base]);
+                    for k in 1..len {
+                        let v = x[base + k * inner];
+                        if v > bv || (is_nan(v) && !is_nan(bv)) {
+                            best = k;
+                            bv = v;
+                        }
+                    }
+                    y[base + best * inner] = one;
+                }
+            }
+            Ok(())
+        }),
+    )
+}
+
+fn prepare_hardmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let rank = x.shape.len();
+    // Before opset 13 the input is coerced to 2-D at `axis` (default 1);
+    // from 13 on, the op runs along `axis` alone (default -1).
+    let legacy = ctx.opset < 13;
+    let r = rank as i64;
+    let a = ctx.attr_int("axis", if legacy { 1 } else { -1 })?;
+    let a = if a < 0 { a + r } else { a };
+    // The 2-D coercion accepts axis = rank (a trailing size-1 dimension).
+    if a < 0 || a > r || (a == r && !legacy) {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "axis",
+            problem: "axis out of range",
+        }));
+    }
+    let axis = a as usize;
+    let outer: usize = x.shape[..axis].iter().product();
+    let (len, inner) = if legacy {
+        (x.shape[axis..].iter().product(), 1)
+    } else {
+        (x.shape[axis], x.shape[axis + 1..].iter().product())
+    };
+    with_type!(@float x.dtype, T => Ok(hardmax_kernel::<T>(x.shape, outer, len, inner)),
+        _ => Err(unsupported_dtype("Hardmax", x.dtype)))
 }
 
 #[cfg(test)]
@@ -401,29 +590,189 @@ mod tests {
     }
 
     #[test]
-    fn clip_non_constant_bound_is_unsupported() {
-        use crate::error::ErrorKind;
-        use crate::ops::{InputInfo, PrepareCtx};
-        use crate::DType;
-        let n = crate::ops::testing::node("Clip", 2, 1, vec![]);
-        let shape = [2usize];
-        let scalar: [usize; 0] = [];
-        let infos = [
-            Some(InputInfo {
-                dtype: DType::F32,
-                shape: &shape,
-                value: None,
-            }),
-            Some(InputInfo {
-                dtype: DType::F32,
-                shape: &scalar,
-                value: None,
-            }),
-        ];
-        let ctx = PrepareCtx::new(&n, 13, &infos);
-        let def = crate::ops::find("", "Clip", 13).unwrap();
-        let e = (def.prepare)(&ctx).unwrap_err();
-        assert!(matches!(e.kind, ErrorKind::Unsupported(_)));
+    fn clip_run_time_bounds() {
+        use crate::ops::elementwise::tests::run_with_runtime_inputs;
+        let x = [-3i8, 0, 5, 9];
+        let out = run_with_runtime_inputs(
+            "Clip",
+            13,
+            &[t::<i8>(&[4], &x), t::<i8>(&[], &[-1]), t::<i8>(&[], &[6])],
+        );
+        assert_eq!(vals::<i8>(&out), vec![-1, 0, 5, 6]);
+        // Only max given, f32 with a NaN.
+        let out = run_with_runtime_inputs(
+            "Clip",
+            13,
+            &[
+                t::<f32>(&[3], &[-2., f32::NAN, 4.]),
+                None,
+                t::<f32>(&[], &[1.]),
+            ],
+        );
+        let v = vals::<f32>(&out);
+        assert_eq!((v[0], v[2]), (-2., 1.));
+        assert!(v[1].is_nan());
+        // min > max gives max.
+        let out = run_with_runtime_inputs(
+            "Clip",
+            13,
+            &[
+                t::<f64>(&[2], &[-5., 5.]),
+                t::<f64>(&[], &[2.]),
+                t::<f64>(&[], &[1.]),
+            ],
+        );
+        assert_eq!(vals::<f64>(&out), vec![1., 1.]);
+        // Constant int8 bounds, and uint8 with only min.
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[
+                t::<i8>(&[3], &[-128, 0, 127]),
+                t::<i8>(&[], &[-5]),
+                t::<i8>(&[], &[5]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![-5, 0, 5]);
+        let r = run(
+            "Clip",
+            13,
+            vec![],
+            &[t::<u8>(&[3], &[1, 7, 200]), t::<u8>(&[], &[7])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<u8>(&r[0]), vec![7, 7, 200]);
+    }
+
+    #[test]
+    fn other_float_types_and_int_relu() {
+        let d = [-2.0f64, 0.5];
+        let f = |op: &str, opset: i64| -> alloc::vec::Vec<f64> {
+            vals::<f64>(&run(op, opset, vec![], &[t(&[2], &d)], 1).unwrap()[0])
+        };
+        let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+        let close = |got: &[f64], want: &[f64]| {
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+            }
+        };
+        close(&f("Relu", 14), &[0.0, 0.5]);
+        close(&f("Sigmoid", 13), &[sig(-2.0), sig(0.5)]);
+        close(&f("Tanh", 13), &[(-2f64).tanh(), 0.5f64.tanh()]);
+        close(&f("Elu", 6), &[(-2f64).exp() - 1.0, 0.5]);
+        close(
+            &f("Softplus", 1),
+            &[(-2f64).exp().ln_1p(), 0.5f64.exp().ln_1p()],
+        );
+        close(&f("Softsign", 1), &[-2.0 / 3.0, 0.5 / 1.5]);
+        // Attributes are f32 in ONNX; the f64 kernel uses their exact value.
+        let (a, b) = (0.01f32 as f64, 0.2f32 as f64);
+        close(&f("LeakyRelu", 16), &[-2.0 * a, 0.5]);
+        close(&f("HardSigmoid", 6), &[-2.0 * b + 0.5, 0.5 * b + 0.5]);
+        let h: alloc::vec::Vec<half::f16> = [-2.0f32, 0.5]
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let r = run("Sigmoid", 13, vec![], &[t(&[2], &h)], 1).unwrap();
+        let v = vals::<half::f16>(&r[0]);
+        assert!((v[0].to_f32() - sig(-2.0) as f32).abs() < 1e-3);
+        let r = run("Relu", 14, vec![], &[t::<i8>(&[3], &[-5, 0, 7])], 1).unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![0, 0, 7]);
+        let r = run(
+            "Clip",
+            6,
+            vec![
+                ("min", AttrValue::Float(-1.0)),
+                ("max", AttrValue::Float(1.0)),
+            ],
+            &[t(&[2], &d)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-1.0, 0.5]);
+    }
+
+    #[test]
+    fn swish_alpha() {
+        let x = [-2.0f32, 0.0, 1.5];
+        let want = |a: f64| -> Vec<f32> {
+            x.iter()
+                .map(|&v| {
+                    let v = v as f64;
+                    (v / (1.0 + (-a * v).exp())) as f32
+                })
+                .collect()
+        };
+        assert_close(&u("Swish", 24, vec![], &x), &want(1.0), 1e-7);
+        assert_close(
+            &u("Swish", 24, vec![("alpha", AttrValue::Float(0.5))], &x),
+            &want(0.5),
+            1e-7,
+        );
+        let d = [-2.0f64, 3.0];
+        let r = run("Swish", 24, vec![], &[t(&[2], &d)], 1).unwrap();
+        let v = vals::<f64>(&r[0]);
+        assert!((v[0] - (-2.0 / (1.0 + 2f64.exp()))).abs() < 1e-12);
+        assert!((v[1] - (3.0 / (1.0 + (-3f64).exp()))).abs() < 1e-12);
+    }
+
+    #[test]
+    fn hardmax_axes_and_opsets() {
+        // [2,3]: rows [3,1,3] and [0,2,1]; first maximum wins.
+        let x = [3.0f32, 1., 3., 0., 2., 1.];
+        let r = run("Hardmax", 13, vec![], &[t(&[2, 3], &x)], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 0., 0., 0., 1., 0.]);
+        let r = run(
+            "Hardmax",
+            13,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2, 3], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 0., 1., 0., 1., 0.]);
+        // Opset 11, axis 1 of [1,2,3]: one lane over all 6 values.
+        let r = run(
+            "Hardmax",
+            11,
+            vec![("axis", AttrValue::Int(1))],
+            &[t(&[1, 2, 3], &[0.0f32, 1., 2., 5., 4., 3.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 0., 0., 1., 0., 0.]);
+        // Opset 13 on the same input: lanes along the last axis.
+        let r = run(
+            "Hardmax",
+            13,
+            vec![],
+            &[t(&[1, 2, 3], &[0.0f32, 1., 2., 5., 4., 3.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 0., 1., 1., 0., 0.]);
+        // NaN counts as the maximum, like numpy argmax.
+        let r = run(
+            "Hardmax",
+            13,
+            vec![],
+            &[t(&[3], &[1.0f64, f64::NAN, 9.])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![0., 1., 0.]);
+        assert!(run(
+            "Hardmax",
+            13,
+            vec![("axis", AttrValue::Int(2))],
+            &[t(&[2, 3], &x)],
+            1
+        )
+        .is_err());
     }
 
     #[test]
@@ -543,6 +892,25 @@ mod tests {
         )
         .unwrap();
         assert_close(&vals::<f32>(&r[0]), &[-2., -4.], 0.0);
+        // Integer and f64 slopes.
+        let r = run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<i32>(&[3], &[-4, 0, 4]), t::<i32>(&[], &[3])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![-12, 0, 4]);
+        let r = run(
+            "PRelu",
+            16,
+            vec![],
+            &[t::<f64>(&[2], &[-4., 1.]), t::<f64>(&[2], &[0.5, 0.5])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-2., 1.]);
         // Slope that would grow the output is rejected.
         assert!(run(
             "PRelu",

@@ -17,7 +17,7 @@ use core::marker::PhantomData;
 
 use crate::error::{Error, ErrorKind, Result, TensorId};
 use crate::model::{AttrValue, Const, Graph, Node};
-use crate::tensor::{TensorMut, TensorView};
+use crate::tensor::{TensorMut, TensorView, MAX_RANK};
 use crate::{DType, Element};
 
 pub mod activation;
@@ -25,6 +25,9 @@ pub mod attention;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+pub mod index;
+pub mod logic;
+pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -32,6 +35,7 @@ pub mod quant;
 pub mod reduce;
 pub mod resize;
 pub mod rnn;
+pub mod select;
 pub mod shape;
 
 /// Builds an operator's kernel for one node; see the module docs.
@@ -66,16 +70,20 @@ impl OpDef {
 pub const FAMILIES: &[&[OpDef]] = &[
     elementwise::OPS,
     activation::OPS,
+    logic::OPS,
     matmul::OPS,
     conv::OPS,
     pool::OPS,
     norm::OPS,
     shape::OPS,
+    index::OPS,
     reduce::OPS,
     resize::OPS,
     attention::OPS,
     rnn::OPS,
     einsum::OPS,
+    select::OPS,
+    loss::OPS,
     quant::OPS,
 ];
 
@@ -145,6 +153,10 @@ pub struct Prepared {
     pub inplace: bool,
     /// Output values known at build time from shapes alone (`Shape`, `Size`).
     pub values: Option<Vec<Const>>,
+    /// Output shapes depend on input values (NonZero, Unique, Compress,
+    /// NonMaxSuppression): `outputs` are upper bounds the arena holds, and
+    /// the kernel reports the real shapes with [`KernelIo::set_output_shape`].
+    pub dynamic: bool,
 }
 
 /// Dtype and shape of one output.
@@ -176,6 +188,7 @@ impl Prepared {
             alias: false,
             inplace: false,
             values: None,
+            dynamic: false,
         }
     }
     /// One output.
@@ -206,6 +219,11 @@ impl Prepared {
     /// Allows running in place over input 0.
     pub fn in_place(mut self) -> Self {
         self.inplace = true;
+        self
+    }
+    /// Marks the output shapes as upper bounds (see [`Prepared::dynamic`]).
+    pub fn dynamic_shapes(mut self) -> Self {
+        self.dynamic = true;
         self
     }
 }
@@ -437,8 +455,13 @@ pub struct KernelIo<'a> {
     pub(crate) outputs: &'a [Option<TensorId>],
     pub(crate) scratch: (usize, usize),
     pub(crate) inplace: bool,
+    /// Arena offset of this step's shape records (dynamic steps only).
+    pub(crate) shapes: Option<usize>,
     pub(crate) _arena: PhantomData<&'a mut [u8]>,
 }
+
+/// Words of one run-time shape record in the arena: rank, then dims.
+pub(crate) const SHAPE_RECORD: usize = 1 + MAX_RANK;
 
 impl core::fmt::Debug for KernelIo<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -526,6 +549,38 @@ impl<'a> KernelIo<'a> {
     /// Typed elements of input `i`.
     pub fn input_slice<T: Element>(&self, i: usize) -> Result<&'a [T]> {
         self.input(i)?.as_slice()
+    }
+
+    /// Reports the real shape of output `i` of a kernel prepared with
+    /// [`Prepared::dynamic_shapes`]: same rank as planned, no more elements
+    /// than the planned upper bound; the data is the row-major prefix of
+    /// the output buffer.
+    pub fn set_output_shape(&mut self, i: usize, shape: &[usize]) -> Result<()> {
+        let Some(at) = self.shapes else {
+            return Err(Error::new(ErrorKind::Internal(
+                "set_output_shape on a static kernel",
+            )));
+        };
+        let (s, _, _) = self.out_raw(i)?;
+        let n = crate::error::checked_numel(shape)?;
+        if shape.len() != s.shape.len() || n > crate::error::checked_numel(&s.shape)? {
+            return Err(Error::new(ErrorKind::Internal(
+                "run-time shape exceeds the planned upper bound",
+            )));
+        }
+        let words = core::mem::size_of::<usize>();
+        let off = at + i * SHAPE_RECORD * words;
+        let p = self.arena_range(off, SHAPE_RECORD * words)?;
+        // SAFETY: in the arena (checked), aligned (records start on an
+        // ALIGN boundary, each is a whole number of words), and the shape
+        // records of a step are its own exclusive buffer.
+        let rec = unsafe { core::slice::from_raw_parts_mut(p as *mut usize, SHAPE_RECORD) };
+        rec.fill(0);
+        rec[0] = shape.len();
+        for (r, &d) in rec[1..].iter_mut().zip(shape) {
+            *r = d;
+        }
+        Ok(())
     }
 
     /// Whether output `i` is present.
@@ -696,3 +751,23 @@ pub mod util {
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+#[cfg(test)]
+mod registry_tests {
+    use super::FAMILIES;
+
+    #[test]
+    fn no_op_version_is_registered_twice() {
+        // Two families defining the same (domain, op, since) would make
+        // `find` pick one silently.
+        let mut seen = alloc::vec::Vec::new();
+        for fam in FAMILIES {
+            for d in fam.iter() {
+                let key = (d.domain, d.op_type, d.since);
+                assert!(!seen.contains(&key), "registered twice: {key:?}");
+                seen.push(key);
+            }
+        }
+        assert!(seen.len() > 150, "{} entries", seen.len());
+    }
+}

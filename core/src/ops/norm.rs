@@ -1,10 +1,14 @@
 //! Normalization operators: BatchNormalization (inference), LRN, Softmax,
-//! LogSoftmax, InstanceNormalization, LayerNormalization.
+//! LogSoftmax, InstanceNormalization, LayerNormalization (with its Mean and
+//! InvStdDev outputs), RMSNormalization, GroupNormalization, LpNormalization,
+//! MeanVarianceNormalization.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
-use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared, Unary};
+use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared, Unary};
+use crate::tensor::MAX_RANK;
 use crate::DType;
+use alloc::vec;
 use alloc::vec::Vec;
 
 /// Operators of this family.
@@ -18,6 +22,13 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("LogSoftmax", 1, prepare_log_softmax),
     OpDef::onnx("InstanceNormalization", 6, prepare_instance_norm),
     OpDef::onnx("LayerNormalization", 17, prepare_layer_norm),
+    OpDef::onnx("RMSNormalization", 23, prepare_rms_norm),
+    OpDef::onnx("GroupNormalization", 18, prepare_group_norm),
+    OpDef::onnx("GroupNormalization", 21, prepare_group_norm),
+    OpDef::onnx("LpNormalization", 1, prepare_lp_norm),
+    OpDef::onnx("LpNormalization", 22, prepare_lp_norm),
+    OpDef::onnx("MeanVarianceNormalization", 9, prepare_mvn),
+    OpDef::onnx("MeanVarianceNormalization", 13, prepare_mvn),
 ];
 
 fn f32_input<'a>(ctx: &PrepareCtx<'a>, i: usize, what: &'static str) -> Result<&'a [usize]> {
@@ -26,22 +37,9 @@ fn f32_input<'a>(ctx: &PrepareCtx<'a>, i: usize, what: &'static str) -> Result<&
     Ok(x.shape)
 }
 
-/// Runs `f` over one slice holding the input (copied to the output first
-/// when not in place).
+/// [`in_out`] over f32 elements.
 fn in_out_f32(io: &mut KernelIo<'_>, f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
-    match io.unary::<f32>()? {
-        Unary::InPlace(y) => f(y),
-        Unary::Separate(x, y) => {
-            if x.len() != y.len() {
-                return Err(Error::new(ErrorKind::Len {
-                    expected: y.len() as u64,
-                    got: x.len() as u64,
-                }));
-            }
-            y.copy_from_slice(x);
-            f(y)
-        }
-    }
+    in_out::<f32>(io, f)
 }
 
 fn check_vec(shape: &[usize], c: usize) -> Result<()> {
@@ -56,9 +54,7 @@ fn check_vec(shape: &[usize], c: usize) -> Result<()> {
 fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let xs = f32_input(ctx, 0, "BatchNormalization X")?;
     if ctx.attr_int("training_mode", 0)? != 0 {
-        return Err(Error::new(ErrorKind::Unsupported(
-            "BatchNormalization training_mode=1",
-        )));
+        return prepare_batchnorm_training(ctx, xs);
     }
     if ctx.opset < 9 && ctx.attr_int("spatial", 1)? == 0 {
         return Err(Error::new(ErrorKind::Unsupported(
@@ -152,6 +148,107 @@ fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     .in_place())
 }
 
+/// Mean and (population) variance of channel `ch` of `x` (`[n, c, inner]`).
+fn channel_stats(x: &[f32], n: usize, c: usize, inner: usize, ch: usize) -> (f64, f64) {
+    let cnt = (n * inner).max(1) as f64;
+    let planes = || (0..n).map(move |img| (img * c + ch) * inner);
+    let mut sum = 0.0f64;
+    for b in planes() {
+        sum += x[b..b + inner].iter().map(|&v| v as f64).sum::<f64>();
+    }
+    let mean = sum / cnt;
+    let mut sq = 0.0f64;
+    for b in planes() {
+        sq += x[b..b + inner]
+            .iter()
+            .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+            .sum::<f64>();
+    }
+    (mean, sq / cnt)
+}
+
+/// BatchNormalization with `training_mode=1` (opset 14+): normalizes with
+/// the batch statistics and outputs the updated running mean and variance
+/// `running * momentum + batch * (1 - momentum)`.
+fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prepared> {
+    if ctx.opset < 14 {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "BatchNormalization training before opset 14",
+        )));
+    }
+    if xs.len() < 2 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 2,
+            got: xs.len(),
+        }));
+    }
+    let (n, c) = (xs[0], xs[1]);
+    let inner: usize = xs[2..].iter().product();
+    for (i, what) in [
+        (1, "BatchNormalization scale"),
+        (2, "BatchNormalization B"),
+        (3, "BatchNormalization mean"),
+        (4, "BatchNormalization var"),
+    ] {
+        check_vec(f32_input(ctx, i, what)?, c)?;
+    }
+    let eps = ctx.attr_float("epsilon", 1e-5)?;
+    let momentum = ctx.attr_float("momentum", 0.9)?;
+    let running = [ctx.has_output(1), ctx.has_output(2)];
+    let mut outs = vec![OutputInfo::new(DType::F32, xs)];
+    if running != [false, false] {
+        outs.push(OutputInfo::new(DType::F32, &[c]));
+        outs.push(OutputInfo::new(DType::F32, &[c]));
+    }
+    Ok(Prepared::new(
+        outs,
+        kernel("BatchNormalization", move |io| {
+            let x = io.input_slice::<f32>(0)?;
+            let s = io.input_slice::<f32>(1)?;
+            let b = io.input_slice::<f32>(2)?;
+            let rm = io.input_slice::<f32>(3)?;
+            let rv = io.input_slice::<f32>(4)?;
+            if x.len() != n * c * inner || [s, b, rm, rv].iter().any(|v| v.len() != c) {
+                return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
+            }
+            {
+                let y = io.output_slice::<f32>(0)?;
+                if y.len() != x.len() {
+                    return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
+                }
+                for ch in 0..c {
+                    let (mean, var) = channel_stats(x, n, c, inner, ch);
+                    let a = s[ch] / math::sqrt((var + eps as f64) as f32);
+                    let sh = b[ch] - mean as f32 * a;
+                    for img in 0..n {
+                        let base = (img * c + ch) * inner;
+                        for (o, &v) in y[base..base + inner].iter_mut().zip(&x[base..base + inner])
+                        {
+                            *o = a * v + sh;
+                        }
+                    }
+                }
+            }
+            for (k, want) in running.iter().enumerate() {
+                if !want {
+                    continue;
+                }
+                let prev = if k == 0 { rm } else { rv };
+                let o = io.output_slice::<f32>(k + 1)?;
+                if o.len() != c {
+                    return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
+                }
+                for ch in 0..c {
+                    let st = channel_stats(x, n, c, inner, ch);
+                    let batch = if k == 0 { st.0 } else { st.1 } as f32;
+                    o[ch] = prev[ch] * momentum + batch * (1.0 - momentum);
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
 /// Constant f32 input values, or None when absent or not constant.
 fn const_floats_opt(ctx: &PrepareCtx<'_>, i: usize) -> Option<Vec<f32>> {
     ctx.opt_input(i)?.value?;
@@ -241,9 +338,60 @@ fn softmax_dims(ctx: &PrepareCtx<'_>, shape: &[usize]) -> Result<(usize, usize, 
     }
 }
 
+/// Softmax / LogSoftmax of non-f32 floats, in f64.
+fn softmax_t<T: Real>(
+    y: &mut [T],
+    (outer, n, inner): (usize, usize, usize),
+    log: bool,
+) -> Result<()> {
+    if y.len() != outer * n * inner {
+        return Err(Error::new(ErrorKind::Internal("Softmax size")));
+    }
+    for blk in y.chunks_exact_mut((n * inner).max(1)) {
+        for i in 0..inner {
+            let mut mx = f64::NEG_INFINITY;
+            for j in 0..n {
+                let v = blk[j * inner + i].to_f64();
+                if v > mx || v.is_nan() {
+                    mx = v;
+                }
+            }
+            if mx.is_infinite() {
+                mx = if mx > 0.0 { mx } else { 0.0 };
+            }
+            let mut sum = 0.0f64;
+            for j in 0..n {
+                sum += libm::exp(blk[j * inner + i].to_f64() - mx);
+            }
+            let l = libm::log(sum) + mx;
+            for j in 0..n {
+                let v = &mut blk[j * inner + i];
+                let lp = v.to_f64() - l;
+                *v = T::from_f64(if log { lp } else { libm::exp(lp) });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result<Prepared> {
-    let xs = f32_input(ctx, 0, name)?;
-    let (outer, n, inner) = softmax_dims(ctx, xs)?;
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, FLOATS, name)?;
+    let (xs, dt) = (x.shape, x.dtype);
+    let dims = softmax_dims(ctx, xs)?;
+    let (outer, n, inner) = dims;
+    if dt != DType::F32 {
+        return Ok(Prepared::single(
+            dt,
+            xs,
+            kernel(name, move |io| match dt {
+                DType::F64 => in_out::<f64>(io, |y| softmax_t(y, dims, log)),
+                DType::F16 => in_out::<half::f16>(io, |y| softmax_t(y, dims, log)),
+                _ => in_out::<half::bf16>(io, |y| softmax_t(y, dims, log)),
+            }),
+        )
+        .in_place());
+    }
     Ok(Prepared::single(
         DType::F32,
         xs,
@@ -358,80 +506,438 @@ fn prepare_instance_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     .in_place())
 }
 
-fn prepare_layer_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let xs = f32_input(ctx, 0, "LayerNormalization X")?;
+/// Index of the parameter element applying to each position of a
+/// normalized block (Scale/B broadcast to the block's shape).
+#[derive(Debug)]
+enum ParamIdx {
+    /// `j * stride`: 1 for a full block, 0 for a single value.
+    Stride(usize),
+    /// Partial broadcast, one index per block position.
+    Map(Vec<u32>),
+}
+
+impl ParamIdx {
+    #[inline]
+    fn at(&self, j: usize) -> usize {
+        match self {
+            ParamIdx::Stride(s) => j * s,
+            ParamIdx::Map(m) => m.get(j).map_or(0, |&v| v as usize),
+        }
+    }
+    /// Whether a parameter of `len` elements covers every index.
+    fn fits(&self, block: usize, len: usize) -> bool {
+        block == 0 || self.at(block - 1) < len
+    }
+}
+
+/// Broadcasts a parameter shape `ps` against the normalized dims `tail`.
+fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
+    let mut ps = ps;
+    // Leading 1s beyond the block's rank broadcast over the outer dims.
+    while ps.len() > tail.len() && ps.first() == Some(&1) {
+        ps = &ps[1..];
+    }
+    if ps.len() > tail.len() {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "normalization parameter varying over non-normalized axes",
+        )));
+    }
+    let off = tail.len() - ps.len();
+    for (i, &p) in ps.iter().enumerate() {
+        if p != 1 && p != tail[off + i] {
+            return Err(Error::new(ErrorKind::Shape(
+                "normalization parameter does not broadcast to the normalized shape",
+            )));
+        }
+    }
+    let block: usize = tail.iter().product();
+    if ps == &tail[off..] {
+        return Ok(ParamIdx::Stride(1));
+    }
+    if ps.iter().all(|&p| p == 1) {
+        return Ok(ParamIdx::Stride(0));
+    }
+    let mut map = Vec::with_capacity(block);
+    for j in 0..block {
+        // Multi-index of j over `tail`, folded into the parameter's index.
+        let (mut rem, mut idx, mut pstride) = (j, 0usize, 1usize);
+        for d in (0..tail.len()).rev() {
+            let k = rem % tail[d];
+            rem /= tail[d];
+            if d >= off {
+                let p = ps[d - off];
+                if p != 1 {
+                    idx += k * pstride;
+                }
+                pstride *= p;
+            }
+        }
+        map.push(u32::try_from(idx).map_err(|_| Error::new(ErrorKind::Overflow))?);
+    }
+    Ok(ParamIdx::Map(map))
+}
+
+/// Float element types of LayerNormalization / RMSNormalization, whose
+/// statistics are computed in f64.
+trait Real: crate::Element {
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Real for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Real for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+impl Real for half::f16 {
+    fn to_f64(self) -> f64 {
+        half::f16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+
+impl Real for half::bf16 {
+    fn to_f64(self) -> f64 {
+        half::bf16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// (mean, 1/sqrt(var + eps)) of a block; with `rms`, mean is 0 and the
+/// variance is the mean square.
+#[inline]
+fn row_stats_t<T: Real>(row: &[T], eps: f64, rms: bool) -> (f64, f64) {
+    let cnt = row.len().max(1) as f64;
+    // f64 sums keep the statistics independent of summation order.
+    let mean = if rms {
+        0.0
+    } else {
+        row.iter().map(|&v| v.to_f64()).sum::<f64>() / cnt
+    };
+    let var = row
+        .iter()
+        .map(|&v| {
+            let d = v.to_f64() - mean;
+            d * d
+        })
+        .sum::<f64>()
+        / cnt;
+    (mean, 1.0 / libm::sqrt(var + eps))
+}
+
+/// [`row_stats_t`] of an f32 block, rounded to f32.
+#[inline]
+fn row_stats(row: &[f32], eps: f32, rms: bool) -> (f32, f32) {
+    let (m, i) = row_stats_t(row, eps as f64, rms);
+    (m as f32, i as f32)
+}
+
+/// Runs `f` over one slice holding the input (copied to the output first
+/// when not in place).
+fn in_out<T: crate::Element>(
+    io: &mut KernelIo<'_>,
+    f: impl FnOnce(&mut [T]) -> Result<()>,
+) -> Result<()> {
+    match io.unary::<T>()? {
+        Unary::InPlace(y) => f(y),
+        Unary::Separate(x, y) => {
+            if x.len() != y.len() {
+                return Err(Error::new(ErrorKind::Len {
+                    expected: y.len() as u64,
+                    got: x.len() as u64,
+                }));
+            }
+            y.copy_from_slice(x);
+            f(y)
+        }
+    }
+}
+
+/// LayerNormalization / RMSNormalization over the trailing `block` elements.
+#[derive(Debug)]
+struct RowNorm {
+    outer: usize,
+    block: usize,
+    eps: f64,
+    rms: bool,
+    scale: ParamIdx,
+    bias: Option<ParamIdx>,
+    /// Whether the Mean and InvStdDev outputs are wanted.
+    stats: [bool; 2],
+    dtype: DType,
+}
+
+impl RowNorm {
+    fn apply<T: Real>(&self, y: &mut [T], s: &[T], b: Option<&[T]>) -> Result<()> {
+        let block = self.block;
+        if y.len() != self.outer * block || !self.scale.fits(block, s.len()) {
+            return Err(Error::new(ErrorKind::Internal("normalization size")));
+        }
+        let b = match (b, &self.bias) {
+            (Some(b), Some(bi)) if bi.fits(block, b.len()) => Some((b, bi)),
+            (None, None) => None,
+            _ => return Err(Error::new(ErrorKind::Internal("normalization B size"))),
+        };
+        if block == 0 {
+            return Ok(());
+        }
+        for blk in y.chunks_exact_mut(block) {
+            let (mean, inv) = row_stats_t(blk, self.eps, self.rms);
+            for (j, v) in blk.iter_mut().enumerate() {
+                let mut r = (v.to_f64() - mean) * inv * s[self.scale.at(j)].to_f64();
+                if let Some((b, bi)) = b {
+                    r += b[bi.at(j)].to_f64();
+                }
+                *v = T::from_f64(r);
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&self, io: &mut KernelIo<'_>) -> Result<()> {
+        match self.dtype {
+            DType::F64 => self.run_t::<f64>(io),
+            DType::F16 => self.run_t::<half::f16>(io),
+            DType::BF16 => self.run_t::<half::bf16>(io),
+            _ => self.run_t::<f32>(io),
+        }
+    }
+
+    fn run_t<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<()> {
+        let s = io.input_slice::<T>(1)?;
+        let b = match self.bias {
+            Some(_) => Some(io.input_slice::<T>(2)?),
+            None => None,
+        };
+        if self.stats == [false, false] {
+            return in_out::<T>(io, |y| self.apply(y, s, b));
+        }
+        // Not in place here (see prepare): x stays readable for the stats.
+        let x = io.input_slice::<T>(0)?;
+        {
+            let y = io.output_slice::<T>(0)?;
+            if y.len() != x.len() {
+                return Err(Error::new(ErrorKind::Internal("normalization size")));
+            }
+            y.copy_from_slice(x);
+            self.apply(y, s, b)?;
+        }
+        let block = self.block.max(1);
+        for (k, want) in self.stats.iter().enumerate() {
+            if !want {
+                continue;
+            }
+            // stash_type 1: the statistics are f32 whatever X's type.
+            let o = io.output_slice::<f32>(k + 1)?;
+            if o.len() != self.outer {
+                return Err(Error::new(ErrorKind::Internal("normalization stats size")));
+            }
+            for (v, row) in o.iter_mut().zip(x.chunks(block)) {
+                let (mean, inv) = row_stats_t(row, self.eps, self.rms);
+                *v = if k == 0 { mean } else { inv } as f32;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Input `i`, of X's float dtype `dt`.
+fn same_float<'a>(ctx: &PrepareCtx<'a>, i: usize, dt: DType) -> Result<&'a [usize]> {
+    Ok(ctx.input_of(i, dt)?.shape)
+}
+
+/// Shared prepare of LayerNormalization (`rms` false) and RMSNormalization.
+fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, FLOATS, name)?;
+    let (xs, dt) = (x.shape, x.dtype);
     if xs.is_empty() {
         return Err(Error::new(ErrorKind::Rank {
             expected: 1,
             got: 0,
         }));
     }
-    if (1..ctx.num_outputs()).any(|i| ctx.has_output(i)) {
-        return Err(Error::new(ErrorKind::Unsupported(
-            "LayerNormalization Mean/InvStdDev outputs",
-        )));
-    }
     if ctx.attr_int("stash_type", 1)? != 1 {
         return Err(Error::new(ErrorKind::Unsupported(
-            "LayerNormalization stash_type",
+            "normalization stash_type other than float",
         )));
     }
     let axis = util::axis(ctx.attr_int("axis", -1)?, xs.len(), "axis")?;
-    let eps = ctx.attr_float("epsilon", 1e-5)?;
-    let outer: usize = xs[..axis].iter().product();
-    let block: usize = xs[axis..].iter().product();
-    // Scale/B broadcast to the normalized shape: full block or scalar.
-    let param_stride = |i: usize, what: &'static str| -> Result<Option<usize>> {
-        if ctx.opt_input(i).is_none() {
-            return Ok(None);
-        }
-        let s = f32_input(ctx, i, what)?;
-        let cnt: usize = s.iter().product();
-        if s.len() > xs.len() - axis {
-            return Err(Error::new(ErrorKind::Shape(
-                "LayerNormalization parameter rank",
-            )));
-        }
-        if cnt == block && xs[xs.len() - s.len()..] == *s {
-            Ok(Some(1))
-        } else if cnt == 1 {
-            Ok(Some(0))
-        } else {
-            Err(Error::new(ErrorKind::Unsupported(
-                "LayerNormalization partial parameter broadcast",
-            )))
-        }
+    let eps = ctx.attr_float("epsilon", 1e-5)? as f64;
+    let tail = &xs[axis..];
+    let scale = param_idx(same_float(ctx, 1, dt)?, tail)?;
+    let bias = match (rms, ctx.opt_input(2)) {
+        (false, Some(_)) => Some(param_idx(same_float(ctx, 2, dt)?, tail)?),
+        _ => None,
     };
-    let ss = param_stride(1, "LayerNormalization Scale")?
-        .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
-    let bs = param_stride(2, "LayerNormalization B")?;
+    let stats = if rms {
+        [false, false]
+    } else {
+        [ctx.has_output(1), ctx.has_output(2)]
+    };
+    let rn = RowNorm {
+        outer: xs[..axis].iter().product(),
+        block: tail.iter().product(),
+        eps,
+        rms,
+        scale,
+        bias,
+        stats,
+        dtype: dt,
+    };
+    let mut outs = vec![OutputInfo::new(dt, xs)];
+    if stats != [false, false] {
+        let mut st: Vec<usize> = xs[..axis].to_vec();
+        st.resize(xs.len(), 1);
+        for want in stats {
+            // An absent Mean still takes its slot so InvStdDev stays output 2.
+            outs.push(OutputInfo::new(DType::F32, if want { &st } else { &[] }));
+        }
+    }
+    let p = Prepared::new(outs, kernel(name, move |io| rn.run(io)));
+    Ok(if stats == [false, false] {
+        p.in_place()
+    } else {
+        p
+    })
+}
+
+fn prepare_layer_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_row_norm(ctx, false, "LayerNormalization")
+}
+
+fn prepare_rms_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_row_norm(ctx, true, "RMSNormalization")
+}
+
+fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let xs = f32_input(ctx, 0, "GroupNormalization X")?;
+    if xs.len() < 2 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 2,
+            got: xs.len(),
+        }));
+    }
+    if ctx.attr_int("stash_type", 1)? != 1 {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "GroupNormalization stash_type other than float",
+        )));
+    }
+    let g = ctx.attr_int("num_groups", 0)?;
+    let (n, c) = (xs[0], xs[1]);
+    if g < 1 || c % g as usize != 0 {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "num_groups",
+            problem: "required, positive, and must divide the channel count",
+        }));
+    }
+    let g = g as usize;
+    // Opset 18 has one scale/bias per group, opset 21 one per channel.
+    let per_channel = ctx.opset >= 21;
+    let plen = if per_channel { c } else { g };
+    check_vec(f32_input(ctx, 1, "GroupNormalization scale")?, plen)?;
+    check_vec(f32_input(ctx, 2, "GroupNormalization bias")?, plen)?;
+    let eps = ctx.attr_float("epsilon", 1e-5)?;
+    let inner: usize = xs[2..].iter().product();
+    let cpg = c / g;
     Ok(Prepared::single(
         DType::F32,
         xs,
-        kernel("LayerNormalization", move |io| {
+        kernel("GroupNormalization", move |io| {
             let s = io.input_slice::<f32>(1)?;
-            let b = match bs {
-                Some(_) => Some(io.input_slice::<f32>(2)?),
-                None => None,
-            };
+            let b = io.input_slice::<f32>(2)?;
             in_out_f32(io, |y| {
-                if y.len() != outer * block || s.len() < (block - 1) * ss + 1 {
-                    return Err(Error::new(ErrorKind::Internal("LayerNormalization size")));
+                if y.len() != n * c * inner || s.len() != plen || b.len() != plen {
+                    return Err(Error::new(ErrorKind::Internal("GroupNormalization size")));
+                }
+                let gsize = cpg * inner;
+                if gsize == 0 {
+                    return Ok(());
+                }
+                for (gi, blk) in y.chunks_exact_mut(gsize).enumerate() {
+                    let (mean, inv) = row_stats(blk, eps, false);
+                    let grp = gi % g;
+                    for (j, v) in blk.iter_mut().enumerate() {
+                        let p = if per_channel {
+                            grp * cpg + j / inner.max(1)
+                        } else {
+                            grp
+                        };
+                        *v = (*v - mean) * inv * s[p] + b[p];
+                    }
+                }
+                Ok(())
+            })
+        }),
+    )
+    .in_place())
+}
+
+fn prepare_lp_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let xs = f32_input(ctx, 0, "LpNormalization input")?;
+    if xs.is_empty() {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 1,
+            got: 0,
+        }));
+    }
+    let p = ctx.attr_int("p", 2)?;
+    if p != 1 && p != 2 {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "p",
+            problem: "must be 1 or 2",
+        }));
+    }
+    let a = util::axis(ctx.attr_int("axis", -1)?, xs.len(), "axis")?;
+    let (outer, n, inner): (usize, usize, usize) = (
+        xs[..a].iter().product(),
+        xs[a],
+        xs[a + 1..].iter().product(),
+    );
+    Ok(Prepared::single(
+        DType::F32,
+        xs,
+        kernel("LpNormalization", move |io| {
+            in_out_f32(io, |y| {
+                if y.len() != outer * n * inner {
+                    return Err(Error::new(ErrorKind::Internal("LpNormalization size")));
                 }
                 for o in 0..outer {
-                    let blk = &mut y[o * block..(o + 1) * block];
-                    normalize_block(blk, eps);
-                    for (j, v) in blk.iter_mut().enumerate() {
-                        *v *= s[j * ss];
-                    }
-                    if let (Some(b), Some(st)) = (b, bs) {
-                        if b.len() < (block - 1) * st + 1 {
-                            return Err(Error::new(ErrorKind::Internal(
-                                "LayerNormalization B size",
-                            )));
+                    let blk = &mut y[o * n * inner..(o + 1) * n * inner];
+                    for i in 0..inner {
+                        let mut acc = 0.0f64;
+                        for j in 0..n {
+                            let v = blk[j * inner + i] as f64;
+                            acc += if p == 1 { v.abs() } else { v * v };
                         }
-                        for (j, v) in blk.iter_mut().enumerate() {
-                            *v += b[j * st];
+                        let norm = if p == 1 {
+                            acc as f32
+                        } else {
+                            math::sqrt(acc as f32)
+                        };
+                        for j in 0..n {
+                            let v = &mut blk[j * inner + i];
+                            // A zero norm gives 0, not 0/0.
+                            *v = if norm == 0.0 { 0.0 } else { *v / norm };
                         }
                     }
                 }
@@ -440,6 +946,102 @@ fn prepare_layer_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }),
     )
     .in_place())
+}
+
+fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let xs = f32_input(ctx, 0, "MeanVarianceNormalization input")?;
+    let r = xs.len();
+    if r > MAX_RANK {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "MeanVarianceNormalization rank above MAX_RANK",
+        )));
+    }
+    let mut reduced = [false; MAX_RANK];
+    match ctx.attr_ints("axes")? {
+        Some(ax) => {
+            for &a in ax {
+                reduced[util::axis(a, r, "axes")?] = true;
+            }
+        }
+        None => {
+            for a in [0usize, 2, 3] {
+                if a >= r {
+                    return Err(Error::new(ErrorKind::Attribute {
+                        name: "axes",
+                        problem: "default axes [0, 2, 3] need a rank-4 input",
+                    }));
+                }
+                reduced[a] = true;
+            }
+        }
+    }
+    // Stride of each axis in the index of its (mean, var) group; 0 on
+    // reduced axes.
+    let mut kstride = [0usize; MAX_RANK];
+    let mut groups = 1usize;
+    for d in (0..r).rev() {
+        if !reduced[d] {
+            kstride[d] = groups;
+            groups *= xs[d];
+        }
+    }
+    let numel: usize = xs.iter().product();
+    let per_group = numel.checked_div(groups).unwrap_or(0).max(1) as f64;
+    let mut dims = [0usize; MAX_RANK];
+    dims[..r].copy_from_slice(xs);
+    // Group of every element, by odometer over the shape.
+    let walk = move |f: &mut dyn FnMut(usize, usize)| {
+        let mut idx = [0usize; MAX_RANK];
+        let mut grp = 0usize;
+        for k in 0..numel {
+            f(k, grp);
+            for d in (0..r).rev() {
+                idx[d] += 1;
+                grp += kstride[d];
+                if idx[d] < dims[d] {
+                    break;
+                }
+                grp -= kstride[d] * idx[d];
+                idx[d] = 0;
+            }
+        }
+    };
+    Ok(Prepared::single(
+        DType::F32,
+        xs,
+        kernel("MeanVarianceNormalization", move |io| {
+            let x = io.input_slice::<f32>(0)?;
+            let (y, scratch) = io.output_and_scratch(0)?;
+            let y = y.into_slice::<f32>()?;
+            let acc: &mut [f64] = bytemuck::try_cast_slice_mut(scratch)
+                .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
+            if x.len() != numel || y.len() != numel || acc.len() < 2 * groups {
+                return Err(Error::new(ErrorKind::Internal(
+                    "MeanVarianceNormalization size",
+                )));
+            }
+            let (sum, sq) = acc.split_at_mut(groups);
+            sum.fill(0.0);
+            sq[..groups].fill(0.0);
+            walk(&mut |k, g| {
+                let v = x[k] as f64;
+                sum[g] += v;
+                sq[g] += v * v;
+            });
+            for g in 0..groups {
+                let mean = sum[g] / per_group;
+                let var = (sq[g] / per_group - mean * mean).max(0.0);
+                sum[g] = mean;
+                // Reciprocal of (std + 1e-9), as in the ONNX function body.
+                sq[g] = 1.0 / (math::sqrt(var as f32) as f64 + 1e-9);
+            }
+            walk(&mut |k, g| {
+                y[k] = ((x[k] as f64 - sum[g]) * sq[g]) as f32;
+            });
+            Ok(())
+        }),
+    )
+    .with_scratch(2 * groups * 8))
 }
 
 #[cfg(test)]
@@ -555,6 +1157,33 @@ mod tests {
     }
 
     #[test]
+    fn softmax_other_float_types() {
+        // f64: softmax of [0, ln 3] is exactly [1/4, 3/4].
+        let r = run("Softmax", 13, vec![], &[t(&[2], &[0.0f64, 3.0f64.ln()])], 1).unwrap();
+        let got = vals::<f64>(&r[0]);
+        assert!((got[0] - 0.25).abs() < 1e-12 && (got[1] - 0.75).abs() < 1e-12);
+        let r = run(
+            "LogSoftmax",
+            13,
+            vec![],
+            &[t(&[2], &[0.0f64, 3.0f64.ln()])],
+            1,
+        )
+        .unwrap();
+        assert!((vals::<f64>(&r[0])[0] + 4.0f64.ln()).abs() < 1e-12);
+        // f16, opset 11 coerced to 2-D at axis 1.
+        let x = rnd(6, 30);
+        let xh: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let xr: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
+        let r = run("Softmax", 11, vec![], &[t(&[2, 3], &xh)], 1).unwrap();
+        let got: Vec<f32> = vals::<half::f16>(&r[0])
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        assert_close(&got, &naive_softmax(&xr, 2, 3, 1, false), 1e-3);
+    }
+
+    #[test]
     fn batchnorm_inference() {
         let (n, c, hw) = (2, 3, 5);
         let x = rnd(n * c * hw, 2);
@@ -590,9 +1219,51 @@ mod tests {
             assert_eq!(r[0].shape, vec![n, c, hw]);
             assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
         }
+        // Training mode: batch statistics per channel, running stats
+        // updated with momentum.
+        let mom = 0.8f32;
         let r = run(
             "BatchNormalization",
             15,
+            vec![
+                ("training_mode", AttrValue::Int(1)),
+                ("epsilon", AttrValue::Float(eps)),
+                ("momentum", AttrValue::Float(mom)),
+            ],
+            &[
+                t(&[n, c, hw], &x),
+                t(&[c], &s),
+                t(&[c], &b),
+                t(&[c], &m),
+                t(&[c], &v),
+            ],
+            3,
+        )
+        .unwrap();
+        let mut want = vec![0.0; x.len()];
+        let (mut want_m, mut want_v) = (Vec::new(), Vec::new());
+        for ch in 0..c {
+            let vs: Vec<f32> = (0..n)
+                .flat_map(|i| x[(i * c + ch) * hw..][..hw].to_vec())
+                .collect();
+            let bm = vs.iter().sum::<f32>() / vs.len() as f32;
+            let bv = vs.iter().map(|v| (v - bm) * (v - bm)).sum::<f32>() / vs.len() as f32;
+            for i in 0..n {
+                for k in 0..hw {
+                    let idx = (i * c + ch) * hw + k;
+                    want[idx] = s[ch] * (x[idx] - bm) / math::sqrt(bv + eps) + b[ch];
+                }
+            }
+            want_m.push(m[ch] * mom + bm * (1.0 - mom));
+            want_v.push(v[ch] * mom + bv * (1.0 - mom));
+        }
+        assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
+        assert_eq!(r[1].shape, vec![c]);
+        assert_close(&vals::<f32>(&r[1]), &want_m, 1e-6);
+        assert_close(&vals::<f32>(&r[2]), &want_v, 1e-6);
+        assert!(run(
+            "BatchNormalization",
+            9,
             vec![("training_mode", AttrValue::Int(1))],
             &[
                 t(&[n, c, hw], &x),
@@ -602,8 +1273,8 @@ mod tests {
                 t(&[c], &v),
             ],
             1,
-        );
-        assert!(r.is_err());
+        )
+        .is_err());
         let r = run(
             "BatchNormalization",
             15,
@@ -732,5 +1403,257 @@ mod tests {
         )
         .unwrap();
         assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
+    }
+
+    #[test]
+    fn rms_norm_by_hand() {
+        // Rows [3, 4] and [0, 0]: rms 5/sqrt(2), and 0 (-> sqrt(eps)).
+        let x = [3.0f32, 4.0, 0.0, 0.0];
+        let w = [1.0f32, 2.0];
+        let r = run(
+            "RMSNormalization",
+            23,
+            vec![("epsilon", AttrValue::Float(0.0))],
+            &[t(&[2, 2], &x), t(&[2], &w)],
+            1,
+        )
+        .unwrap();
+        let k = math::sqrt(2.0) / 5.0;
+        let got = vals::<f32>(&r[0]);
+        assert_close(&got[..2], &[3.0 * k, 8.0 * k], 1e-6);
+        assert!(got[2].is_nan());
+        // axis 0 with a scalar-broadcast scale [1, 1] and default epsilon.
+        let r = run(
+            "RMSNormalization",
+            23,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2, 2], &x), t(&[1, 1], &[2.0f32])],
+            1,
+        )
+        .unwrap();
+        let inv = 1.0 / math::sqrt(25.0 / 4.0 + 1e-5);
+        assert_close(&vals::<f32>(&r[0]), &[6.0 * inv, 8.0 * inv, 0.0, 0.0], 1e-6);
+        assert!(run(
+            "RMSNormalization",
+            23,
+            vec![("stash_type", AttrValue::Int(0))],
+            &[t(&[2, 2], &x), t(&[2], &w)],
+            1,
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn layer_norm_stats_and_partial_broadcast() {
+        // Rows [1, 3] and [2, 6]: means 2 and 4, variances 1 and 4.
+        let x = [1.0f32, 3.0, 2.0, 6.0];
+        let r = run(
+            "LayerNormalization",
+            17,
+            vec![("epsilon", AttrValue::Float(0.0))],
+            &[
+                t(&[2, 2], &x),
+                t(&[2], &[1.0f32, 10.0]),
+                t(&[2], &[0.5f32, 0.0]),
+            ],
+            3,
+        )
+        .unwrap();
+        assert_eq!(r.len(), 3);
+        assert_close(&vals::<f32>(&r[0]), &[-0.5, 10.0, -0.5, 10.0], 1e-6);
+        assert_eq!(r[1].shape, vec![2, 1]);
+        assert_close(&vals::<f32>(&r[1]), &[2.0, 4.0], 0.0);
+        assert_eq!(r[2].shape, vec![2, 1]);
+        assert_close(&vals::<f32>(&r[2]), &[1.0, 0.5], 1e-7);
+        // Scale [2, 1] over a normalized [2, 2] block: one value per row.
+        let x = rnd(8, 21);
+        let s = [2.0f32, -1.0];
+        let r = run(
+            "LayerNormalization",
+            17,
+            vec![("axis", AttrValue::Int(1))],
+            &[t(&[2, 2, 2], &x), t(&[2, 1], &s)],
+            1,
+        )
+        .unwrap();
+        let mut want = Vec::new();
+        for blk in x.chunks(4) {
+            let nrm = naive_norm(blk, 1e-5);
+            want.extend(nrm.iter().enumerate().map(|(j, v)| v * s[j / 2]));
+        }
+        assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
+        // A scale varying over the outer (not normalized) axis is refused.
+        assert!(run(
+            "LayerNormalization",
+            17,
+            vec![],
+            &[t(&[2, 2, 2], &x), t(&[2, 1, 2], &rnd(4, 1))],
+            1,
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn row_norms_other_float_types() {
+        // f64 natively: rows [1, 3] and [2, 6] normalize to [-1, 1] exactly
+        // (eps 0); Mean and InvStdDev stay f32.
+        let r = run(
+            "LayerNormalization",
+            17,
+            vec![("epsilon", AttrValue::Float(0.0))],
+            &[
+                t(&[2, 2], &[1.0f64, 3.0, 2.0, 6.0]),
+                t(&[2], &[1.0f64, 2.0]),
+            ],
+            3,
+        )
+        .unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![-1.0, 2.0, -1.0, 2.0]);
+        assert_eq!(r[1].dtype, crate::DType::F32);
+        assert_eq!(vals::<f32>(&r[2]), vec![1.0, 0.5]);
+        // f16 RMSNorm: row [3, 4] has rms 5/sqrt(2).
+        let h = |v: f32| half::f16::from_f32(v);
+        let r = run(
+            "RMSNormalization",
+            23,
+            vec![("epsilon", AttrValue::Float(0.0))],
+            &[t(&[1, 2], &[h(3.0), h(4.0)]), t(&[2], &[h(1.0), h(1.0)])],
+            1,
+        )
+        .unwrap();
+        let got: Vec<f32> = vals::<half::f16>(&r[0])
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        let k = math::sqrt(2.0) / 5.0;
+        assert_close(&got, &[3.0 * k, 4.0 * k], 1e-3);
+        // Scale must share X's type.
+        assert!(run(
+            "RMSNormalization",
+            23,
+            vec![],
+            &[t(&[1, 2], &[h(3.0), h(4.0)]), t(&[2], &[1.0f32, 1.0])],
+            1,
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn group_norm_opsets() {
+        let (n, c, hw, g) = (2, 4, 3, 2);
+        let x = rnd(n * c * hw, 22);
+        let sc = rnd(c, 23);
+        let bc = rnd(c, 24);
+        let mut want21 = Vec::new();
+        let mut want18 = Vec::new();
+        for (gi, blk) in x.chunks(c / g * hw).enumerate() {
+            let nrm = naive_norm(blk, 1e-5);
+            for (j, v) in nrm.iter().enumerate() {
+                let ch = (gi % g) * (c / g) + j / hw;
+                want21.push(v * sc[ch] + bc[ch]);
+                want18.push(v * sc[gi % g] + bc[gi % g]);
+            }
+        }
+        let attrs = || vec![("num_groups", AttrValue::Int(g as i64))];
+        let r = run(
+            "GroupNormalization",
+            21,
+            attrs(),
+            &[t(&[n, c, hw], &x), t(&[c], &sc), t(&[c], &bc)],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &want21, 1e-5);
+        let r = run(
+            "GroupNormalization",
+            18,
+            attrs(),
+            &[t(&[n, c, hw], &x), t(&[g], &sc[..g]), t(&[g], &bc[..g])],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &want18, 1e-5);
+        assert!(run(
+            "GroupNormalization",
+            21,
+            vec![("num_groups", AttrValue::Int(3))],
+            &[t(&[n, c, hw], &x), t(&[c], &sc), t(&[c], &bc)],
+            1,
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn lp_norm() {
+        let x = [3.0f32, -4.0, 0.0, 0.0];
+        let r = run("LpNormalization", 22, vec![], &[t(&[2, 2], &x)], 1).unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[0.6, -0.8, 0.0, 0.0], 1e-7);
+        let r = run(
+            "LpNormalization",
+            1,
+            vec![("p", AttrValue::Int(1)), ("axis", AttrValue::Int(0))],
+            &[t(&[2, 2], &[1.0f32, -4.0, 3.0, 4.0])],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[0.25, -0.5, 0.75, 0.5], 1e-7);
+        assert!(run(
+            "LpNormalization",
+            1,
+            vec![("p", AttrValue::Int(3))],
+            &[t(&[2, 2], &x)],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn mvn_axes() {
+        // Default axes [0, 2, 3]: one group per channel.
+        let (n, c, h, w) = (2, 3, 2, 2);
+        let x = rnd(n * c * h * w, 25);
+        let r = run(
+            "MeanVarianceNormalization",
+            13,
+            vec![],
+            &[t(&[n, c, h, w], &x)],
+            1,
+        )
+        .unwrap();
+        let mut want = vec![0.0f32; x.len()];
+        for ch in 0..c {
+            let idx: Vec<usize> = (0..n)
+                .flat_map(|i| (0..h * w).map(move |k| (i * c + ch) * h * w + k))
+                .collect();
+            let vs: Vec<f32> = idx.iter().map(|&i| x[i]).collect();
+            let nrm = naive_norm(&vs, 0.0);
+            for (k, &i) in idx.iter().enumerate() {
+                want[i] = nrm[k];
+            }
+        }
+        assert_close(&vals::<f32>(&r[0]), &want, 1e-5);
+        // axes [1]: normalize along channels.
+        let r = run(
+            "MeanVarianceNormalization",
+            13,
+            vec![("axes", AttrValue::Ints(vec![1]))],
+            &[t(&[2, 3], &[1.0f32, 2.0, 3.0, 5.0, 5.0, 5.0])],
+            1,
+        )
+        .unwrap();
+        let s = math::sqrt(2.0 / 3.0);
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[-1.0 / s, 0.0, 1.0 / s, 0.0, 0.0, 0.0],
+            1e-5,
+        );
+        assert!(run(
+            "MeanVarianceNormalization",
+            13,
+            vec![],
+            &[t(&[2, 3], &x[..6])],
+            1
+        )
+        .is_err());
     }
 }

@@ -1,11 +1,14 @@
-//! Pooling operators: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool
-//! (f32, NCHW layout; windowed pools over 1 to 3 spatial axes).
+//! Pooling operators: MaxPool (with its optional Indices output),
+//! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool, GlobalLpPool and
+//! MaxUnpool (f32, MaxPool also uint8/int8; NCHW layout; windowed pools
+//! over 1 to 3 spatial axes).
 
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::math;
 use crate::ops::conv::{forward_geom, valid_range, Geom};
-use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::DType;
 
 /// Operators of this family.
@@ -14,6 +17,11 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("AveragePool", 1, prepare_avg_pool),
     OpDef::onnx("GlobalAveragePool", 1, prepare_global_avg),
     OpDef::onnx("GlobalMaxPool", 1, prepare_global_max),
+    OpDef::onnx("LpPool", 1, prepare_lp_pool),
+    OpDef::onnx("LpPool", 18, prepare_lp_pool),
+    OpDef::onnx("GlobalLpPool", 1, prepare_global_lp),
+    OpDef::onnx("MaxUnpool", 9, prepare_max_unpool),
+    OpDef::onnx("MaxUnpool", 11, prepare_max_unpool),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,11 +29,38 @@ enum Mode {
     Max,
     /// Average; the flag is `count_include_pad`.
     Avg(bool),
+    /// `(sum |x|^p)^(1/p)` over the window's taps inside the input.
+    Lp(u32),
+}
+
+/// `|v|^p` by repeated multiplication (p is a small integer).
+#[inline]
+fn abs_pow(v: f32, p: u32) -> f32 {
+    let a = if v < 0.0 { -v } else { v };
+    let mut r = a;
+    for _ in 1..p {
+        r *= a;
+    }
+    r
+}
+
+/// `s^(1/p)`.
+#[inline]
+fn root(s: f32, p: u32) -> f32 {
+    match p {
+        1 => s,
+        2 => math::sqrt(s),
+        _ => math::pow(s, 1.0 / p as f32),
+    }
 }
 
 fn pool_input<'a>(ctx: &PrepareCtx<'a>) -> Result<&'a [usize]> {
+    pool_input_of(ctx, &[DType::F32])
+}
+
+fn pool_input_of<'a>(ctx: &PrepareCtx<'a>, allowed: &[DType]) -> Result<&'a [usize]> {
     let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], "pool input")?;
+    util::dtype_in(x.dtype, allowed, "pool input")?;
     if x.shape.len() < 3 {
         return Err(Error::new(ErrorKind::Rank {
             expected: 3,
@@ -36,7 +71,12 @@ fn pool_input<'a>(ctx: &PrepareCtx<'a>) -> Result<&'a [usize]> {
 }
 
 fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Result<Prepared> {
-    let xs = pool_input(ctx)?;
+    let xs = if mode == Mode::Max {
+        pool_input_of(ctx, &[DType::F32, DType::U8, DType::I8])?
+    } else {
+        pool_input(ctx)?
+    };
+    let dt = ctx.input(0)?.dtype;
     let n = xs.len() - 2;
     let k: Vec<usize> = match ctx.attr_ints("kernel_shape")? {
         None => {
@@ -64,22 +104,66 @@ fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Resul
     let planes = xs[0] * xs[1];
     let mut shape = alloc::vec![xs[0], xs[1]];
     shape.extend_from_slice(&g.out[g.out.len() - n..]);
-    Ok(Prepared::single(
-        DType::F32,
-        &shape,
-        kernel(name, move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let y = io.output_slice::<f32>(0)?;
-            pool(x, y, planes, &g, mode)
+    let indices = mode == Mode::Max && ctx.has_output(1);
+    // Indices count in row-major (0) or column-major (1) order per plane.
+    let col_major = match ctx.attr_int("storage_order", 0)? {
+        0 => false,
+        1 => true,
+        _ => {
+            return Err(Error::new(ErrorKind::Attribute {
+                name: "storage_order",
+                problem: "must be 0 or 1",
+            }))
+        }
+    };
+    let mut outs = alloc::vec![OutputInfo::new(dt, &shape)];
+    if indices {
+        outs.push(OutputInfo::new(DType::I64, &shape));
+    }
+    Ok(Prepared::new(
+        outs,
+        kernel(name, move |io| match dt {
+            DType::U8 => run_window::<u8>(io, indices, col_major, planes, &g, mode),
+            DType::I8 => run_window::<i8>(io, indices, col_major, planes, &g, mode),
+            _ => run_window::<f32>(io, indices, col_major, planes, &g, mode),
         }),
     ))
 }
 
-fn prepare_max_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    if ctx.has_output(1) {
-        return Err(Error::new(ErrorKind::Unsupported("MaxPool indices")));
+fn run_window<T: PoolElem>(
+    io: &mut KernelIo<'_>,
+    indices: bool,
+    col_major: bool,
+    planes: usize,
+    g: &Geom,
+    mode: Mode,
+) -> Result<()> {
+    let x = io.input_slice::<T>(0)?;
+    if !indices {
+        let y = io.output_slice::<T>(0)?;
+        return pool(x, y, None, planes, g, mode);
     }
+    let (y, i) = io.outputs2(0, 1)?;
+    let (y, i) = (y.into_slice::<T>()?, i.into_slice::<i64>()?);
+    pool(x, y, Some((i, col_major)), planes, g, mode)
+}
+
+fn prepare_max_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     prepare_window(ctx, Mode::Max, "MaxPool")
+}
+
+fn prepare_lp_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_window(ctx, Mode::Lp(lp_p(ctx)?), "LpPool")
+}
+
+fn lp_p(ctx: &PrepareCtx<'_>) -> Result<u32> {
+    let p = ctx.attr_int("p", 2)?;
+    if !(1..=64).contains(&p) {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "LpPool p outside 1..=64",
+        )));
+    }
+    Ok(p as u32)
 }
 
 fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -111,10 +195,64 @@ fn taps_below(o: usize, s: usize, d: usize, k: usize, pb: usize, limit: usize) -
     }
 }
 
-fn pool(x: &[f32], y: &mut [f32], planes: usize, g: &Geom, mode: Mode) -> Result<()> {
+/// Windowed pool of `planes` planes; `idx` (MaxPool only) receives the flat
+/// input index of each maximum, in column-major plane order when its flag is
+/// set.
+/// Element types a pool reads: MaxPool takes all of them, the averaging
+/// pools only f32 (prepare enforces it).
+trait PoolElem: crate::Element + PartialOrd {
+    /// Value of a window with no tap inside the input.
+    const LOWEST: Self;
+    fn is_nan(self) -> bool;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+
+impl PoolElem for f32 {
+    const LOWEST: Self = f32::MIN;
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+macro_rules! int_pool_elem {
+    ($($t:ty),*) => {$(
+        impl PoolElem for $t {
+            const LOWEST: Self = <$t>::MIN;
+            fn is_nan(self) -> bool {
+                false
+            }
+            fn to_f32(self) -> f32 {
+                self as f32
+            }
+            fn from_f32(v: f32) -> Self {
+                v as $t
+            }
+        }
+    )*};
+}
+int_pool_elem!(u8, i8);
+
+fn pool<T: PoolElem>(
+    x: &[T],
+    y: &mut [T],
+    mut idx: Option<(&mut [i64], bool)>,
+    planes: usize,
+    g: &Geom,
+    mode: Mode,
+) -> Result<()> {
     let (in_sz, out_sz) = (g.in_size(), g.out_size());
     check_len(x.len(), planes * in_sz)?;
     check_len(y.len(), planes * out_sz)?;
+    if let Some((i, _)) = &idx {
+        check_len(i.len(), y.len())?;
+    }
     if y.is_empty() {
         return Ok(());
     }
@@ -137,41 +275,55 @@ fn pool(x: &[f32], y: &mut [f32], planes: usize, g: &Geom, mode: Mode) -> Result
                 let yrow = &mut yp[(od * o1 + oh) * o2..][..o2];
                 for (ow, out) in yrow.iter_mut().enumerate() {
                     let (aw, bw) = valid_range(k2, d2, ow * s2, p2, i2);
-                    let mut acc = match mode {
-                        Mode::Max => f32::MIN,
-                        Mode::Avg(_) => 0.0,
-                    };
+                    let mut acc = 0.0f32;
+                    let mut best = T::LOWEST;
+                    // (d, h, w) of the maximum, for Indices.
+                    let mut at: Option<[usize; 3]> = None;
                     for kd in ad..bd {
                         let id = od * s0 + kd * d0 - p0;
                         for kh in ah..bh {
                             let ih = oh * s1 + kh * d1 - p1;
                             let row = &xp[(id * i1 + ih) * i2..][..i2];
                             for kw in aw..bw {
-                                let v = row[ow * s2 + kw * d2 - p2];
+                                let iw = ow * s2 + kw * d2 - p2;
+                                let v = row[iw];
                                 match mode {
                                     Mode::Max => {
-                                        if v > acc || v.is_nan() {
-                                            acc = v;
+                                        if v > best || v.is_nan() || at.is_none() {
+                                            best = v;
+                                            at = Some([id, ih, iw]);
                                         }
                                     }
-                                    Mode::Avg(_) => acc += v,
+                                    Mode::Avg(_) => acc += v.to_f32(),
+                                    Mode::Lp(p) => acc += abs_pow(v.to_f32(), p),
                                 }
                             }
                         }
                     }
+                    if let Some((iv, col_major)) = idx.as_mut() {
+                        let o = pi * out_sz + (od * o1 + oh) * o2 + ow;
+                        iv[o] = match at {
+                            None => -1,
+                            Some([a, b, c]) => {
+                                let within = if *col_major {
+                                    a + b * i0 + c * i0 * i1
+                                } else {
+                                    (a * i1 + b) * i2 + c
+                                };
+                                (pi * in_sz + within) as i64
+                            }
+                        };
+                    }
                     *out = match mode {
-                        Mode::Max => acc,
+                        Mode::Max => best,
+                        Mode::Lp(p) => T::from_f32(root(acc, p)),
                         Mode::Avg(include) => {
                             let cnt = if include {
                                 pd * ph * taps_below(ow, s2, d2, k2, p2, i2 + e2)
                             } else {
                                 (bd - ad) * (bh - ah) * (bw - aw)
                             };
-                            if cnt == 0 {
-                                0.0
-                            } else {
-                                acc / cnt as f32
-                            }
+                            T::from_f32(if cnt == 0 { 0.0 } else { acc / cnt as f32 })
                         }
                     };
                 }
@@ -181,7 +333,7 @@ fn pool(x: &[f32], y: &mut [f32], planes: usize, g: &Geom, mode: Mode) -> Result
     Ok(())
 }
 
-fn prepare_global(ctx: &PrepareCtx<'_>, max: bool) -> Result<Prepared> {
+fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
     let x = ctx.input(0)?;
     util::dtype_in(x.dtype, &[DType::F32], "global pool input")?;
     let xs = x.shape;
@@ -196,10 +348,10 @@ fn prepare_global(ctx: &PrepareCtx<'_>, max: bool) -> Result<Prepared> {
     let mut shape = alloc::vec![1usize; xs.len()];
     shape[0] = xs[0];
     shape[1] = xs[1];
-    let name = if max {
-        "GlobalMaxPool"
-    } else {
-        "GlobalAveragePool"
+    let name = match mode {
+        Mode::Max => "GlobalMaxPool",
+        Mode::Avg(_) => "GlobalAveragePool",
+        Mode::Lp(_) => "GlobalLpPool",
     };
     Ok(Prepared::single(
         DType::F32,
@@ -210,15 +362,16 @@ fn prepare_global(ctx: &PrepareCtx<'_>, max: bool) -> Result<Prepared> {
             check_len(x.len(), planes * plane)?;
             check_len(y.len(), planes)?;
             if plane == 0 {
-                y.fill(if max { f32::MIN } else { 0.0 });
+                y.fill(if mode == Mode::Max { f32::MIN } else { 0.0 });
                 return Ok(());
             }
             for (o, xp) in y.iter_mut().zip(x.chunks_exact(plane)) {
-                *o = if max {
-                    xp.iter()
-                        .fold(f32::MIN, |a, &v| if v > a || v.is_nan() { v } else { a })
-                } else {
-                    xp.iter().sum::<f32>() / plane as f32
+                *o = match mode {
+                    Mode::Max => xp
+                        .iter()
+                        .fold(f32::MIN, |a, &v| if v > a || v.is_nan() { v } else { a }),
+                    Mode::Avg(_) => xp.iter().sum::<f32>() / plane as f32,
+                    Mode::Lp(p) => root(xp.iter().map(|&v| abs_pow(v, p)).sum::<f32>(), p),
                 };
             }
             Ok(())
@@ -227,11 +380,124 @@ fn prepare_global(ctx: &PrepareCtx<'_>, max: bool) -> Result<Prepared> {
 }
 
 fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    prepare_global(ctx, false)
+    prepare_global(ctx, Mode::Avg(false))
 }
 
 fn prepare_global_max(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    prepare_global(ctx, true)
+    prepare_global(ctx, Mode::Max)
+}
+
+fn prepare_global_lp(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_global(ctx, Mode::Lp(lp_p(ctx)?))
+}
+
+/// MaxUnpool: scatters X to the flat positions of Indices in a zero tensor
+/// of the inferred shape `(in - 1) * stride - pads + kernel`; an explicit
+/// `output_shape` larger than that pads it at the end of each axis (the
+/// indices stay relative to the inferred shape, as in the ONNX reference).
+fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let xs = pool_input(ctx)?;
+    let ind = ctx.input(1)?;
+    util::dtype_in(ind.dtype, &[DType::I64], "MaxUnpool indices")?;
+    if ind.shape != xs {
+        return Err(Error::new(ErrorKind::Shape(
+            "MaxUnpool indices must have the shape of X",
+        )));
+    }
+    let n = xs.len() - 2;
+    if n > 3 {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "MaxUnpool over more than 3 spatial axes",
+        )));
+    }
+    let attr_len = |name: &'static str, want: usize, default: usize| -> Result<Vec<usize>> {
+        match ctx.attr_ints(name)? {
+            None => Ok(alloc::vec![default; want]),
+            Some(v) if v.len() == want && v.iter().all(|&x| x >= 0) => {
+                Ok(v.iter().map(|&x| x as usize).collect())
+            }
+            Some(_) => Err(Error::new(ErrorKind::Attribute {
+                name,
+                problem: "wrong length or negative",
+            })),
+        }
+    };
+    if ctx.attr_ints("kernel_shape")?.is_none() {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "kernel_shape",
+            problem: "required",
+        }));
+    }
+    let k = attr_len("kernel_shape", n, 1)?;
+    let s = attr_len("strides", n, 1)?;
+    let p = attr_len("pads", 2 * n, 0)?;
+    let mut inferred = alloc::vec![xs[0], xs[1]];
+    for i in 0..n {
+        let v = ((xs[i + 2].max(1) - 1) * s[i] + k[i])
+            .checked_sub(p[i] + p[i + n])
+            .ok_or(Error::new(ErrorKind::Shape(
+                "MaxUnpool pads exceed the output",
+            )))?;
+        inferred.push(v);
+    }
+    let shape: Vec<usize> = match ctx.const_ints(2)? {
+        None => inferred.clone(),
+        Some(v) => {
+            if v.len() != xs.len()
+                || v.iter()
+                    .zip(&inferred)
+                    .any(|(&o, &i)| o < 0 || (o as usize) < i)
+            {
+                return Err(Error::new(ErrorKind::Shape(
+                    "MaxUnpool output_shape must have X's rank and cover the inferred shape",
+                )));
+            }
+            v.iter().map(|&o| o as usize).collect()
+        }
+    };
+    let total: usize = inferred.iter().product();
+    let numel: usize = xs.iter().product();
+    // Row-major strides of the output and the inferred shape.
+    let mut out_st = [0usize; 5];
+    let mut inf_st = [0usize; 5];
+    let (mut a, mut b) = (1usize, 1usize);
+    for d in (0..xs.len()).rev() {
+        out_st[d] = a;
+        inf_st[d] = b;
+        a *= shape[d];
+        b *= inferred[d];
+    }
+    let rank = xs.len();
+    Ok(Prepared::single(
+        DType::F32,
+        &shape,
+        kernel("MaxUnpool", move |io| {
+            let x = io.input_slice::<f32>(0)?;
+            let ind = io.input_slice::<i64>(1)?;
+            let y = io.output_slice::<f32>(0)?;
+            check_len(x.len(), numel)?;
+            check_len(ind.len(), numel)?;
+            y.fill(0.0);
+            for (&v, &i) in x.iter().zip(ind) {
+                if i < 0 || i as usize >= total {
+                    return Err(Error::new(ErrorKind::Shape(
+                        "MaxUnpool index out of the inferred output",
+                    )));
+                }
+                // Re-address the inferred-shape index into the output.
+                let (mut rem, mut o) = (i as usize, 0usize);
+                for d in 0..rank {
+                    o += rem / inf_st[d] * out_st[d];
+                    rem %= inf_st[d];
+                }
+                let slot = y
+                    .get_mut(o)
+                    .ok_or(Error::new(ErrorKind::Internal("MaxUnpool output index")))?;
+                *slot = v;
+            }
+            Ok(())
+        }),
+    ))
 }
 
 #[cfg(test)]
@@ -239,6 +505,7 @@ mod tests {
     use alloc::vec;
     use alloc::vec::Vec;
 
+    use crate::math;
     use crate::model::AttrValue;
     use crate::ops::testing::{assert_close, run, t, vals};
 
@@ -544,16 +811,178 @@ mod tests {
     }
 
     #[test]
-    fn max_pool_indices_unsupported() {
-        let x = rnd(16, 1);
+    fn max_pool_indices() {
+        // Plane 1 of 2, 3x3; 2x2 windows, stride 1.
+        let p0: Vec<f32> = (0..9).map(|v| v as f32).collect();
+        let p1 = [9.0f32, 1.0, 2.0, 3.0, 4.0, 8.0, 6.0, 7.0, 5.0];
+        let x: Vec<f32> = p0.iter().chain(&p1).cloned().collect();
+        for (order, want) in [
+            (0i64, [4i64, 5, 7, 8, 9, 14, 16, 14]),
+            (1, [4, 7, 5, 8, 9, 16, 14, 16]),
+        ] {
+            let r = run(
+                "MaxPool",
+                12,
+                vec![
+                    ("kernel_shape", ints(&[2, 2])),
+                    ("storage_order", AttrValue::Int(order)),
+                ],
+                &[t(&[1, 2, 3, 3], &x)],
+                2,
+            )
+            .unwrap();
+            assert_eq!(r[1].shape, vec![1, 2, 2, 2]);
+            assert_eq!(
+                vals::<f32>(&r[0]),
+                vec![4.0, 5.0, 7.0, 8.0, 9.0, 8.0, 7.0, 8.0]
+            );
+            // Column-major: (h, w) counts as h + w * 3 within the plane.
+            assert_eq!(vals::<i64>(&r[1]), want.to_vec());
+        }
+    }
+
+    #[test]
+    fn max_pool_ints() {
+        let x: Vec<u8> = vec![1, 200, 3, 4, 5, 6, 250, 8, 9];
         let r = run(
             "MaxPool",
             12,
             vec![("kernel_shape", ints(&[2, 2]))],
-            &[t(&[1, 1, 4, 4], &x)],
-            2,
+            &[t(&[1, 1, 3, 3], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<u8>(&r[0]), vec![200, 200, 250, 9]);
+        let x: Vec<i8> = vec![-1, -7, -3, -4];
+        let r = run(
+            "MaxPool",
+            12,
+            vec![("kernel_shape", ints(&[2])), ("pads", ints(&[1, 0]))],
+            &[t(&[1, 2, 2], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&r[0]), vec![-1, -1, -3, -3]);
+        // The averaging pools stay f32-only.
+        assert!(run(
+            "AveragePool",
+            12,
+            vec![("kernel_shape", ints(&[2]))],
+            &[t(&[1, 2, 2], &x)],
+            1,
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn lp_pool() {
+        // 1-D, p = 2, kernel 2, pad 1 each side: the padding adds nothing.
+        let x = [3.0f32, -4.0, 12.0];
+        let r = run(
+            "LpPool",
+            18,
+            vec![("kernel_shape", ints(&[2])), ("pads", ints(&[1, 1]))],
+            &[t(&[1, 1, 3], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 1, 4]);
+        assert_close(
+            &vals::<f32>(&r[0]),
+            &[3.0, 5.0, math::sqrt(160.0), 12.0],
+            1e-6,
         );
-        assert!(r.is_err());
+        // p = 3 against 2-D windows summed by hand.
+        let x = rnd(16, 61);
+        let r = run(
+            "LpPool",
+            18,
+            vec![
+                ("kernel_shape", ints(&[2, 2])),
+                ("strides", ints(&[2, 2])),
+                ("p", AttrValue::Int(3)),
+            ],
+            &[t(&[1, 1, 4, 4], &x)],
+            1,
+        )
+        .unwrap();
+        let mut want = Vec::new();
+        for (oh, ow) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let mut s = 0.0f32;
+            for (a, b) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                s += x[(2 * oh + a) * 4 + 2 * ow + b].abs().powi(3);
+            }
+            want.push(s.powf(1.0 / 3.0));
+        }
+        assert_close(&vals::<f32>(&r[0]), &want, 1e-6);
+        let r = run(
+            "GlobalLpPool",
+            2,
+            vec![("p", AttrValue::Int(1))],
+            &[t(&[1, 2, 2], &[1.0f32, -2.0, 3.0, 4.0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 2, 1]);
+        assert_close(&vals::<f32>(&r[0]), &[3.0, 7.0], 0.0);
+        let r = run(
+            "GlobalLpPool",
+            2,
+            vec![],
+            &[t(&[1, 1, 2], &[3.0f32, 4.0])],
+            1,
+        )
+        .unwrap();
+        assert_close(&vals::<f32>(&r[0]), &[5.0], 1e-6);
+    }
+
+    #[test]
+    fn max_unpool() {
+        let xv = [1.0f32, 2.0, 3.0, 4.0];
+        let iv = [5i64, 7, 13, 15];
+        let attrs = || vec![("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))];
+        let r = run(
+            "MaxUnpool",
+            11,
+            attrs(),
+            &[t(&[1, 1, 2, 2], &xv), t(&[1, 1, 2, 2], &iv)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 1, 4, 4]);
+        let mut want = vec![0.0f32; 16];
+        for (v, i) in xv.iter().zip(iv) {
+            want[i as usize] = *v;
+        }
+        assert_eq!(vals::<f32>(&r[0]), want);
+        // A larger output_shape pads after each axis; indices keep the
+        // inferred 4x4 addressing.
+        let r = run(
+            "MaxUnpool",
+            11,
+            attrs(),
+            &[
+                t(&[1, 1, 2, 2], &xv),
+                t(&[1, 1, 2, 2], &iv),
+                t(&[4], &[1i64, 1, 5, 5]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 1, 5, 5]);
+        let mut want = vec![0.0f32; 25];
+        for (v, (h, w)) in xv.iter().zip([(1, 1), (1, 3), (3, 1), (3, 3)]) {
+            want[h * 5 + w] = *v;
+        }
+        assert_eq!(vals::<f32>(&r[0]), want);
+        assert!(run(
+            "MaxUnpool",
+            11,
+            attrs(),
+            &[t(&[1, 1, 2, 2], &xv), t(&[1, 1, 2, 2], &[0i64, 1, 2, 16])],
+            1,
+        )
+        .is_err());
     }
 
     #[test]

@@ -1,0 +1,1702 @@
+//! Indexing, scatter and sequence-position operators: GatherElements,
+//! GatherND, Scatter / ScatterElements, ScatterND, TensorScatter, Trilu,
+//! CumSum, CumProd, OneHot, EyeLike, DepthToSpace, SpaceToDepth,
+//! ReverseSequence, TopK. (Compress, NonZero, Unique, whose output shapes
+//! depend on values, are in `select.rs`.)
+//!
+//! Pure data movement works on raw bytes, so it handles every dtype; ops
+//! that compute (scatter reductions, cumulative sums and products, TopK's
+//! ordering) dispatch once in prepare to a kernel typed by `Num`. Indices
+//! are tensor values, known only at run time: each is wrapped (negative
+//! counts from the end) and checked there, and an out-of-range one is an
+//! `Err`, never an out-of-bounds access.
+
+use alloc::vec::Vec;
+use core::cmp::Ordering;
+
+use half::{bf16, f16};
+
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::{TensorView, MAX_RANK};
+use crate::{DType, Element};
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("GatherElements", 11, prepare_gather_elements),
+    OpDef::onnx("GatherND", 11, prepare_gather_nd),
+    OpDef::onnx("Scatter", 9, prepare_scatter_elements),
+    OpDef::onnx("ScatterElements", 11, prepare_scatter_elements),
+    OpDef::onnx("ScatterND", 11, prepare_scatter_nd),
+    OpDef::onnx("TensorScatter", 24, prepare_tensor_scatter),
+    OpDef::onnx("Trilu", 14, prepare_trilu),
+    OpDef::onnx("CumSum", 11, prepare_cumsum),
+    OpDef::onnx("CumProd", 26, prepare_cumprod),
+    OpDef::onnx("OneHot", 9, prepare_one_hot),
+    OpDef::onnx("EyeLike", 9, prepare_eye_like),
+    OpDef::onnx("DepthToSpace", 1, prepare_depth_to_space),
+    OpDef::onnx("SpaceToDepth", 1, prepare_space_to_depth),
+    OpDef::onnx("ReverseSequence", 10, prepare_reverse_sequence),
+    OpDef::onnx("TopK", 1, prepare_top_k),
+];
+
+fn shape_err(s: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(s))
+}
+
+fn attr_err(name: &'static str, problem: &'static str) -> Error {
+    Error::new(ErrorKind::Attribute { name, problem })
+}
+
+fn internal(s: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(s))
+}
+
+fn check_rank(r: usize) -> Result<()> {
+    if r > MAX_RANK {
+        return Err(Error::new(ErrorKind::Unsupported("rank above MAX_RANK")));
+    }
+    Ok(())
+}
+
+/// Wraps a negative index and checks it against `dim`.
+#[inline]
+fn wrap(k: i64, dim: usize, what: &'static str) -> Result<usize> {
+    let d = dim as i64;
+    let v = if k < 0 { k + d } else { k };
+    if v < 0 || v >= d {
+        return Err(shape_err(what));
+    }
+    Ok(v as usize)
+}
+
+#[inline]
+fn int_at(v: &TensorView<'_>, i: usize) -> Result<i64> {
+    v.int_at(i).ok_or(internal("index read"))
+}
+
+/// Row-major element strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = alloc::vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// Coordinates of linear index `lin` in `shape`.
+#[inline]
+fn unravel(mut lin: usize, shape: &[usize], c: &mut [usize; MAX_RANK]) {
+    for d in (0..shape.len()).rev() {
+        let n = shape[d].max(1);
+        c[d] = lin % n;
+        lin /= n;
+    }
+}
+
+#[inline]
+fn dot(c: &[usize; MAX_RANK], s: &[usize]) -> usize {
+    s.iter().zip(c).map(|(a, b)| a * b).sum()
+}
+
+/// Copies `len` bytes from `src[s..]` to `dst[d..]`, `Err` if either range
+/// is out of bounds.
+#[inline]
+fn copy_at(src: &[u8], s: usize, dst: &mut [u8], d: usize, len: usize) -> Result<()> {
+    let bad = || internal("copy range");
+    let from = src.get(s..s + len).ok_or_else(bad)?;
+    dst.get_mut(d..d + len)
+        .ok_or_else(bad)?
+        .copy_from_slice(from);
+    Ok(())
+}
+
+fn copy_all<T: Copy>(dst: &mut [T], src: &[T]) -> Result<()> {
+    if dst.len() != src.len() {
+        return Err(internal("copy length"));
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+/// Arithmetic the computing kernels need, per element type. Integers wrap
+/// like numpy's; half floats compute in f32 and round at each step, as
+/// numpy does when it accumulates in the array's dtype.
+trait Num: Element + Copy + PartialOrd {
+    const ZERO: Self;
+    const ONE: Self;
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+}
+
+macro_rules! num_int {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            #[inline]
+            fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+            #[inline]
+            fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+        }
+    )*};
+}
+num_int!(i8, u8, i16, u16, i32, u32, i64, u64);
+
+macro_rules! num_float {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            #[inline]
+            fn add(self, o: Self) -> Self { self + o }
+            #[inline]
+            fn mul(self, o: Self) -> Self { self * o }
+        }
+    )*};
+}
+num_float!(f32, f64);
+
+macro_rules! num_half {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            const ZERO: Self = <$t>::ZERO;
+            const ONE: Self = <$t>::ONE;
+            #[inline]
+            fn add(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() + o.to_f32()) }
+            #[inline]
+            fn mul(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() * o.to_f32()) }
+        }
+    )*};
+}
+num_half!(f16, bf16);
+
+/// Calls `$f::<T>($args)` for the [`Num`] type of `$dt`; other dtypes are
+/// unsupported.
+macro_rules! with_num {
+    ($dt:expr, $what:expr, $f:ident ( $($a:expr),* )) => {
+        match $dt {
+            DType::F32 => $f::<f32>($($a),*),
+            DType::F64 => $f::<f64>($($a),*),
+            DType::F16 => $f::<f16>($($a),*),
+            DType::BF16 => $f::<bf16>($($a),*),
+            DType::I8 => $f::<i8>($($a),*),
+            DType::U8 => $f::<u8>($($a),*),
+            DType::I16 => $f::<i16>($($a),*),
+            DType::U16 => $f::<u16>($($a),*),
+            DType::I32 => $f::<i32>($($a),*),
+            DType::U32 => $f::<u32>($($a),*),
+            DType::I64 => $f::<i64>($($a),*),
+            DType::U64 => $f::<u64>($($a),*),
+            d => Err(Error::new(ErrorKind::UnsupportedDType {
+                what: $what,
+                code: d.onnx_code(),
+            })),
+        }
+    };
+}
+
+/// A total order with NaN above every number (numpy sorts NaN last).
+#[inline]
+fn total_cmp<T: PartialOrd>(a: &T, b: &T) -> Ordering {
+    match a.partial_cmp(b) {
+        Some(o) => o,
+        None => {
+            let an = a.partial_cmp(a).is_none();
+            let bn = b.partial_cmp(b).is_none();
+            an.cmp(&bn)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// GatherElements, GatherND.
+
+fn prepare_gather_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let ix = ctx.input(1)?;
+    util::dtype_in(
+        ix.dtype,
+        &[DType::I32, DType::I64],
+        "GatherElements indices",
+    )?;
+    let r = x.shape.len();
+    if r == 0 || ix.shape.len() != r {
+        return Err(shape_err(
+            "GatherElements: indices must have the rank of data",
+        ));
+    }
+    check_rank(r)?;
+    let axis = util::axis(ctx.attr_int("axis", 0)?, r, "axis")?;
+    if (0..r).any(|d| d != axis && ix.shape[d] > x.shape[d]) {
+        return Err(shape_err("GatherElements: indices larger than data"));
+    }
+    let es = x.dtype.size();
+    let ishape = ix.shape.to_vec();
+    let xstr = strides(x.shape);
+    let dim = x.shape[axis];
+    let n = ix.numel();
+    Ok(Prepared::single(
+        x.dtype,
+        ix.shape,
+        kernel("GatherElements", move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            let iv = io.input(1)?;
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            let mut c = [0usize; MAX_RANK];
+            for j in 0..n {
+                unravel(j, &ishape, &mut c);
+                c[axis] = wrap(int_at(&iv, j)?, dim, "GatherElements: index out of range")?;
+                copy_at(src, dot(&c, &xstr) * es, dst, j * es, es)?;
+            }
+            Ok(())
+        }),
+    ))
+}
+
+/// Where the index tuples of GatherND / ScatterND point: `m` leading data
+/// dimensions after `b` batch dimensions, each tuple selecting a slice of
+/// `slice` elements.
+#[derive(Clone, Debug)]
+struct NdIndex {
+    m: usize,
+    /// Tuples per batch.
+    per: usize,
+    batches: usize,
+    /// Data elements per batch.
+    batch_stride: usize,
+    dims: Vec<usize>,
+    dim_strides: Vec<usize>,
+    slice: usize,
+}
+
+impl NdIndex {
+    fn new(data: &[usize], ix: &[usize], b: usize) -> Result<Self> {
+        let (r, q) = (data.len(), ix.len());
+        if q == 0 || r == 0 || b >= q.min(r) {
+            return Err(shape_err("ND indices: rank or batch_dims out of range"));
+        }
+        let m = ix[q - 1];
+        if m == 0 || m > r - b {
+            return Err(shape_err("ND indices: last dimension out of range"));
+        }
+        if ix[..b] != data[..b] {
+            return Err(shape_err("ND indices: batch dimensions differ"));
+        }
+        let st = strides(data);
+        Ok(NdIndex {
+            m,
+            per: checked_numel(&ix[b..q - 1])?,
+            batches: checked_numel(&ix[..b])?,
+            batch_stride: checked_numel(&data[b..])?,
+            dims: data[b..b + m].to_vec(),
+            dim_strides: st[b..b + m].to_vec(),
+            slice: checked_numel(&data[b + m..])?,
+        })
+    }
+
+    /// Calls `f(tuple number, data element offset)` for every index tuple.
+    #[inline]
+    fn each(
+        &self,
+        iv: &TensorView<'_>,
+        what: &'static str,
+        mut f: impl FnMut(usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        for bi in 0..self.batches {
+            for t in 0..self.per {
+                let n = bi * self.per + t;
+                let mut off = bi * self.batch_stride;
+                for k in 0..self.m {
+                    let v = wrap(int_at(iv, n * self.m + k)?, self.dims[k], what)?;
+                    off += v * self.dim_strides[k];
+                }
+                f(n, off)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn prepare_gather_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let ix = ctx.input(1)?;
+    util::dtype_in(ix.dtype, &[DType::I32, DType::I64], "GatherND indices")?;
+    let b = ctx.attr_int("batch_dims", 0)?;
+    if b < 0 {
+        return Err(attr_err("batch_dims", "negative"));
+    }
+    let nd = NdIndex::new(x.shape, ix.shape, b as usize)?;
+    let mut out = ix.shape[..ix.shape.len() - 1].to_vec();
+    out.extend_from_slice(&x.shape[b as usize + nd.m..]);
+    let es = x.dtype.size();
+    Ok(Prepared::single(
+        x.dtype,
+        &out,
+        kernel("GatherND", move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            let iv = io.input(1)?;
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            let len = nd.slice * es;
+            nd.each(&iv, "GatherND: index out of range", |n, off| {
+                copy_at(src, off * es, dst, n * len, len)
+            })
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Scatter, ScatterElements, ScatterND.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reduce {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+impl Reduce {
+    fn parse(ctx: &PrepareCtx<'_>) -> Result<Self> {
+        Ok(match ctx.attr_str("reduction", "none")? {
+            "none" => Reduce::None,
+            "add" => Reduce::Add,
+            "mul" => Reduce::Mul,
+            "max" => Reduce::Max,
+            "min" => Reduce::Min,
+            _ => return Err(attr_err("reduction", "not none, add, mul, max or min")),
+        })
+    }
+
+    #[inline]
+    fn apply<T: Num>(self, a: T, b: T) -> T {
+        match self {
+            Reduce::None => b,
+            Reduce::Add => a.add(b),
+            Reduce::Mul => a.mul(b),
+            Reduce::Max => {
+                if total_cmp(&b, &a) == Ordering::Greater {
+                    b
+                } else {
+                    a
+                }
+            }
+            Reduce::Min => {
+                if total_cmp(&b, &a) == Ordering::Less {
+                    b
+                } else {
+                    a
+                }
+            }
+        }
+    }
+}
+
+/// The element targets of ScatterElements.
+#[derive(Clone, Debug)]
+struct ElemIndex {
+    ishape: Vec<usize>,
+    xstr: Vec<usize>,
+    axis: usize,
+    dim: usize,
+    n: usize,
+}
+
+impl ElemIndex {
+    /// Calls `f(update number, data element offset)` for every index.
+    #[inline]
+    fn each(
+        &self,
+        iv: &TensorView<'_>,
+        mut f: impl FnMut(usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let mut c = [0usize; MAX_RANK];
+        for j in 0..self.n {
+            unravel(j, &self.ishape, &mut c);
+            c[self.axis] = wrap(
+                int_at(iv, j)?,
+                self.dim,
+                "ScatterElements: index out of range",
+            )?;
+            f(j, dot(&c, &self.xstr))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads inputs 1 and 2, then the output, filled with input 0 unless the
+/// planner put it in place.
+macro_rules! scatter_io {
+    ($io:ident, $get_in:expr, $get_out:expr) => {{
+        let iv = $io.input(1)?;
+        let up = ($get_in)(&*$io, 2)?;
+        let src = if $io.is_inplace() {
+            None
+        } else {
+            Some(($get_in)(&*$io, 0)?)
+        };
+        let y = ($get_out)(&mut *$io, 0)?;
+        if let Some(s) = src {
+            copy_all(y, s)?;
+        }
+        (iv, up, y)
+    }};
+}
+
+fn bytes_in<'a>(io: &KernelIo<'a>, i: usize) -> Result<&'a [u8]> {
+    Ok(io.input(i)?.bytes())
+}
+
+fn bytes_out<'b>(io: &'b mut KernelIo<'_>, i: usize) -> Result<&'b mut [u8]> {
+    Ok(io.output(i)?.into_bytes())
+}
+
+fn prepare_scatter_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let ix = ctx.input(1)?;
+    let u = ctx.input(2)?;
+    util::dtype_in(
+        ix.dtype,
+        &[DType::I32, DType::I64],
+        "ScatterElements indices",
+    )?;
+    if u.dtype != x.dtype {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: x.dtype,
+            got: u.dtype,
+        }));
+    }
+    let r = x.shape.len();
+    if r == 0 || ix.shape.len() != r || u.shape != ix.shape {
+        return Err(shape_err(
+            "ScatterElements: indices and updates must match and have the rank of data",
+        ));
+    }
+    check_rank(r)?;
+    let axis = util::axis(ctx.attr_int("axis", 0)?, r, "axis")?;
+    if (0..r).any(|d| d != axis && ix.shape[d] > x.shape[d]) {
+        return Err(shape_err("ScatterElements: indices larger than data"));
+    }
+    let red = Reduce::parse(ctx)?;
+    let ei = ElemIndex {
+        ishape: ix.shape.to_vec(),
+        xstr: strides(x.shape),
+        axis,
+        dim: x.shape[axis],
+        n: ix.numel(),
+    };
+    if red == Reduce::None {
+        let es = x.dtype.size();
+        return Ok(Prepared::single(
+            x.dtype,
+            x.shape,
+            kernel("ScatterElements", move |io: &mut KernelIo<'_>| {
+                let (iv, up, y) = scatter_io!(io, bytes_in, bytes_out);
+                ei.each(&iv, |j, off| copy_at(up, j * es, y, off * es, es))
+            }),
+        )
+        .in_place());
+    }
+    with_num!(
+        x.dtype,
+        "ScatterElements reduction",
+        scatter_elements_typed(x.shape, ei, red)
+    )
+}
+
+fn scatter_elements_typed<T: Num>(shape: &[usize], ei: ElemIndex, red: Reduce) -> Result<Prepared> {
+    Ok(Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("ScatterElements", move |io: &mut KernelIo<'_>| {
+            let (iv, up, y) =
+                scatter_io!(io, KernelIo::input_slice::<T>, KernelIo::output_slice::<T>);
+            ei.each(&iv, |j, off| {
+                let u = *up.get(j).ok_or(internal("updates"))?;
+                let o = y.get_mut(off).ok_or(internal("scatter range"))?;
+                *o = red.apply(*o, u);
+                Ok(())
+            })
+        }),
+    )
+    .in_place())
+}
+
+fn prepare_scatter_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let ix = ctx.input(1)?;
+    let u = ctx.input(2)?;
+    util::dtype_in(ix.dtype, &[DType::I32, DType::I64], "ScatterND indices")?;
+    if u.dtype != x.dtype {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: x.dtype,
+            got: u.dtype,
+        }));
+    }
+    let nd = NdIndex::new(x.shape, ix.shape, 0)?;
+    let mut want = ix.shape[..ix.shape.len() - 1].to_vec();
+    want.extend_from_slice(&x.shape[nd.m..]);
+    if u.shape != want.as_slice() {
+        return Err(shape_err("ScatterND: updates shape mismatch"));
+    }
+    let red = Reduce::parse(ctx)?;
+    if red == Reduce::None {
+        let es = x.dtype.size();
+        return Ok(Prepared::single(
+            x.dtype,
+            x.shape,
+            kernel("ScatterND", move |io: &mut KernelIo<'_>| {
+                let (iv, up, y) = scatter_io!(io, bytes_in, bytes_out);
+                let len = nd.slice * es;
+                nd.each(&iv, "ScatterND: index out of range", |n, off| {
+                    copy_at(up, n * len, y, off * es, len)
+                })
+            }),
+        )
+        .in_place());
+    }
+    with_num!(
+        x.dtype,
+        "ScatterND reduction",
+        scatter_nd_typed(x.shape, nd, red)
+    )
+}
+
+fn scatter_nd_typed<T: Num>(shape: &[usize], nd: NdIndex, red: Reduce) -> Result<Prepared> {
+    Ok(Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel("ScatterND", move |io: &mut KernelIo<'_>| {
+            let (iv, up, y) =
+                scatter_io!(io, KernelIo::input_slice::<T>, KernelIo::output_slice::<T>);
+            let len = nd.slice;
+            nd.each(&iv, "ScatterND: index out of range", |n, off| {
+                let from = up.get(n * len..(n + 1) * len).ok_or(internal("updates"))?;
+                let to = y.get_mut(off..off + len).ok_or(internal("scatter range"))?;
+                for (o, &v) in to.iter_mut().zip(from) {
+                    *o = red.apply(*o, v);
+                }
+                Ok(())
+            })
+        }),
+    )
+    .in_place())
+}
+
+/// TensorScatter (a KV-cache write): per batch, `update`'s rows along
+/// `axis` land at `write_indices[b]` onward, wrapping in circular mode.
+fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let u = ctx.input(1)?;
+    if u.dtype != x.dtype {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: x.dtype,
+            got: u.dtype,
+        }));
+    }
+    let r = x.shape.len();
+    let axis = util::axis(ctx.attr_int("axis", -2)?, r, "axis")?;
+    if axis == 0 {
+        return Err(attr_err("axis", "axis 0 is the batch"));
+    }
+    let same = u.shape.len() == r
+        && (0..r).all(|d| {
+            if d == axis {
+                u.shape[d] <= x.shape[d]
+            } else {
+                u.shape[d] == x.shape[d]
+            }
+        });
+    if !same {
+        return Err(shape_err("TensorScatter: update shape mismatch"));
+    }
+    let batch = x.shape[0];
+    if let Some(w) = ctx.opt_input(2) {
+        util::dtype_in(
+            w.dtype,
+            &[DType::I32, DType::I64],
+            "TensorScatter write_indices",
+        )?;
+        if w.shape != [batch] {
+            return Err(shape_err("TensorScatter: write_indices must be [batch]"));
+        }
+    }
+    let circular = match ctx.attr_str("mode", "linear")? {
+        "linear" => false,
+        "circular" => true,
+        _ => return Err(attr_err("mode", "not linear or circular")),
+    };
+    let es = x.dtype.size();
+    let rows = checked_numel(&x.shape[..axis])?;
+    let per_batch = checked_numel(&x.shape[1..axis])?;
+    let (smax, sn) = (x.shape[axis], u.shape[axis]);
+    let block = checked_numel(&x.shape[axis + 1..])? * es;
+    Ok(Prepared::single(
+        x.dtype,
+        x.shape,
+        kernel("TensorScatter", move |io: &mut KernelIo<'_>| {
+            let up = io.input(1)?.bytes();
+            let wi = io.opt_input(2)?;
+            let src = if io.is_inplace() {
+                None
+            } else {
+                Some(io.input(0)?.bytes())
+            };
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            if let Some(s) = src {
+                copy_all(dst, s)?;
+            }
+            for p in 0..rows {
+                let b = p / per_batch.max(1);
+                let w = match &wi {
+                    Some(v) => int_at(v, b)?,
+                    None => 0,
+                };
+                for s in 0..sn {
+                    let c = w.saturating_add(s as i64);
+                    let c = if circular {
+                        c.rem_euclid(smax.max(1) as i64)
+                    } else {
+                        c
+                    };
+                    if c < 0 || c as usize >= smax {
+                        return Err(shape_err("TensorScatter: write index out of range"));
+                    }
+                    let to = (p * smax + c as usize) * block;
+                    copy_at(up, (p * sn + s) * block, dst, to, block)?;
+                }
+            }
+            Ok(())
+        }),
+    )
+    .in_place())
+}
+
+// ---------------------------------------------------------------------------
+// Trilu, EyeLike.
+
+fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    if r < 2 {
+        return Err(shape_err("Trilu: rank below 2"));
+    }
+    if let Some(k) = ctx.opt_input(1) {
+        if !k.dtype.is_int() || k.numel() != 1 {
+            return Err(shape_err("Trilu: k must be one integer"));
+        }
+    }
+    let upper = ctx.attr_int("upper", 1)? != 0;
+    let es = x.dtype.size();
+    let rows = x.shape[r - 2];
+    let cols = x.shape[r - 1];
+    let mats = checked_numel(&x.shape[..r - 2])?;
+    Ok(Prepared::single(
+        x.dtype,
+        x.shape,
+        // k does not change the shape, so it may be a run-time input.
+        kernel("Trilu", move |io: &mut KernelIo<'_>| {
+            let k = match io.opt_input(1)? {
+                Some(v) => int_at(&v, 0)?,
+                None => 0,
+            };
+            let src = if io.is_inplace() {
+                None
+            } else {
+                Some(io.input(0)?.bytes())
+            };
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            let row = cols * es;
+            for m in 0..mats {
+                for i in 0..rows {
+                    // Kept columns are j >= i + k (upper) or j <= i + k.
+                    let edge = (i as i64).saturating_add(k);
+                    let (lo, hi) = if upper {
+                        (edge.clamp(0, cols as i64) as usize, cols)
+                    } else {
+                        (0, edge.saturating_add(1).clamp(0, cols as i64) as usize)
+                    };
+                    let base = (m * rows + i) * row;
+                    let out = dst
+                        .get_mut(base..base + row)
+                        .ok_or(internal("Trilu range"))?;
+                    if let Some(s) = src {
+                        copy_at(s, base + lo * es, out, lo * es, (hi - lo) * es)?;
+                    }
+                    out[..lo * es].fill(0);
+                    out[hi * es..].fill(0);
+                }
+            }
+            Ok(())
+        }),
+    )
+    .in_place())
+}
+
+/// Bytes of the value one in `dt` (little-endian, first `dt.size()` used).
+fn one_bytes(dt: DType) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    match dt {
+        DType::F32 => b[..4].copy_from_slice(&1f32.to_le_bytes()),
+        DType::F64 => b.copy_from_slice(&1f64.to_le_bytes()),
+        DType::F16 => b[..2].copy_from_slice(&f16::ONE.to_le_bytes()),
+        DType::BF16 => b[..2].copy_from_slice(&bf16::ONE.to_le_bytes()),
+        _ => b[0] = 1,
+    }
+    b
+}
+
+fn prepare_eye_like(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let (rows, cols) = match *x.shape {
+        [n] => (n, n),
+        [r, c] => (r, c),
+        _ => return Err(shape_err("EyeLike: input must be 2-D")),
+    };
+    let code = ctx.attr_int("dtype", 0)?;
+    let dt = if code == 0 {
+        x.dtype
+    } else {
+        DType::from_onnx(code as i32).ok_or(Error::new(ErrorKind::UnsupportedDType {
+            what: "EyeLike dtype",
+            code: code as i32,
+        }))?
+    };
+    let k = ctx.attr_int("k", 0)?;
+    let es = dt.size();
+    let one = one_bytes(dt);
+    Ok(Prepared::single(
+        dt,
+        &[rows, cols],
+        kernel("EyeLike", move |io: &mut KernelIo<'_>| {
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            dst.fill(0);
+            for i in 0..rows {
+                let j = i as i64 + k;
+                if j >= 0 && (j as usize) < cols {
+                    copy_at(&one, 0, dst, (i * cols + j as usize) * es, es)?;
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// CumSum, CumProd.
+
+fn prepare_cumsum(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_cum(ctx, "CumSum", false)
+}
+
+fn prepare_cumprod(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_cum(ctx, "CumProd", true)
+}
+
+fn prepare_cum(ctx: &PrepareCtx<'_>, name: &'static str, prod: bool) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let a = ctx.input(1)?;
+    if !matches!(a.dtype, DType::I32 | DType::I64) || a.numel() != 1 {
+        return Err(shape_err("CumSum/CumProd: axis must be one int32 or int64"));
+    }
+    if let Some(v) = a.value {
+        util::axis(int_at(&v, 0)?, x.shape.len(), "axis")?;
+    }
+    let cfg = Cum {
+        name,
+        prod,
+        exclusive: ctx.attr_int("exclusive", 0)? != 0,
+        reverse: ctx.attr_int("reverse", 0)? != 0,
+        shape: x.shape.to_vec(),
+    };
+    with_num!(x.dtype, name, cum_typed(cfg))
+}
+
+#[derive(Clone, Debug)]
+struct Cum {
+    name: &'static str,
+    prod: bool,
+    exclusive: bool,
+    reverse: bool,
+    shape: Vec<usize>,
+}
+
+fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
+    let shape = c.shape.clone();
+    Ok(Prepared::single(
+        T::DTYPE,
+        &shape,
+        // The axis does not change the shape, so it may be a run-time input.
+        kernel(c.name, move |io: &mut KernelIo<'_>| {
+            let a = int_at(&io.input(1)?, 0)?;
+            let axis = util::axis(a, c.shape.len(), "axis")?;
+            let outer: usize = c.shape[..axis].iter().product();
+            let dim = c.shape.get(axis).copied().unwrap_or(1);
+            let inner: usize = c.shape[(axis + 1).min(c.shape.len())..].iter().product();
+            let x = io.input_slice::<T>(0)?;
+            let y = io.output_slice::<T>(0)?;
+            if x.len() != y.len() || x.len() != outer * dim * inner {
+                return Err(internal("cum length"));
+            }
+            for o in 0..outer {
+                for i in 0..inner {
+                    let mut acc = if c.prod { T::ONE } else { T::ZERO };
+                    for s in 0..dim {
+                        let t = if c.reverse { dim - 1 - s } else { s };
+                        let p = (o * dim + t) * inner + i;
+                        let v = x[p];
+                        let next = if c.prod { acc.mul(v) } else { acc.add(v) };
+                        y[p] = if c.exclusive { acc } else { next };
+                        acc = next;
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// OneHot.
+
+/// Input `i`, whose value sets an output shape: must be known at build time.
+fn build_time_value<'a>(ctx: &PrepareCtx<'a>, i: usize) -> Result<TensorView<'a>> {
+    ctx.input(i)?.value.ok_or(Error::new(ErrorKind::Unsupported(
+        "input that sets a shape must be known at build time (constant or computed from shapes)",
+    )))
+}
+
+fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let ix = ctx.input(0)?;
+    let d = ctx.input(1)?;
+    let v = ctx.input(2)?;
+    if ix.dtype == DType::Bool || d.numel() != 1 {
+        return Err(shape_err("OneHot: numeric indices and one depth value"));
+    }
+    // The depth sets the output shape: it must be known now.
+    let depth = build_time_value(ctx, 1)?
+        .f64_at(0)
+        .ok_or(internal("depth"))?;
+    if !depth.is_finite() {
+        return Err(shape_err("OneHot: depth not finite"));
+    }
+    let depth = depth as i64;
+    if depth < 1 {
+        return Err(shape_err("OneHot: depth below 1"));
+    }
+    if v.numel() != 2 {
+        return Err(shape_err("OneHot: values must be [off, on]"));
+    }
+    let r = ix.shape.len();
+    check_rank(r + 1)?;
+    let axis = util::axis(ctx.attr_int("axis", -1)?, r + 1, "axis")?;
+    let mut out = ix.shape[..axis].to_vec();
+    out.push(depth as usize);
+    out.extend_from_slice(&ix.shape[axis..]);
+    let outer = checked_numel(&ix.shape[..axis])?;
+    let inner = checked_numel(&ix.shape[axis..])?;
+    checked_numel(&out)?;
+    let es = v.dtype.size();
+    let du = depth as usize;
+    Ok(Prepared::single(
+        v.dtype,
+        &out,
+        kernel("OneHot", move |io: &mut KernelIo<'_>| {
+            let iv = io.input(0)?;
+            let vals = io.input(2)?.bytes();
+            let (off, on) = (
+                vals.get(..es).ok_or(internal("values"))?,
+                vals.get(es..2 * es).ok_or(internal("values"))?,
+            );
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            for c in dst.chunks_exact_mut(es) {
+                c.copy_from_slice(off);
+            }
+            for o in 0..outer {
+                for i in 0..inner {
+                    // Float indices truncate, as in onnxruntime.
+                    let f = iv.f64_at(o * inner + i).ok_or(internal("index read"))?;
+                    let mut k = f as i64;
+                    if k < 0 {
+                        k += depth;
+                    }
+                    // Out-of-range indices leave the row all off, per the spec.
+                    if (0..depth).contains(&k) {
+                        let p = (o * du + k as usize) * inner + i;
+                        copy_at(on, 0, dst, p * es, es)?;
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// DepthToSpace, SpaceToDepth: a reshape to 6-D, a transpose, a reshape.
+
+fn permute6(
+    ctx: &PrepareCtx<'_>,
+    name: &'static str,
+    out: &[usize],
+    tmp: [usize; 6],
+    perm: [usize; 6],
+) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let es = x.dtype.size();
+    let mut st = [0usize; 6];
+    let mut acc = 1usize;
+    for d in (0..6).rev() {
+        st[d] = acc;
+        acc *= tmp[d];
+    }
+    let dims: [usize; 6] = perm.map(|p| tmp[p]);
+    let from: [usize; 6] = perm.map(|p| st[p]);
+    Ok(Prepared::single(
+        x.dtype,
+        out,
+        kernel(name, move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            let mut p = 0usize;
+            for a in 0..dims[0] {
+                for b in 0..dims[1] {
+                    for c in 0..dims[2] {
+                        for d in 0..dims[3] {
+                            let base = a * from[0] + b * from[1] + c * from[2] + d * from[3];
+                            for e in 0..dims[4] {
+                                for f in 0..dims[5] {
+                                    let s = base + e * from[4] + f * from[5];
+                                    copy_at(src, s * es, dst, p * es, es)?;
+                                    p += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+fn block_and_mode(ctx: &PrepareCtx<'_>, mode_since: i64) -> Result<(usize, bool)> {
+    let bs = ctx.attr_int("blocksize", 0)?;
+    if bs < 1 {
+        return Err(attr_err("blocksize", "must be positive"));
+    }
+    let mode = if ctx.opset >= mode_since {
+        ctx.attr_str("mode", "DCR")?
+    } else {
+        "DCR"
+    };
+    let crd = match mode {
+        "DCR" => false,
+        "CRD" => true,
+        _ => return Err(attr_err("mode", "not DCR or CRD")),
+    };
+    Ok((bs as usize, crd))
+}
+
+fn nchw(ctx: &PrepareCtx<'_>) -> Result<[usize; 4]> {
+    match *ctx.input(0)?.shape {
+        [n, c, h, w] => Ok([n, c, h, w]),
+        _ => Err(shape_err("DepthToSpace/SpaceToDepth: input must be 4-D")),
+    }
+}
+
+fn prepare_depth_to_space(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let [n, c, h, w] = nchw(ctx)?;
+    let (bs, crd) = block_and_mode(ctx, 11)?;
+    if c % (bs * bs) != 0 {
+        return Err(shape_err(
+            "DepthToSpace: channels not divisible by blocksize^2",
+        ));
+    }
+    let c2 = c / (bs * bs);
+    let out = [n, c2, h * bs, w * bs];
+    if crd {
+        permute6(
+            ctx,
+            "DepthToSpace",
+            &out,
+            [n, c2, bs, bs, h, w],
+            [0, 1, 4, 2, 5, 3],
+        )
+    } else {
+        permute6(
+            ctx,
+            "DepthToSpace",
+            &out,
+            [n, bs, bs, c2, h, w],
+            [0, 3, 4, 1, 5, 2],
+        )
+    }
+}
+
+fn prepare_space_to_depth(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let [n, c, h, w] = nchw(ctx)?;
+    let (bs, crd) = block_and_mode(ctx, 28)?;
+    if h % bs != 0 || w % bs != 0 {
+        return Err(shape_err(
+            "SpaceToDepth: spatial size not divisible by blocksize",
+        ));
+    }
+    let (h2, w2) = (h / bs, w / bs);
+    let out = [n, c * bs * bs, h2, w2];
+    let tmp = [n, c, h2, bs, w2, bs];
+    let perm = if crd {
+        [0, 1, 3, 5, 2, 4]
+    } else {
+        [0, 3, 5, 1, 2, 4]
+    };
+    permute6(ctx, "SpaceToDepth", &out, tmp, perm)
+}
+
+// ---------------------------------------------------------------------------
+// ReverseSequence.
+
+fn prepare_reverse_sequence(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let sl = ctx.input(1)?;
+    util::dtype_in(
+        sl.dtype,
+        &[DType::I32, DType::I64],
+        "ReverseSequence lengths",
+    )?;
+    if x.shape.len() < 2 {
+        return Err(shape_err("ReverseSequence: rank below 2"));
+    }
+    let ba = ctx.attr_int("batch_axis", 1)?;
+    let ta = ctx.attr_int("time_axis", 0)?;
+    let batch_first = match (ba, ta) {
+        (0, 1) => true,
+        (1, 0) => false,
+        _ => {
+            return Err(attr_err(
+                "batch_axis",
+                "batch_axis and time_axis must be 0 and 1",
+            ))
+        }
+    };
+    let (nb, nt) = if batch_first {
+        (x.shape[0], x.shape[1])
+    } else {
+        (x.shape[1], x.shape[0])
+    };
+    if sl.shape != [nb] {
+        return Err(shape_err("ReverseSequence: sequence_lens must be [batch]"));
+    }
+    let block = checked_numel(&x.shape[2..])? * x.dtype.size();
+    let at = move |b: usize, t: usize| {
+        if batch_first {
+            (b * nt + t) * block
+        } else {
+            (t * nb + b) * block
+        }
+    };
+    Ok(Prepared::single(
+        x.dtype,
+        x.shape,
+        // The lengths do not change the shape, so they may be run-time input.
+        kernel("ReverseSequence", move |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            let lens = io.input(1)?;
+            let mut y = io.output(0)?;
+            let dst = y.bytes_mut();
+            for b in 0..nb {
+                let len = int_at(&lens, b)?;
+                if len < 0 || len as usize > nt {
+                    return Err(shape_err("ReverseSequence: length out of range"));
+                }
+                let len = len as usize;
+                for t in 0..nt {
+                    let from = if t < len { len - 1 - t } else { t };
+                    copy_at(src, at(b, from), dst, at(b, t), block)?;
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// TopK.
+
+#[derive(Clone, Copy, Debug)]
+struct TopK {
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    k: usize,
+    largest: bool,
+}
+
+fn prepare_top_k(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    if r == 0 {
+        return Err(shape_err("TopK: scalar input"));
+    }
+    let axis = util::axis(ctx.attr_int("axis", -1)?, r, "axis")?;
+    let k = if ctx.opset < 10 {
+        ctx.attr_int("k", -1)?
+    } else {
+        // K sets the output shape: it must be known now.
+        match ctx.const_ints(1)?.as_deref() {
+            Some([k]) => *k,
+            _ => return Err(shape_err("TopK: K must be one integer")),
+        }
+    };
+    let dim = x.shape[axis];
+    if k < 0 || k as usize > dim {
+        return Err(shape_err("TopK: K out of range"));
+    }
+    if dim > u32::MAX as usize {
+        return Err(Error::new(ErrorKind::Unsupported("TopK: axis too long")));
+    }
+    let largest = ctx.opset < 11 || ctx.attr_int("largest", 1)? != 0;
+    // `sorted = 0` leaves the order free; sorted output is conformant.
+    let mut out = x.shape.to_vec();
+    out[axis] = k as usize;
+    let cfg = TopK {
+        outer: checked_numel(&x.shape[..axis])?,
+        dim,
+        inner: checked_numel(&x.shape[axis + 1..])?,
+        k: k as usize,
+        largest,
+    };
+    with_num!(x.dtype, "TopK", top_k_typed(&out, cfg))
+}
+
+/// Orders every row of `x` along the axis into `order` and calls
+/// `emit(output element, source position on the axis)` for its first `k`.
+fn top_k_rows<T: Num>(
+    x: &[T],
+    c: &TopK,
+    order: &mut [u32],
+    mut emit: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
+    let (k, dim, inner) = (c.k, c.dim, c.inner);
+    if k == 0 {
+        return Ok(());
+    }
+    if x.len() != c.outer * dim * inner || order.len() != dim {
+        return Err(internal("TopK length"));
+    }
+    for o in 0..c.outer {
+        for i in 0..inner {
+            let val = |s: u32| &x[(o * dim + s as usize) * inner + i];
+            // Ties go to the lower index, as the reference's.
+            let cmp = |a: &u32, b: &u32| {
+                let v = total_cmp(val(*a), val(*b));
+                let v = if c.largest { v.reverse() } else { v };
+                v.then(a.cmp(b))
+            };
+            for (s, e) in order.iter_mut().enumerate() {
+                *e = s as u32;
+            }
+            if k < dim {
+                order.select_nth_unstable_by(k - 1, cmp);
+            }
+            order[..k].sort_unstable_by(cmp);
+            for (j, &s) in order[..k].iter().enumerate() {
+                emit((o * k + j) * inner + i, s as usize)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn scratch_u32(sc: &mut [u8], n: usize) -> Result<&mut [u32]> {
+    bytemuck::try_cast_slice_mut::<u8, u32>(sc)
+        .map_err(|_| internal("TopK scratch"))?
+        .get_mut(..n)
+        .ok_or(internal("TopK scratch"))
+}
+
+fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
+    let outputs = alloc::vec![
+        OutputInfo::new(T::DTYPE, out),
+        OutputInfo::new(DType::I64, out),
+    ];
+    let scratch = c.dim * 4;
+    Ok(Prepared::new(
+        outputs,
+        kernel("TopK", move |io: &mut KernelIo<'_>| {
+            let x = io.input_slice::<T>(0)?;
+            let (dim, inner) = (c.dim, c.inner);
+            let src = |p: usize, s: usize| {
+                let o = p / (c.k * inner).max(1);
+                x.get((o * dim + s) * inner + p % inner.max(1))
+                    .copied()
+                    .ok_or(internal("TopK index"))
+            };
+            if !io.has_output(1) {
+                // Values only: no indices output to stage the order in.
+                let (mut yv, sc) = io.output_and_scratch(0)?;
+                let yv = yv.as_slice_mut::<T>()?;
+                return top_k_rows(x, &c, scratch_u32(sc, dim)?, |p, s| {
+                    *yv.get_mut(p).ok_or(internal("TopK out"))? = src(p, s)?;
+                    Ok(())
+                });
+            }
+            {
+                let (mut yi, sc) = io.output_and_scratch(1)?;
+                let yi = yi.as_slice_mut::<i64>()?;
+                top_k_rows(x, &c, scratch_u32(sc, dim)?, |p, s| {
+                    *yi.get_mut(p).ok_or(internal("TopK out"))? = s as i64;
+                    Ok(())
+                })?;
+            }
+            if io.has_output(0) {
+                // Output and scratch cannot be held with a second output:
+                // the values follow from the indices just written.
+                let (mut yv, yi) = io.outputs2(0, 1)?;
+                let yv = yv.as_slice_mut::<T>()?;
+                let yi = yi.view();
+                for (p, (v, &s)) in yv.iter_mut().zip(yi.as_slice::<i64>()?).enumerate() {
+                    *v = src(p, s as usize)?;
+                }
+            }
+            Ok(())
+        }),
+    )
+    .with_scratch(scratch))
+}
+
+#[cfg(test)]
+#[allow(clippy::cloned_ref_to_slice_refs)]
+mod tests {
+    use crate::model::{AttrValue, Const};
+    use crate::ops::testing::{run, t, vals};
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn seq(n: usize) -> Vec<f32> {
+        (0..n).map(|i| i as f32).collect()
+    }
+    fn i64s(shape: &[usize], v: &[i64]) -> Option<Const> {
+        t::<i64>(shape, v)
+    }
+    fn int(v: i64) -> AttrValue {
+        AttrValue::Int(v)
+    }
+    fn s(v: &str) -> AttrValue {
+        AttrValue::Str(v.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn gather_elements_axes_and_negative() {
+        // The spec's examples.
+        let x = t(&[2, 2], &[1f32, 2., 3., 4.]);
+        let r = run(
+            "GatherElements",
+            13,
+            vec![("axis", int(1))],
+            &[x.clone(), i64s(&[2, 2], &[0, 0, 1, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 1., 4., 3.]);
+        let x = t(&[3, 3], &[1i32, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let r = run(
+            "GatherElements",
+            13,
+            vec![],
+            &[x.clone(), t::<i32>(&[2, 3], &[-1, -2, 0, -2, 0, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 3]);
+        assert_eq!(vals::<i32>(&r[0]), vec![7, 5, 3, 4, 2, 3]);
+        assert!(run("GatherElements", 13, vec![], &[x, i64s(&[1, 1], &[3])], 1).is_err());
+    }
+
+    #[test]
+    fn gather_nd_plain_and_batched() {
+        let x = t(&[2, 2], &[0i32, 1, 2, 3]);
+        let r = run(
+            "GatherND",
+            13,
+            vec![],
+            &[x.clone(), i64s(&[2, 2], &[0, 0, 1, 1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![0, 3]);
+        let r = run("GatherND", 13, vec![], &[x, i64s(&[2, 1], &[1, 0])], 1).unwrap();
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(vals::<i32>(&r[0]), vec![2, 3, 0, 1]);
+        // batch_dims = 1: batch 0 takes row 1, batch 1 takes row 0.
+        let x = t(&[2, 2, 2], &seq(8));
+        let r = run(
+            "GatherND",
+            13,
+            vec![("batch_dims", int(1))],
+            &[x.clone(), i64s(&[2, 1], &[1, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(vals::<f32>(&r[0]), vec![2., 3., 4., 5.]);
+        assert!(run("GatherND", 13, vec![], &[x, i64s(&[1, 1], &[2])], 1).is_err());
+    }
+
+    #[test]
+    fn scatter_elements_reductions() {
+        let x = t(&[1, 5], &[1f32, 2., 3., 4., 5.]);
+        let ix = i64s(&[1, 2], &[1, -2]);
+        let up = t(&[1, 2], &[1.1f32, 2.1]);
+        let go = |red: &str| {
+            let r = run(
+                "ScatterElements",
+                18,
+                vec![("axis", int(1)), ("reduction", s(red))],
+                &[x.clone(), ix.clone(), up.clone()],
+                1,
+            )
+            .unwrap();
+            vals::<f32>(&r[0])
+        };
+        assert_eq!(go("none"), vec![1., 1.1, 3., 2.1, 5.]);
+        assert_eq!(go("add"), vec![1., 3.1, 3., 6.1, 5.]);
+        assert_eq!(go("mul"), vec![1., 2. * 1.1, 3., 4. * 2.1, 5.]);
+        assert_eq!(go("max"), vec![1., 2., 3., 4., 5.]);
+        assert_eq!(go("min"), vec![1., 1.1, 3., 2.1, 5.]);
+        // Duplicate indices accumulate in order.
+        let r = run(
+            "ScatterElements",
+            18,
+            vec![("axis", int(1)), ("reduction", s("add"))],
+            &[x.clone(), i64s(&[1, 2], &[1, 1]), up.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 2. + 1.1 + 2.1, 3., 4., 5.]);
+        // The opset 9 Scatter, axis 0, on a bool tensor (bytes only).
+        let b = t(&[2, 2], &[0u8, 0, 0, 0]);
+        let mut bb = b.unwrap();
+        bb.dtype = crate::DType::Bool;
+        let mut ub = t(&[1, 2], &[1u8, 1]).unwrap();
+        ub.dtype = crate::DType::Bool;
+        let r = run(
+            "Scatter",
+            9,
+            vec![],
+            &[Some(bb), i64s(&[1, 2], &[1, 0]), Some(ub)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].data.bytes(), &[0, 1, 1, 0]);
+        assert!(run(
+            "ScatterElements",
+            18,
+            vec![],
+            &[x, i64s(&[1, 2], &[2, 0]), up],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn scatter_nd_slices_and_reduce() {
+        // The spec's example 1.
+        let x = t(&[8], &[1f32, 2., 3., 4., 5., 6., 7., 8.]);
+        let r = run(
+            "ScatterND",
+            18,
+            vec![],
+            &[
+                x.clone(),
+                i64s(&[4, 1], &[4, 3, 1, 7]),
+                t(&[4], &[9f32, 10., 11., 12.]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 11., 3., 10., 9., 6., 7., 12.]);
+        // Row slices, with a duplicate under multiply.
+        let x = t(&[2, 2], &[1i64, 2, 3, 4]);
+        let r = run(
+            "ScatterND",
+            18,
+            vec![("reduction", s("mul"))],
+            &[
+                x.clone(),
+                i64s(&[2, 1], &[1, -1]),
+                t(&[2, 2], &[2i64, 3, 5, 7]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![1, 2, 30, 84]);
+        assert!(run(
+            "ScatterND",
+            18,
+            vec![],
+            &[x, i64s(&[1, 1], &[2]), t(&[1, 2], &[0i64, 0])],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn tensor_scatter_linear_and_circular() {
+        // Cache [2, 4, 1]; batch 0 writes 2 rows at 1, batch 1 at 3.
+        let x = t(&[2, 4, 1], &[0f32; 8]);
+        let u = t(&[2, 2, 1], &[1f32, 2., 3., 4.]);
+        let w = i64s(&[2], &[1, 3]);
+        let go = |mode: &str| {
+            run(
+                "TensorScatter",
+                24,
+                vec![("mode", s(mode))],
+                &[x.clone(), u.clone(), w.clone()],
+                1,
+            )
+        };
+        let r = go("circular").unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 1., 2., 0., 4., 0., 0., 3.]);
+        // Linear mode may not run past the end.
+        assert!(go("linear").is_err());
+        let r = run("TensorScatter", 24, vec![], &[x.clone(), u.clone()], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![1., 2., 0., 0., 3., 4., 0., 0.]);
+    }
+
+    #[test]
+    fn trilu_upper_lower_with_k() {
+        let x = t(&[3, 4], &seq(12));
+        let go = |upper: i64, k: Option<i64>| {
+            let mut ins = vec![x.clone()];
+            if let Some(k) = k {
+                ins.push(i64s(&[], &[k]));
+            }
+            let r = run("Trilu", 14, vec![("upper", int(upper))], &ins, 1).unwrap();
+            vals::<f32>(&r[0])
+        };
+        #[rustfmt::skip]
+        assert_eq!(go(1, None), vec![0., 1., 2., 3., 0., 5., 6., 7., 0., 0., 10., 11.]);
+        #[rustfmt::skip]
+        assert_eq!(go(1, Some(-1)), vec![0., 1., 2., 3., 4., 5., 6., 7., 0., 9., 10., 11.]);
+        #[rustfmt::skip]
+        assert_eq!(go(0, None), vec![0., 0., 0., 0., 4., 5., 0., 0., 8., 9., 10., 0.]);
+        #[rustfmt::skip]
+        assert_eq!(go(0, Some(1)), vec![0., 1., 0., 0., 4., 5., 6., 0., 8., 9., 10., 11.]);
+        assert_eq!(go(0, Some(-7)), vec![0.; 12]);
+        assert_eq!(go(1, Some(9)), vec![0.; 12]);
+    }
+
+    #[test]
+    fn eye_like_offsets_and_dtype() {
+        let x = t(&[3, 4], &[0i32; 12]);
+        let r = run("EyeLike", 9, vec![("k", int(1))], &[x.clone()], 1).unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]);
+        let r = run(
+            "EyeLike",
+            9,
+            vec![("dtype", int(11)), ("k", int(-2))],
+            &[x],
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            vals::<f64>(&r[0]),
+            vec![0., 0., 0., 0., 0., 0., 0., 0., 1., 0., 0., 0.]
+        );
+    }
+
+    #[test]
+    fn cumsum_modes_and_cumprod() {
+        let x = t(&[5], &[1f32, 2., 3., 4., 5.]);
+        let go = |op: &str, ex: i64, rev: i64| {
+            let r = run(
+                op,
+                26,
+                vec![("exclusive", int(ex)), ("reverse", int(rev))],
+                &[x.clone(), t::<i32>(&[], &[0])],
+                1,
+            )
+            .unwrap();
+            vals::<f32>(&r[0])
+        };
+        assert_eq!(go("CumSum", 0, 0), vec![1., 3., 6., 10., 15.]);
+        assert_eq!(go("CumSum", 1, 0), vec![0., 1., 3., 6., 10.]);
+        assert_eq!(go("CumSum", 0, 1), vec![15., 14., 12., 9., 5.]);
+        assert_eq!(go("CumSum", 1, 1), vec![14., 12., 9., 5., 0.]);
+        assert_eq!(go("CumProd", 0, 0), vec![1., 2., 6., 24., 120.]);
+        assert_eq!(go("CumProd", 1, 1), vec![120., 60., 20., 5., 1.]);
+        // Axis -1 of a 2-D int tensor.
+        let r = run(
+            "CumSum",
+            14,
+            vec![],
+            &[t(&[2, 3], &[1i64, 2, 3, 4, 5, 6]), i64s(&[], &[-1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![1, 3, 6, 4, 9, 15]);
+        let r = run(
+            "CumSum",
+            14,
+            vec![],
+            &[t(&[2, 3], &[1i64, 2, 3, 4, 5, 6]), i64s(&[], &[2])],
+            1,
+        );
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn one_hot_axis_and_negative() {
+        let r = run(
+            "OneHot",
+            11,
+            vec![],
+            &[
+                i64s(&[3], &[0, -1, 5]),
+                t(&[], &[3f32]),
+                t(&[2], &[-1f32, 2.]),
+            ],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![3, 3]);
+        // 5 is out of range: a row of off values.
+        assert_eq!(
+            vals::<f32>(&r[0]),
+            vec![2., -1., -1., -1., -1., 2., -1., -1., -1.]
+        );
+        let r = run(
+            "OneHot",
+            11,
+            vec![("axis", int(0))],
+            &[t(&[2], &[1f32, 0.]), i64s(&[1], &[2]), t(&[2], &[0i32, 7])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(vals::<i32>(&r[0]), vec![0, 7, 7, 0]);
+    }
+
+    #[test]
+    fn depth_space_round_trip() {
+        // DCR: output (0, 0, 0, 1) reads channel 1 of block (0, 1).
+        let x = t(&[1, 4, 1, 1], &[0f32, 1., 2., 3.]);
+        let r = run(
+            "DepthToSpace",
+            13,
+            vec![("blocksize", int(2))],
+            &[x.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 1, 2, 2]);
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 1., 2., 3.]);
+        // CRD vs DCR differ once there are 2 output channels.
+        let x = t(&[1, 8, 1, 1], &seq(8));
+        let dcr = run(
+            "DepthToSpace",
+            13,
+            vec![("blocksize", int(2))],
+            &[x.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&dcr[0]), vec![0., 2., 4., 6., 1., 3., 5., 7.]);
+        let crd = run(
+            "DepthToSpace",
+            13,
+            vec![("blocksize", int(2)), ("mode", s("CRD"))],
+            &[x.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&crd[0]), seq(8));
+        // SpaceToDepth (DCR) inverts DepthToSpace (DCR).
+        let back = run(
+            "SpaceToDepth",
+            13,
+            vec![("blocksize", int(2))],
+            &[Some(dcr[0].clone())],
+            1,
+        )
+        .unwrap();
+        assert_eq!(back[0].shape, vec![1, 8, 1, 1]);
+        assert_eq!(vals::<f32>(&back[0]), seq(8));
+        let back = run(
+            "SpaceToDepth",
+            28,
+            vec![("blocksize", int(2)), ("mode", s("CRD"))],
+            &[Some(crd[0].clone())],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&back[0]), seq(8));
+    }
+
+    #[test]
+    fn reverse_sequence_both_layouts() {
+        // time-major [4, 2]: batch 0 reverses 4 steps, batch 1 reverses 2.
+        let x = t(&[4, 2], &seq(8));
+        let r = run(
+            "ReverseSequence",
+            10,
+            vec![],
+            &[x.clone(), i64s(&[2], &[4, 2])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![6., 3., 4., 1., 2., 5., 0., 7.]);
+        let r = run(
+            "ReverseSequence",
+            10,
+            vec![("batch_axis", int(0)), ("time_axis", int(1))],
+            &[t(&[2, 4], &seq(8)), i64s(&[2], &[1, 3])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., 1., 2., 3., 6., 5., 4., 7.]);
+        assert!(run("ReverseSequence", 10, vec![], &[x, i64s(&[2], &[5, 0])], 1).is_err());
+    }
+
+    #[test]
+    fn top_k_largest_smallest_ties() {
+        let x = t(&[2, 4], &[1f32, 3., 3., 2., 0., -1., 5., 5.]);
+        let r = run("TopK", 11, vec![], &[x.clone(), i64s(&[1], &[2])], 2).unwrap();
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(vals::<f32>(&r[0]), vec![3., 3., 5., 5.]);
+        assert_eq!(vals::<i64>(&r[1]), vec![1, 2, 2, 3]);
+        let r = run(
+            "TopK",
+            11,
+            vec![("largest", int(0)), ("axis", int(0))],
+            &[x.clone(), i64s(&[1], &[1])],
+            2,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![0., -1., 3., 2.]);
+        assert_eq!(vals::<i64>(&r[1]), vec![1, 1, 0, 0]);
+        let r = run(
+            "TopK",
+            1,
+            vec![("k", int(3))],
+            &[t(&[4], &[2u64, 9, 2, u64::MAX])],
+            2,
+        )
+        .unwrap();
+        assert_eq!(vals::<u64>(&r[0]), vec![u64::MAX, 9, 2]);
+        assert_eq!(vals::<i64>(&r[1]), vec![3, 1, 0]);
+        // Values only (no indices output).
+        let r = run("TopK", 11, vec![], &[x.clone(), i64s(&[1], &[3])], 1).unwrap();
+        assert_eq!(vals::<f32>(&r[0]), vec![3., 3., 2., 5., 5., 0.]);
+        assert!(run("TopK", 11, vec![], &[x, i64s(&[1], &[5])], 2).is_err());
+    }
+}
