@@ -47,7 +47,7 @@ fn load(dt: DType, b: &[u8], i: usize) -> f64 {
         DType::U32 => u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64,
         DType::I64 => i64::from_le_bytes(w) as f64,
         DType::U64 => u64::from_le_bytes(w) as f64,
-        d if d.is_minifloat() => d.minifloat_to_f64(w[0]),
+        d if d.is_minifloat() || d == DType::F8E8M0 => d.minifloat_to_f64(w[0]),
         _ => w[0] as f64,
     }
 }
@@ -206,6 +206,8 @@ fn int_range(dt: DType) -> Option<(i64, i64)> {
 
 /// numpy's type of `x / scale` (before any `precision`).
 fn promoted(x: DType, s: DType) -> DType {
+    // Powers of two (E8M0 scales) divide exactly in any float type.
+    let s = if s == DType::F8E8M0 { x } else { s };
     if x == DType::I32 || s == DType::I32 {
         DType::F64
     } else if x == s {
@@ -221,7 +223,9 @@ fn prepare_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let zp = ctx.opt_input(2);
     let ins = [DType::F32, DType::F16, DType::BF16, DType::I32];
     super::util::dtype_in(x.dtype, &ins, "QuantizeLinear input")?;
-    super::util::dtype_in(s.dtype, &ins, "QuantizeLinear scale")?;
+    if !(s.dtype == DType::F8E8M0 && ctx.opset >= 24) {
+        super::util::dtype_in(s.dtype, &ins, "QuantizeLinear scale")?;
+    }
     let attr_out = ctx.attr_int("output_dtype", 0)? as i32;
     let attr_out = match attr_out {
         0 => None,
@@ -327,8 +331,12 @@ fn prepare_dequantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     ];
     super::util::dtype_in(x.dtype, &ins, "DequantizeLinear input")?;
     let floats = [DType::F32, DType::F16, DType::BF16];
-    super::util::dtype_in(s.dtype, &floats, "DequantizeLinear scale")?;
+    let e8m0 = s.dtype == DType::F8E8M0 && ctx.opset >= 24;
+    if !e8m0 {
+        super::util::dtype_in(s.dtype, &floats, "DequantizeLinear scale")?;
+    }
     let to = match ctx.attr_int("output_dtype", 0)? as i32 {
+        0 if e8m0 => return Err(invalid("an E8M0 scale needs output_dtype")),
         0 => s.dtype,
         c => DType::from_onnx(c).ok_or(Error::new(ErrorKind::UnsupportedDType {
             what: "DequantizeLinear output_dtype",
@@ -584,6 +592,42 @@ mod tests {
         let v: Vec<f32> = vals(&r[0]);
         assert_eq!(&v[..2], &[2.0, -6.0]);
         assert!(v[2].is_nan());
+    }
+
+    #[test]
+    fn e8m0_scales_from_opset_24() {
+        // E8M0 code 126 = 0.5, 129 = 4.
+        let s = bytes_of(DType::F8E8M0, &[2], &[126, 129]);
+        let r = run(
+            "DequantizeLinear",
+            24,
+            vec![
+                ("axis", AttrValue::Int(0)),
+                ("output_dtype", AttrValue::Int(1)),
+            ],
+            &[t(&[2], &[3i8, -3]), s.clone()],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&r[0]), [1.5, -12.0]);
+        let r = run(
+            "QuantizeLinear",
+            24,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2], &[1.5f32, -12.0]), s.clone(), t(&[2], &[0i8, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&r[0]), [3, -3]);
+        // Without output_dtype the output would be E8M0 itself.
+        let e = run(
+            "DequantizeLinear",
+            24,
+            vec![("axis", AttrValue::Int(0))],
+            &[t(&[2], &[3i8, -3]), s],
+            1,
+        );
+        assert!(matches!(e, Err(e) if matches!(e.kind, crate::ErrorKind::Invalid(_))));
     }
 
     #[test]
