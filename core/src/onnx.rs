@@ -402,6 +402,9 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
             got: got as u64,
         })
     };
+    if let Some(bits) = dtype.packed_bits() {
+        return unpack_sub_byte(dtype, bits, shape, n, t.raw_data, &t.int32_data);
+    }
     if let Some(raw) = t.raw_data {
         if raw.len() != bytes {
             return Err(len_err(raw.len()));
@@ -452,4 +455,83 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
         }
     }
     Ok(Const { dtype, shape, data })
+}
+
+/// Sub-byte types come packed (low bits first, in `raw_data` or one packed
+/// byte per `int32_data` entry); mote keeps them one element per byte.
+fn unpack_sub_byte(
+    dtype: DType,
+    bits: u32,
+    shape: Vec<usize>,
+    n: usize,
+    raw: Option<Bytes>,
+    int32: &[i32],
+) -> Result<Const> {
+    let per = (8 / bits) as usize;
+    let packed = n.div_ceil(per);
+    let got = match &raw {
+        Some(r) => r.len(),
+        None => int32.len(),
+    };
+    if got != packed {
+        return Err(Error::new(ErrorKind::Len {
+            expected: packed as u64,
+            got: got as u64,
+        }));
+    }
+    let byte = |k: usize| -> u8 {
+        match &raw {
+            Some(r) => r.get(k).copied().unwrap_or(0),
+            None => int32.get(k).copied().unwrap_or(0) as u8,
+        }
+    };
+    let mut data = ConstData::zeroed(n)?;
+    let mask = (1u8 << bits) - 1;
+    for (i, o) in data.bytes_mut().iter_mut().enumerate() {
+        let code = (byte(i / per) >> ((i % per) as u32 * bits)) & mask;
+        *o = dtype.unpack_code(code);
+    }
+    Ok(Const { dtype, shape, data })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proto(
+        code: i32,
+        dims: &[i64],
+        raw: Option<&[u8]>,
+        int32: &[i32],
+    ) -> mote_proto::TensorProto {
+        mote_proto::TensorProto {
+            dims: dims.to_vec(),
+            data_type: Some(code),
+            raw_data: raw.map(Bytes::copy_from_slice),
+            int32_data: int32.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sub_byte_tensors_are_unpacked_low_bits_first() {
+        // INT4 [-8, 7, -1] packed: 0x78, then 0x0F with a padding nibble.
+        let c = tensor_from_proto(proto(22, &[3], Some(&[0x78, 0x0F]), &[])).unwrap();
+        assert_eq!(c.dtype, DType::I4);
+        assert_eq!(c.data.bytes(), [0xF8, 0x07, 0xFF]);
+        // UINT4 from int32_data: one packed byte per entry.
+        let c = tensor_from_proto(proto(21, &[2], None, &[0xA5])).unwrap();
+        assert_eq!(c.data.bytes(), [5, 10]);
+        // INT2 [1, -2, -1, 0, 1]: 0b00_11_10_01, then 0b01.
+        let c = tensor_from_proto(proto(26, &[5], Some(&[0b0011_1001, 0b01]), &[])).unwrap();
+        assert_eq!(c.data.bytes(), [1, 0xFE, 0xFF, 0, 1]);
+        // A byte short of the packed length is refused.
+        assert!(tensor_from_proto(proto(23, &[3], Some(&[0x11]), &[])).is_err());
+        // Float8 is one byte per element, in raw_data or int32_data.
+        let c = tensor_from_proto(proto(17, &[2], None, &[0x38, 0x7E])).unwrap();
+        assert_eq!(
+            (c.dtype, c.data.bytes()),
+            (DType::F8E4M3FN, &[0x38u8, 0x7E][..])
+        );
+    }
 }

@@ -33,6 +33,7 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
 pub mod resize;
 pub mod rnn;
@@ -89,6 +90,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     image::OPS,
     signal::OPS,
     control::OPS,
+    quant::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with

@@ -7,6 +7,7 @@
 
 use alloc::vec::Vec;
 
+use crate::dtype::{e8m0_from_f32, E8M0Round};
 use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::model::Const;
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
@@ -1109,11 +1110,21 @@ fn read_num(dt: DType, b: &[u8]) -> Num {
         DType::U32 => Num::I(u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as i128),
         DType::I64 => Num::I(i64::from_le_bytes(w) as i128),
         DType::U64 => Num::I(u64::from_le_bytes(w) as i128),
+        DType::I4 | DType::I2 => Num::I(w[0] as i8 as i128),
+        DType::U4 | DType::U2 => Num::I(w[0] as i128),
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F4E2M1
+        | DType::F8E8M0 => Num::F(dt.minifloat_to_f64(w[0])),
     }
 }
 
+/// `saturate` and `round` are Cast attributes: only the 8-bit floats look
+/// at them.
 #[inline]
-fn write_num(dt: DType, v: Num, out: &mut [u8]) {
+fn write_num(dt: DType, v: Num, saturate: bool, round: E8M0Round, out: &mut [u8]) {
     let mut w = [0u8; 8];
     let es = dt.size();
     let (f, i) = match v {
@@ -1145,6 +1156,15 @@ fn write_num(dt: DType, v: Num, out: &mut [u8]) {
             };
             w = u.to_le_bytes()
         }
+        // The reference converts to f32 first.
+        DType::F8E8M0 => w[0] = e8m0_from_f32(f as f32, saturate, round),
+        _ if dt.is_minifloat() => w[0] = dt.minifloat_from_f64(f, saturate),
+        _ if dt.small_int_range().is_some() => {
+            w[0] = match v {
+                Num::F(f) => dt.small_int_from_f64(f),
+                Num::I(i) => dt.wrap_small_int(i),
+            }
+        }
         _ => w = (i as u64).to_le_bytes(),
     }
     out.copy_from_slice(&w[..es]);
@@ -1172,6 +1192,13 @@ fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
         return Ok(Prepared::alias(to, x.shape));
     }
     let (ei, eo) = (from.size(), to.size());
+    let saturate = ctx.attr_int("saturate", 1)? != 0;
+    let round = match ctx.attr_str("round_mode", "up")? {
+        "up" => E8M0Round::Up,
+        "down" => E8M0Round::Down,
+        "nearest" => E8M0Round::Nearest,
+        _ => return Err(Error::new(ErrorKind::Unsupported("Cast round_mode"))),
+    };
     Ok(Prepared::single(
         to,
         x.shape,
@@ -1179,7 +1206,7 @@ fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
             let src = io.input(0)?.bytes();
             let mut y = io.output(0)?;
             for (i, o) in src.chunks_exact(ei).zip(y.bytes_mut().chunks_exact_mut(eo)) {
-                write_num(to, read_num(from, i), o);
+                write_num(to, read_num(from, i), saturate, round, o);
             }
             Ok(())
         }),
@@ -1348,6 +1375,10 @@ fn prepare_cmp(ctx: &PrepareCtx<'_>, name: &'static str, c: Cmp) -> Result<Prepa
         DType::U64 => cmp_typed::<u64>(sa, sb, name, cmp_fn!(c, u64)),
         DType::F16 => cmp_typed::<half::f16>(sa, sb, name, cmp_fn!(c, half::f16)),
         DType::BF16 => cmp_typed::<half::bf16>(sa, sb, name, cmp_fn!(c, half::bf16)),
+        dt => Err(Error::new(ErrorKind::UnsupportedDType {
+            what: name,
+            code: dt.onnx_code(),
+        })),
     }
 }
 
@@ -1762,6 +1793,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(vals::<f32>(&r[0]), vec![2.5]);
+    }
+
+    #[test]
+    fn cast_low_precision_types() {
+        let cast = |x: &Option<crate::model::Const>, to: i64, sat: i64| {
+            let a = vec![
+                ("to", AttrValue::Int(to)),
+                ("saturate", AttrValue::Int(sat)),
+            ];
+            run("Cast", 19, a, &[x.clone()], 1).unwrap().remove(0)
+        };
+        // E4M3FN: 1 = 0x38, 500 overflows to NaN (0x7F) or saturates to
+        // 448 (0x7E); E5M2 rounds 500 to 512 (0x60) and overflows to
+        // infinity (0x7C).
+        let x = t(&[3], &[1f32, 500.0, -1e6]);
+        assert_eq!(cast(&x, 17, 1).data.bytes(), &[0x38, 0x7E, 0xFE]);
+        assert_eq!(cast(&x, 17, 0).data.bytes(), &[0x38, 0x7F, 0xFF]);
+        assert_eq!(cast(&x, 19, 0).data.bytes(), &[0x3C, 0x60, 0xFC]);
+        // Back: E4M3FN 0xFE = -448.
+        let f8 = cast(&x, 17, 1);
+        let back = run("Cast", 19, vec![("to", AttrValue::Int(1))], &[Some(f8)], 1).unwrap();
+        assert_eq!(vals::<f32>(&back[0]), vec![1.0, 448.0, -448.0]);
+        // INT4 from floats truncates and zeroes what is out of range; from
+        // ints it wraps.
+        let x = t(&[4], &[-8.7f32, 7.9, 8.0, -9.0]);
+        assert_eq!(cast(&x, 22, 1).data.bytes(), &[0xF8, 7, 0, 0]);
+        let x = t(&[3], &[9i8, -9, 17]);
+        assert_eq!(cast(&x, 22, 1).data.bytes(), &[0xF9, 7, 1]);
+        assert_eq!(cast(&x, 21, 1).data.bytes(), &[9, 7, 1]);
     }
 
     #[test]
