@@ -121,8 +121,9 @@ impl fmt::Display for Summary {
     }
 }
 
-/// The case directories of `dir` whose name contains `filter`, sorted.
-pub fn case_dirs(dir: &Path, filter: Option<&str>) -> std::io::Result<Vec<PathBuf>> {
+/// The case directories of `dir` whose name matches `filter` (a regular
+/// expression, unanchored: `test_cast` matches every Cast case), sorted.
+pub fn case_dirs(dir: &Path, filter: Option<&regex::Regex>) -> std::io::Result<Vec<PathBuf>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let e = e?;
@@ -130,7 +131,7 @@ pub fn case_dirs(dir: &Path, filter: Option<&str>) -> std::io::Result<Vec<PathBu
         if name.starts_with('.') || !e.file_type()?.is_dir() {
             continue;
         }
-        if filter.is_some_and(|f| !name.contains(f)) {
+        if filter.is_some_and(|f| !f.is_match(&name)) {
             continue;
         }
         v.push(e.path());
@@ -139,9 +140,9 @@ pub fn case_dirs(dir: &Path, filter: Option<&str>) -> std::io::Result<Vec<PathBu
     Ok(v)
 }
 
-/// Runs every case of suite `dir` whose name contains `filter`. Panics are
+/// Runs every case of suite `dir` whose name matches `filter`. Panics are
 /// caught (with a silent panic hook for the duration) and count as errors.
-pub fn run_suite(dir: &Path, filter: Option<&str>) -> std::io::Result<Vec<CaseResult>> {
+pub fn run_suite(dir: &Path, filter: Option<&regex::Regex>) -> std::io::Result<Vec<CaseResult>> {
     let dirs = case_dirs(dir, filter)?;
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));

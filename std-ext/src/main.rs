@@ -61,8 +61,9 @@ enum Cmd {
         /// Suite directory.
         #[arg(long, value_name = "DIR", default_value = ".cache/onnx-node-tests")]
         suite: PathBuf,
-        /// Runs only the cases whose name contains PATTERN.
-        #[arg(long, value_name = "PATTERN")]
+        /// Runs only the cases whose name matches REGEX (unanchored, e.g.
+        /// `^test_(add|sub)` or `_expanded$`).
+        #[arg(long, value_name = "REGEX")]
         filter: Option<String>,
         /// One JSON object on stdout.
         #[arg(long)]
@@ -230,7 +231,11 @@ fn conformance(suite: &Path, filter: Option<&str>, out: &mut Out) -> Result<()> 
             suite.display()
         );
     }
-    let results = run_suite(suite, filter).with_context(|| suite.display().to_string())?;
+    let filter = filter
+        .map(regex::Regex::new)
+        .transpose()
+        .context("--filter is not a valid regular expression")?;
+    let results = run_suite(suite, filter.as_ref()).with_context(|| suite.display().to_string())?;
     let summary = Summary::of(&results);
     if out.json {
         let cases: Vec<Value> = results
