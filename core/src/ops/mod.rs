@@ -36,6 +36,7 @@ pub mod reduce;
 pub mod resize;
 pub mod rnn;
 pub mod select;
+pub mod sequence_models;
 pub mod shape;
 pub mod signal;
 
@@ -87,6 +88,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     loss::OPS,
     image::OPS,
     signal::OPS,
+    sequence_models::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
