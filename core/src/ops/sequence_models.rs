@@ -416,9 +416,9 @@ fn prepare_linear_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     got: d.dtype,
                 }));
             }
-            match d.shape {
-                &[b, t, w] if b == batch && t == seq && w == hkv * dk => Some(true),
-                &[b, t, w] if b == batch && t == seq && w == hkv => Some(false),
+            match *d.shape {
+                [b, t, w] if b == batch && t == seq && w == hkv * dk => Some(true),
+                [b, t, w] if b == batch && t == seq && w == hkv => Some(false),
                 _ => {
                     return Err(shape_err(
                         "LinearAttention: decay must be (B, T, H) or (B, T, H*dk)",
@@ -441,9 +441,9 @@ fn prepare_linear_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     got: b.dtype,
                 }));
             }
-            match b.shape {
-                &[bb, t, w] if bb == batch && t == seq && w == hkv => Some(true),
-                &[bb, t, 1] if bb == batch && t == seq => Some(false),
+            match *b.shape {
+                [bb, t, w] if bb == batch && t == seq && w == hkv => Some(true),
+                [bb, t, 1] if bb == batch && t == seq => Some(false),
                 _ => {
                     return Err(shape_err(
                         "LinearAttention: beta must be (B, T, H) or (B, T, 1)",
