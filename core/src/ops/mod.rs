@@ -38,6 +38,7 @@ pub mod reduce;
 pub mod resize;
 pub mod rnn;
 pub mod select;
+pub mod sequence_models;
 pub mod shape;
 pub mod signal;
 
@@ -91,6 +92,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     signal::OPS,
     control::OPS,
     quant::OPS,
+    sequence_models::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
