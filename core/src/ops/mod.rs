@@ -32,6 +32,7 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod qlinear;
 pub mod reduce;
 pub mod resize;
 pub mod rnn;
@@ -87,6 +88,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     loss::OPS,
     image::OPS,
     signal::OPS,
+    qlinear::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
