@@ -34,6 +34,7 @@ pub mod matmul;
 pub mod norm;
 pub mod pool;
 pub mod quant;
+pub mod qlinear;
 pub mod reduce;
 pub mod resize;
 pub mod rnn;
@@ -93,6 +94,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     control::OPS,
     quant::OPS,
     sequence_models::OPS,
+    qlinear::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with

@@ -1,0 +1,1262 @@
+//! Integer quantized operators: QLinearMatMul, MatMulInteger, ConvInteger,
+//! QLinearConv and DynamicQuantizeLinear (int8 / uint8 data, int32
+//! accumulators).
+//!
+//! These are plain reference kernels (one output element at a time, no
+//! blocking) meant to be the oracle for optimized int8 kernels later, so
+//! they follow `onnx/reference/ops/op_*.py` literally:
+//! - `(q - zero_point)` is formed in i32, products and sums are i32 and wrap
+//!   on overflow like numpy's int32 (the spec allows accumulation overflow
+//!   only in 32 bits; a product of two 8-bit differences always fits);
+//! - requantization computes the multiplier `s_in * s_w / s_out` in the
+//!   scales' own dtype (f32, or f16 / bf16 rounded after each operation, as
+//!   numpy does), then `acc * multiplier + y_zero_point` in **f64** —
+//!   numpy promotes int32 times float32 to float64, and an f32 product would
+//!   move a few near-tie results by one — then rounds half to even and
+//!   saturates to the output type;
+//! - padding of the integer convolutions adds nothing: a padded x equals its
+//!   zero point, so `x - x_zero_point` is 0 there.
+//!
+//! DynamicQuantizeLinear computes entirely in f32, as its reference does.
+
+use alloc::vec::Vec;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::ops::conv::{forward_geom, Geom, MAX_SPATIAL};
+use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
+use crate::{DType, Element};
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[
+    OpDef::onnx("QLinearMatMul", 10, prepare_qlinear_matmul),
+    OpDef::onnx("QLinearMatMul", 21, prepare_qlinear_matmul),
+    OpDef::onnx("MatMulInteger", 10, prepare_matmul_integer),
+    OpDef::onnx("ConvInteger", 10, prepare_conv_integer),
+    OpDef::onnx("QLinearConv", 10, prepare_qlinear_conv),
+    OpDef::onnx("DynamicQuantizeLinear", 11, prepare_dynamic_quantize),
+];
+
+/// An 8-bit quantized element type.
+trait QInt: Element + Copy {
+    /// Saturation bounds.
+    const MIN: f64;
+    const MAX: f64;
+    /// The value widened to i32.
+    fn get(self) -> i32;
+    /// Saturates an already rounded value (NaN becomes 0, like numpy's cast
+    /// in practice).
+    fn sat(v: f64) -> Self;
+}
+
+impl QInt for i8 {
+    const MIN: f64 = -128.0;
+    const MAX: f64 = 127.0;
+    #[inline]
+    fn get(self) -> i32 {
+        self as i32
+    }
+    #[inline]
+    fn sat(v: f64) -> Self {
+        v.clamp(<Self as QInt>::MIN, <Self as QInt>::MAX) as i8
+    }
+}
+
+impl QInt for u8 {
+    const MIN: f64 = 0.0;
+    const MAX: f64 = 255.0;
+    #[inline]
+    fn get(self) -> i32 {
+        self as i32
+    }
+    #[inline]
+    fn sat(v: f64) -> Self {
+        v.clamp(<Self as QInt>::MIN, <Self as QInt>::MAX) as u8
+    }
+}
+
+/// A scale element type (QLinearMatMul-21 allows f16 and bf16 scales).
+trait QScale: Element + Copy {
+    fn f32(self) -> f32;
+    /// Rounds an f32 result to this type's precision. f32 carries more than
+    /// twice the significand bits of f16 / bf16 plus two, so one f32
+    /// operation then this rounding is the correctly rounded f16 / bf16
+    /// operation numpy performs.
+    fn narrow(v: f32) -> f32;
+}
+
+impl QScale for f32 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self
+    }
+    #[inline]
+    fn narrow(v: f32) -> f32 {
+        v
+    }
+}
+
+impl QScale for half::f16 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline]
+    fn narrow(v: f32) -> f32 {
+        half::f16::from_f32(v).to_f32()
+    }
+}
+
+impl QScale for half::bf16 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline]
+    fn narrow(v: f32) -> f32 {
+        half::bf16::from_f32(v).to_f32()
+    }
+}
+
+/// `match` on an 8-bit dtype, binding the type alias `$t` in `$body`.
+macro_rules! with_qint {
+    ($dt:expr, $what:expr, $t:ident => $body:expr) => {
+        match $dt {
+            DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            dt => Err(Error::new(ErrorKind::UnsupportedDType {
+                what: $what,
+                code: dt.onnx_code(),
+            })),
+        }
+    };
+}
+
+fn len_err(expected: usize, got: usize) -> Error {
+    Error::new(ErrorKind::Len {
+        expected: expected as u64,
+        got: got as u64,
+    })
+}
+
+fn check_len(got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(len_err(want, got));
+    }
+    Ok(())
+}
+
+fn shape_err(what: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(what))
+}
+
+/// `acc * multiplier + zero_point`, rounded half to even, saturated.
+#[inline]
+fn requant<Y: QInt>(acc: i32, multiplier: f32, zero_point: i32) -> Y {
+    let v = acc as f64 * multiplier as f64 + zero_point as f64;
+    Y::sat(libm::rint(v))
+}
+
+/// `s_in * s_w / s_out` in the scales' dtype, in the reference's order.
+#[inline]
+fn multiplier<S: QScale>(s_in: f32, s_w: f32, s_out: f32) -> f32 {
+    S::narrow(S::narrow(s_in * s_w) / s_out)
+}
+
+// ---------------------------------------------------------------------------
+// Matrix products
+// ---------------------------------------------------------------------------
+
+/// numpy.matmul geometry of `a @ b` (as the float MatMul).
+#[derive(Clone, Debug)]
+struct MmGeom {
+    m: usize,
+    k: usize,
+    n: usize,
+    /// Broadcast batch shape of the output.
+    batch: Vec<usize>,
+    out_shape: Vec<usize>,
+    /// Element strides of one batch step into a and b.
+    sa: [usize; MAX_RANK],
+    sb: [usize; MAX_RANK],
+    a_batch: Vec<usize>,
+    b_batch: Vec<usize>,
+}
+
+fn mm_geom(a: &[usize], b: &[usize]) -> Result<MmGeom> {
+    if a.is_empty() || b.is_empty() {
+        return Err(shape_err("matrix product inputs must have rank >= 1"));
+    }
+    let (ra, rb) = (a.len(), b.len());
+    let (m, k, a_batch) = if ra == 1 {
+        (1, a[0], &a[..0])
+    } else {
+        (a[ra - 2], a[ra - 1], &a[..ra - 2])
+    };
+    let (kb, n, b_batch) = if rb == 1 {
+        (b[0], 1, &b[..0])
+    } else {
+        (b[rb - 2], b[rb - 1], &b[..rb - 2])
+    };
+    if k != kb {
+        return Err(Error::new(ErrorKind::Dim {
+            axis: if rb == 1 { 0 } else { rb - 2 },
+            expected: k as u64,
+            got: kb as u64,
+        }));
+    }
+    let mut bs = [0usize; MAX_RANK];
+    let br = broadcast_shapes(a_batch, b_batch, &mut bs)?;
+    let batch: Vec<usize> = bs[..br].to_vec();
+    let mut out_shape = batch.clone();
+    if ra != 1 {
+        out_shape.push(m);
+    }
+    if rb != 1 {
+        out_shape.push(n);
+    }
+    if out_shape.len() > MAX_RANK {
+        return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
+    }
+    let mut sa = broadcast_strides(a_batch, &batch);
+    let mut sb = broadcast_strides(b_batch, &batch);
+    for v in sa.iter_mut() {
+        *v *= m * k;
+    }
+    for v in sb.iter_mut() {
+        *v *= k * n;
+    }
+    Ok(MmGeom {
+        m,
+        k,
+        n,
+        batch,
+        out_shape,
+        sa,
+        sb,
+        a_batch: a_batch.to_vec(),
+        b_batch: b_batch.to_vec(),
+    })
+}
+
+/// Where the scale or zero point of one row of A (or column of B) is: at
+/// `batch offset + line index * line`.
+#[derive(Clone, Copy, Debug)]
+struct LineParam {
+    /// Strides per output batch axis (0 where the parameter is shared).
+    batch: [usize; MAX_RANK],
+    /// Stride per row (A) or column (B); 0 when shared.
+    line: usize,
+    /// Elements the parameter tensor must hold.
+    numel: usize,
+}
+
+/// Validates a per-tensor / per-row (`row`, for A) / per-column (for B)
+/// parameter of shape `p` and locates its elements. Accepted: one element;
+/// a 1-D vector of `lines` elements; or the N-D form `[..., M, 1]` (A) /
+/// `[..., 1, N]` (B) whose leading axes broadcast to the operand's batch.
+fn line_param(
+    p: &[usize],
+    op_batch: &[usize],
+    out_batch: &[usize],
+    lines: usize,
+    row: bool,
+) -> Result<LineParam> {
+    let numel: usize = p.iter().product();
+    let mut lp = LineParam {
+        batch: [0; MAX_RANK],
+        line: 0,
+        numel,
+    };
+    if numel == 1 {
+        return Ok(lp);
+    }
+    if p.len() == 1 {
+        if p[0] != lines {
+            return Err(shape_err(
+                "a 1-D scale / zero point needs one element per row of A or column of B",
+            ));
+        }
+        lp.line = 1;
+        return Ok(lp);
+    }
+    let r = p.len();
+    let (along, across) = if row {
+        (p[r - 2], p[r - 1])
+    } else {
+        (p[r - 1], p[r - 2])
+    };
+    if across != 1 || (along != 1 && along != lines) {
+        return Err(shape_err(
+            "scale / zero point must be [..., M, 1] for A or [..., 1, N] for B",
+        ));
+    }
+    let pb = &p[..r - 2];
+    if pb.len() > op_batch.len()
+        || pb
+            .iter()
+            .rev()
+            .zip(op_batch.iter().rev())
+            .any(|(&d, &o)| d != 1 && d != o)
+    {
+        return Err(shape_err(
+            "scale / zero point batch axes do not match the operand",
+        ));
+    }
+    lp.batch = broadcast_strides(pb, out_batch);
+    for v in lp.batch.iter_mut() {
+        *v *= along;
+    }
+    lp.line = usize::from(along > 1);
+    Ok(lp)
+}
+
+/// `sum_p (a[i, p] - za) * (b[p, j] - zb)` over one batch matrix pair,
+/// wrapping in i32.
+#[inline]
+fn dot_int<A: QInt, B: QInt>(arow: &[A], za: i32, b: &[B], j: usize, n: usize, zb: i32) -> i32 {
+    let mut acc = 0i32;
+    for (p, &av) in arow.iter().enumerate() {
+        let prod = (av.get() - za) * (b[p * n + j].get() - zb);
+        acc = acc.wrapping_add(prod);
+    }
+    acc
+}
+
+/// Everything QLinearMatMul's kernel needs: the geometry and where
+/// `[a_scale, a_zero_point, b_scale, b_zero_point]` are.
+#[derive(Clone, Debug)]
+struct QmmParams {
+    g: MmGeom,
+    q: [LineParam; 4],
+}
+
+fn prepare_qlinear_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let a = ctx.input(0)?;
+    let b = ctx.input(3)?;
+    let sdt = ctx.input(1)?.dtype;
+    let scale_types: &[DType] = if ctx.opset >= 21 {
+        &[DType::F32, DType::F16, DType::BF16]
+    } else {
+        &[DType::F32]
+    };
+    util::dtype_in(sdt, scale_types, "QLinearMatMul scale")?;
+    ctx.input_of(4, sdt)?;
+    let ys = ctx.input_of(6, sdt)?;
+    util::dtype_in(a.dtype, &[DType::I8, DType::U8], "QLinearMatMul a")?;
+    util::dtype_in(b.dtype, &[DType::I8, DType::U8], "QLinearMatMul b")?;
+    let az = ctx.input_of(2, a.dtype)?;
+    let bz = ctx.input_of(5, b.dtype)?;
+    let yz = ctx.input(7)?;
+    if ys.numel() != 1 || yz.numel() != 1 {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "QLinearMatMul: per-tensor y_scale / y_zero_point only",
+        )));
+    }
+    let g = mm_geom(a.shape, b.shape)?;
+    let q = [
+        line_param(ctx.input(1)?.shape, &g.a_batch, &g.batch, g.m, true)?,
+        line_param(az.shape, &g.a_batch, &g.batch, g.m, true)?,
+        line_param(ctx.input(4)?.shape, &g.b_batch, &g.batch, g.n, false)?,
+        line_param(bz.shape, &g.b_batch, &g.batch, g.n, false)?,
+    ];
+    let p = QmmParams { g, q };
+    with_qint!(a.dtype, "QLinearMatMul a", A => {
+        with_qint!(b.dtype, "QLinearMatMul b", B => {
+            with_qint!(yz.dtype, "QLinearMatMul y", Y => {
+                match sdt {
+                    DType::F16 => Ok(build_qmm::<A, B, Y, half::f16>(p)),
+                    DType::BF16 => Ok(build_qmm::<A, B, Y, half::bf16>(p)),
+                    _ => Ok(build_qmm::<A, B, Y, f32>(p)),
+                }
+            })
+        })
+    })
+}
+
+fn build_qmm<A: QInt, B: QInt, Y: QInt, S: QScale>(p: QmmParams) -> Prepared {
+    let shape = p.g.out_shape.clone();
+    Prepared::single(
+        Y::DTYPE,
+        &shape,
+        kernel("QLinearMatMul", move |io| qmm_run::<A, B, Y, S>(io, &p)),
+    )
+}
+
+fn qmm_run<A: QInt, B: QInt, Y: QInt, S: QScale>(
+    io: &mut KernelIo<'_>,
+    p: &QmmParams,
+) -> Result<()> {
+    let g = &p.g;
+    let [qas, qaz, qbs, qbz] = p.q;
+    let a = io.input_slice::<A>(0)?;
+    let a_s = io.input_slice::<S>(1)?;
+    let a_z = io.input_slice::<A>(2)?;
+    let b = io.input_slice::<B>(3)?;
+    let b_s = io.input_slice::<S>(4)?;
+    let b_z = io.input_slice::<B>(5)?;
+    let y_s = io.input_slice::<S>(6)?;
+    let y_z = io.input_slice::<Y>(7)?;
+    for (s, q) in [
+        (a_s.len(), qas),
+        (a_z.len(), qaz),
+        (b_s.len(), qbs),
+        (b_z.len(), qbz),
+    ] {
+        check_len(s, q.numel)?;
+    }
+    let (Some(&ys), Some(&yz)) = (y_s.first(), y_z.first()) else {
+        return Err(len_err(1, 0));
+    };
+    let (ys, yz) = (ys.f32(), yz.get());
+    let (m, k, n) = (g.m, g.k, g.n);
+    let y = io.output_slice::<Y>(0)?;
+    let strides = [g.sa, g.sb, qas.batch, qaz.batch, qbs.batch, qbz.batch];
+    for (bi, [oa, ob, pas, paz, pbs, pbz]) in StridedIter::new(&g.batch, strides).enumerate() {
+        let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
+        let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
+        let yv = y
+            .get_mut(bi * m * n..(bi + 1) * m * n)
+            .ok_or(len_err((bi + 1) * m * n, 0))?;
+        for i in 0..m {
+            let sa = a_s[pas + i * qas.line].f32();
+            let za = a_z[paz + i * qaz.line].get();
+            let arow = &av[i * k..(i + 1) * k];
+            for j in 0..n {
+                let sb = b_s[pbs + j * qbs.line].f32();
+                let zb = b_z[pbz + j * qbz.line].get();
+                let acc = dot_int(arow, za, bv, j, n, zb);
+                yv[i * n + j] = requant(acc, multiplier::<S>(sa, sb, ys), yz);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// MatMulInteger: the geometry and where the optional zero points are.
+#[derive(Clone, Debug)]
+struct MmiParams {
+    g: MmGeom,
+    az: Option<LineParam>,
+    bz: Option<LineParam>,
+}
+
+fn prepare_matmul_integer(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let a = ctx.input(0)?;
+    let b = ctx.input(1)?;
+    util::dtype_in(a.dtype, &[DType::I8, DType::U8], "MatMulInteger A")?;
+    util::dtype_in(b.dtype, &[DType::I8, DType::U8], "MatMulInteger B")?;
+    let g = mm_geom(a.shape, b.shape)?;
+    let az = match ctx.opt_input(2) {
+        Some(z) => {
+            ctx.input_of(2, a.dtype)?;
+            Some(line_param(z.shape, &g.a_batch, &g.batch, g.m, true)?)
+        }
+        None => None,
+    };
+    let bz = match ctx.opt_input(3) {
+        Some(z) => {
+            ctx.input_of(3, b.dtype)?;
+            Some(line_param(z.shape, &g.b_batch, &g.batch, g.n, false)?)
+        }
+        None => None,
+    };
+    let p = MmiParams { g, az, bz };
+    with_qint!(a.dtype, "MatMulInteger A", A => {
+        with_qint!(b.dtype, "MatMulInteger B", B => Ok(build_mmi::<A, B>(p)))
+    })
+}
+
+fn build_mmi<A: QInt, B: QInt>(p: MmiParams) -> Prepared {
+    let shape = p.g.out_shape.clone();
+    Prepared::single(
+        DType::I32,
+        &shape,
+        kernel("MatMulInteger", move |io| mmi_run::<A, B>(io, &p)),
+    )
+}
+
+fn mmi_run<A: QInt, B: QInt>(io: &mut KernelIo<'_>, p: &MmiParams) -> Result<()> {
+    let g = &p.g;
+    let a = io.input_slice::<A>(0)?;
+    let b = io.input_slice::<B>(1)?;
+    // An absent zero point is 0: one shared element of value 0.
+    let none = LineParam {
+        batch: [0; MAX_RANK],
+        line: 0,
+        numel: 1,
+    };
+    let (qa, qb) = (p.az.unwrap_or(none), p.bz.unwrap_or(none));
+    let a_z = match p.az {
+        Some(q) => {
+            let z = io.input_slice::<A>(2)?;
+            check_len(z.len(), q.numel)?;
+            Some(z)
+        }
+        None => None,
+    };
+    let b_z = match p.bz {
+        Some(q) => {
+            let z = io.input_slice::<B>(3)?;
+            check_len(z.len(), q.numel)?;
+            Some(z)
+        }
+        None => None,
+    };
+    let (m, k, n) = (g.m, g.k, g.n);
+    let y = io.output_slice::<i32>(0)?;
+    let strides = [g.sa, g.sb, qa.batch, qb.batch];
+    for (bi, [oa, ob, pa, pb]) in StridedIter::new(&g.batch, strides).enumerate() {
+        let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
+        let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
+        let yv = y
+            .get_mut(bi * m * n..(bi + 1) * m * n)
+            .ok_or(len_err((bi + 1) * m * n, 0))?;
+        for i in 0..m {
+            let za = a_z.map_or(0, |z| z[pa + i * qa.line].get());
+            let arow = &av[i * k..(i + 1) * k];
+            for j in 0..n {
+                let zb = b_z.map_or(0, |z| z[pb + j * qb.line].get());
+                yv[i * n + j] = dot_int(arow, za, bv, j, n, zb);
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Convolutions
+// ---------------------------------------------------------------------------
+
+/// Geometry of one ConvInteger / QLinearConv node.
+#[derive(Clone, Copy, Debug)]
+struct IntConv {
+    batch: usize,
+    /// Input channels.
+    c: usize,
+    /// Output channels.
+    m: usize,
+    group: usize,
+    g: Geom,
+}
+
+/// Validates X (input `xi`) and W (input `wi`), group and kernel_shape;
+/// returns the geometry and the output shape.
+fn int_conv_geom(ctx: &PrepareCtx<'_>, xi: usize, wi: usize) -> Result<(IntConv, Vec<usize>)> {
+    let x = ctx.input(xi)?;
+    let w = ctx.input(wi)?;
+    if x.shape.len() < 3 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 3,
+            got: x.shape.len(),
+        }));
+    }
+    if w.shape.len() != x.shape.len() {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: x.shape.len(),
+            got: w.shape.len(),
+        }));
+    }
+    let group = ctx.attr_int("group", 1)?;
+    if group < 1 {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "group",
+            problem: "must be positive",
+        }));
+    }
+    let group = group as usize;
+    if let Some(ks) = ctx.attr_ints("kernel_shape")? {
+        let wk = &w.shape[2..];
+        if ks.len() != wk.len() || ks.iter().zip(wk).any(|(&a, &b)| a < 0 || a as usize != b) {
+            return Err(Error::new(ErrorKind::Attribute {
+                name: "kernel_shape",
+                problem: "differs from the weight shape",
+            }));
+        }
+    }
+    let (batch, c, m) = (x.shape[0], x.shape[1], w.shape[0]);
+    if c % group != 0 || m % group != 0 || w.shape[1] * group != c {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "group",
+            problem: "does not match the channels of X and W",
+        }));
+    }
+    let nsp = x.shape.len() - 2;
+    let g = forward_geom(ctx, &x.shape[2..], &w.shape[2..], false)?;
+    let mut out = alloc::vec![batch, m];
+    out.extend_from_slice(&g.out[MAX_SPATIAL - nsp..]);
+    Ok((
+        IntConv {
+            batch,
+            c,
+            m,
+            group,
+            g,
+        },
+        out,
+    ))
+}
+
+/// Whether a scale / zero point of W is per output channel (1-D of `m`
+/// elements) rather than per tensor (one element).
+fn per_channel(shape: &[usize], m: usize, what: &'static str) -> Result<bool> {
+    let numel: usize = shape.iter().product();
+    if numel == 1 {
+        Ok(false)
+    } else if shape.len() == 1 && shape[0] == m {
+        Ok(true)
+    } else {
+        Err(Error::new(ErrorKind::Shape(what)))
+    }
+}
+
+fn per_tensor(shape: &[usize], what: &'static str) -> Result<()> {
+    if shape.iter().product::<usize>() != 1 {
+        return Err(Error::new(ErrorKind::Shape(what)));
+    }
+    Ok(())
+}
+
+/// Input coordinate of output position `o` and kernel tap `t` on spatial
+/// axis `ax`; `None` inside the padding.
+#[inline]
+fn tap(g: &Geom, ax: usize, o: usize, t: usize) -> Option<usize> {
+    (o * g.s[ax] + t * g.d[ax])
+        .checked_sub(g.pb[ax])
+        .filter(|&i| i < g.inp[ax])
+}
+
+/// `sum (x - xz) * (w - wz)` over the receptive field of output position
+/// `o` (three spatial axes), `xg` being the group's `cg` input planes and
+/// `wk` the output channel's `cg` kernels. Wraps in i32.
+fn conv_acc<X: QInt, W: QInt>(
+    xg: &[X],
+    xz: i32,
+    wk: &[W],
+    wz: i32,
+    g: &Geom,
+    o: [usize; 3],
+) -> i32 {
+    let (in_sz, k_sz) = (g.in_size(), g.k_size());
+    let mut acc = 0i32;
+    for (xp, wp) in xg.chunks_exact(in_sz).zip(wk.chunks_exact(k_sz)) {
+        for kd in 0..g.k[0] {
+            let Some(id) = tap(g, 0, o[0], kd) else {
+                continue;
+            };
+            for kh in 0..g.k[1] {
+                let Some(ih) = tap(g, 1, o[1], kh) else {
+                    continue;
+                };
+                for kw in 0..g.k[2] {
+                    let Some(iw) = tap(g, 2, o[2], kw) else {
+                        continue;
+                    };
+                    let xv = xp[(id * g.inp[1] + ih) * g.inp[2] + iw].get() - xz;
+                    let wv = wp[(kd * g.k[1] + kh) * g.k[2] + kw].get() - wz;
+                    acc = acc.wrapping_add(xv * wv);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Runs the integer convolution, handing each output element's flat index,
+/// output channel and accumulator to `put`. `wz(oc)` is W's zero point for
+/// output channel `oc`.
+fn conv_each<X: QInt, W: QInt>(
+    x: &[X],
+    xz: i32,
+    w: &[W],
+    wz: impl Fn(usize) -> i32,
+    p: &IntConv,
+    mut put: impl FnMut(usize, usize, i32),
+) -> Result<()> {
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let cg = p.c / p.group;
+    let mg = p.m / p.group;
+    check_len(x.len(), p.batch * p.c * in_sz)?;
+    check_len(w.len(), p.m * cg * k_sz)?;
+    if in_sz == 0 || k_sz == 0 {
+        // No input elements: every accumulator is an empty sum.
+        for i in 0..p.batch * p.m * out_sz {
+            put(i, (i / out_sz.max(1)) % p.m.max(1), 0);
+        }
+        return Ok(());
+    }
+    let [o0, o1, o2] = g.out;
+    for ni in 0..p.batch {
+        for oc in 0..p.m {
+            let grp = oc / mg;
+            let xg = &x[(ni * p.c + grp * cg) * in_sz..][..cg * in_sz];
+            let wk = &w[oc * cg * k_sz..][..cg * k_sz];
+            let z = wz(oc);
+            let base = (ni * p.m + oc) * out_sz;
+            for od in 0..o0 {
+                for oh in 0..o1 {
+                    for ow in 0..o2 {
+                        let acc = conv_acc(xg, xz, wk, z, g, [od, oh, ow]);
+                        put(base + (od * o1 + oh) * o2 + ow, oc, acc);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// ConvInteger: geometry and whether each zero point is present / per
+/// output channel.
+#[derive(Clone, Copy, Debug)]
+struct ConvIntParams {
+    p: IntConv,
+    has_xz: bool,
+    /// `None`: no w zero point; `Some(per_channel)`.
+    wz: Option<bool>,
+}
+
+fn prepare_conv_integer(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let w = ctx.input(1)?;
+    util::dtype_in(x.dtype, &[DType::I8, DType::U8], "ConvInteger x")?;
+    util::dtype_in(w.dtype, &[DType::I8, DType::U8], "ConvInteger w")?;
+    let (p, shape) = int_conv_geom(ctx, 0, 1)?;
+    let has_xz = match ctx.opt_input(2) {
+        Some(z) => {
+            ctx.input_of(2, x.dtype)?;
+            per_tensor(z.shape, "ConvInteger x_zero_point must be a scalar")?;
+            true
+        }
+        None => false,
+    };
+    let wz = match ctx.opt_input(3) {
+        Some(z) => {
+            ctx.input_of(3, w.dtype)?;
+            Some(per_channel(
+                z.shape,
+                p.m,
+                "ConvInteger w_zero_point must be a scalar or have M elements",
+            )?)
+        }
+        None => None,
+    };
+    let cp = ConvIntParams { p, has_xz, wz };
+    with_qint!(x.dtype, "ConvInteger x", X => {
+        with_qint!(w.dtype, "ConvInteger w", W => Ok(Prepared::single(
+            DType::I32,
+            &shape,
+            kernel("ConvInteger", move |io| conv_integer_run::<X, W>(io, &cp)),
+        )))
+    })
+}
+
+fn conv_integer_run<X: QInt, W: QInt>(io: &mut KernelIo<'_>, cp: &ConvIntParams) -> Result<()> {
+    let x = io.input_slice::<X>(0)?;
+    let w = io.input_slice::<W>(1)?;
+    let xz = if cp.has_xz {
+        let z = io.input_slice::<X>(2)?;
+        z.first().ok_or(len_err(1, 0))?.get()
+    } else {
+        0
+    };
+    let w_z: &[W] = match cp.wz {
+        Some(pc) => {
+            let z = io.input_slice::<W>(3)?;
+            check_len(z.len(), if pc { cp.p.m } else { 1 })?;
+            z
+        }
+        None => &[],
+    };
+    let per_ch = cp.wz == Some(true);
+    let wz = |oc: usize| match w_z.first() {
+        None => 0,
+        Some(z0) if !per_ch => z0.get(),
+        Some(_) => w_z[oc].get(),
+    };
+    let y = io.output_slice::<i32>(0)?;
+    check_len(y.len(), cp.p.batch * cp.p.m * cp.p.g.out_size())?;
+    conv_each(x, xz, w, wz, &cp.p, |i, _, acc| y[i] = acc)
+}
+
+/// QLinearConv: geometry, whether W's scale / zero point are per channel,
+/// whether the bias is present.
+#[derive(Clone, Copy, Debug)]
+struct QConvParams {
+    p: IntConv,
+    ws_pc: bool,
+    wz_pc: bool,
+    has_bias: bool,
+}
+
+fn prepare_qlinear_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let w = ctx.input(3)?;
+    util::dtype_in(x.dtype, &[DType::I8, DType::U8], "QLinearConv x")?;
+    util::dtype_in(w.dtype, &[DType::I8, DType::U8], "QLinearConv w")?;
+    let (p, shape) = int_conv_geom(ctx, 0, 3)?;
+    let xs = ctx.input_of(1, DType::F32)?;
+    let xz = ctx.input_of(2, x.dtype)?;
+    let ws = ctx.input_of(4, DType::F32)?;
+    let wz = ctx.input_of(5, w.dtype)?;
+    let ys = ctx.input_of(6, DType::F32)?;
+    let yz = ctx.input(7)?;
+    util::dtype_in(yz.dtype, &[DType::I8, DType::U8], "QLinearConv y")?;
+    per_tensor(xs.shape, "QLinearConv x_scale must be a scalar")?;
+    per_tensor(xz.shape, "QLinearConv x_zero_point must be a scalar")?;
+    per_tensor(ys.shape, "QLinearConv y_scale must be a scalar")?;
+    per_tensor(yz.shape, "QLinearConv y_zero_point must be a scalar")?;
+    let ws_pc = per_channel(ws.shape, p.m, "QLinearConv w_scale: scalar or M elements")?;
+    let wz_pc = per_channel(
+        wz.shape,
+        p.m,
+        "QLinearConv w_zero_point: scalar or M elements",
+    )?;
+    let has_bias = match ctx.opt_input(8) {
+        Some(b) => {
+            ctx.input_of(8, DType::I32)?;
+            if b.shape != [p.m] {
+                return Err(shape_err("QLinearConv B must be 1-D with M elements"));
+            }
+            true
+        }
+        None => false,
+    };
+    let qp = QConvParams {
+        p,
+        ws_pc,
+        wz_pc,
+        has_bias,
+    };
+    with_qint!(x.dtype, "QLinearConv x", X => {
+        with_qint!(w.dtype, "QLinearConv w", W => {
+            with_qint!(yz.dtype, "QLinearConv y", Y => Ok(Prepared::single(
+                Y::DTYPE,
+                &shape,
+                kernel("QLinearConv", move |io| qconv_run::<X, W, Y>(io, &qp)),
+            )))
+        })
+    })
+}
+
+fn qconv_run<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, qp: &QConvParams) -> Result<()> {
+    let m = qp.p.m;
+    let first = |s: &[f32]| s.first().copied().ok_or(len_err(1, 0));
+    let x = io.input_slice::<X>(0)?;
+    let xs = first(io.input_slice::<f32>(1)?)?;
+    let xz = io.input_slice::<X>(2)?.first().ok_or(len_err(1, 0))?.get();
+    let w = io.input_slice::<W>(3)?;
+    let ws = io.input_slice::<f32>(4)?;
+    let wz = io.input_slice::<W>(5)?;
+    let ys = first(io.input_slice::<f32>(6)?)?;
+    let yz = io.input_slice::<Y>(7)?.first().ok_or(len_err(1, 0))?.get();
+    check_len(ws.len(), if qp.ws_pc { m } else { 1 })?;
+    check_len(wz.len(), if qp.wz_pc { m } else { 1 })?;
+    let bias: &[i32] = if qp.has_bias {
+        let b = io.input_slice::<i32>(8)?;
+        check_len(b.len(), m)?;
+        b
+    } else {
+        &[]
+    };
+    let (ws_pc, wz_pc) = (qp.ws_pc, qp.wz_pc);
+    let y = io.output_slice::<Y>(0)?;
+    check_len(y.len(), qp.p.batch * m * qp.p.g.out_size())?;
+    let wzf = |oc: usize| wz[if wz_pc { oc } else { 0 }].get();
+    conv_each(x, xz, w, wzf, &qp.p, |i, oc, acc| {
+        // The bias is already in the accumulator's scale (x_scale * w_scale).
+        let acc = acc.wrapping_add(bias.get(oc).copied().unwrap_or(0));
+        let mult = multiplier::<f32>(xs, ws[if ws_pc { oc } else { 0 }], ys);
+        y[i] = requant(acc, mult, yz);
+    })
+}
+
+// ---------------------------------------------------------------------------
+// DynamicQuantizeLinear
+// ---------------------------------------------------------------------------
+
+fn prepare_dynamic_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input_of(0, DType::F32)?;
+    if x.numel() == 0 {
+        // The reference takes the max of an empty tensor (an error).
+        return Err(Error::new(ErrorKind::Unsupported(
+            "DynamicQuantizeLinear of an empty tensor",
+        )));
+    }
+    let outputs = alloc::vec![
+        OutputInfo::new(DType::U8, x.shape),
+        OutputInfo::new(DType::F32, &[]),
+        OutputInfo::new(DType::U8, &[]),
+    ];
+    Ok(Prepared::new(
+        outputs,
+        kernel("DynamicQuantizeLinear", move |io| {
+            let x = io.input_slice::<f32>(0)?;
+            let (scale, zp) = dynamic_qparams(x);
+            let y = io.output_slice::<u8>(0)?;
+            check_len(y.len(), x.len())?;
+            for (o, &v) in y.iter_mut().zip(x) {
+                // f32 throughout, as the reference; `as` maps NaN to 0.
+                *o = (libm::rintf(v / scale) + zp).clamp(0.0, 255.0) as u8;
+            }
+            if io.has_output(1) {
+                if let Some(s) = io.output_slice::<f32>(1)?.first_mut() {
+                    *s = scale;
+                }
+            }
+            if io.has_output(2) {
+                if let Some(z) = io.output_slice::<u8>(2)?.first_mut() {
+                    *z = zp as u8;
+                }
+            }
+            Ok(())
+        }),
+    ))
+}
+
+/// `(y_scale, rounded zero point)` of DynamicQuantizeLinear (uint8), in f32
+/// like `op_dynamic_quantize_linear.py`.
+fn dynamic_qparams(x: &[f32]) -> (f32, f32) {
+    let (qmin, qmax) = (0.0f32, 255.0f32);
+    // np.max / np.min propagate NaN; so does this fold.
+    let fold = |init: f32, pick: fn(f32, f32) -> bool| {
+        x.iter().fold(init, |acc, &v| {
+            if v.is_nan() || acc.is_nan() {
+                f32::NAN
+            } else if pick(v, acc) {
+                v
+            } else {
+                acc
+            }
+        })
+    };
+    // The data range always includes 0.
+    let maxx = fold(0.0, |v, acc| v > acc);
+    let minx = fold(0.0, |v, acc| v < acc);
+    let range = if maxx == minx { 1.0 } else { maxx - minx };
+    let scale = range / (qmax - qmin);
+    let initial = qmin - minx / scale;
+    // Python's `max(qmin, min(qmax, initial))`: NaN picks qmax.
+    let zp = if initial < qmax { initial } else { qmax };
+    let zp = if zp > qmin { zp } else { qmin };
+    (scale, libm::rintf(zp))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::AttrValue;
+    use crate::ops::testing::{run, t, vals};
+    use alloc::vec;
+    use alloc::vec::Vec;
+    use half::f16;
+
+    fn ints(v: &[i64]) -> AttrValue {
+        AttrValue::Ints(v.to_vec())
+    }
+
+    #[test]
+    fn qlinear_matmul_onnx_example_uint8() {
+        // The ONNX spec's example (test_qlinearmatmul_2D_uint8_float32).
+        let a = t(&[2, 4], &[208u8, 236, 0, 238, 3, 214, 255, 29]);
+        let b = t(
+            &[4, 3],
+            &[152u8, 51, 244, 60, 26, 255, 0, 127, 246, 127, 254, 247],
+        );
+        let ins = [
+            a,
+            t(&[1], &[0.0066f32]),
+            t(&[1], &[113u8]),
+            b,
+            t(&[1], &[0.00705f32]),
+            t(&[1], &[114u8]),
+            t(&[1], &[0.0107f32]),
+            t(&[1], &[118u8]),
+        ];
+        let y = run("QLinearMatMul", 10, vec![], &ins, 1).unwrap();
+        assert_eq!(y[0].shape, vec![2, 3]);
+        assert_eq!(vals::<u8>(&y[0]), vec![168, 115, 255, 1, 66, 151]);
+    }
+
+    /// A = [[3,5],[7,9]] with per-row zero points [1,3] -> [[2,4],[4,6]];
+    /// B = [[1,2],[3,4]] with per-column zero points [1,0] -> [[0,2],[2,4]];
+    /// A'B' = [[8,20],[12,32]]. Scales a [0.5,1], b [0.25,0.5] give the
+    /// multipliers [[1/8,1/4],[1/4,1/2]] / y_scale.
+    fn per_line_inputs(
+        az_shape: &[usize],
+        bz_shape: &[usize],
+        ys: f32,
+        yz: Option<i8>,
+    ) -> Vec<Option<crate::model::Const>> {
+        vec![
+            t(&[2, 2], &[3u8, 5, 7, 9]),
+            t(az_shape, &[0.5f32, 1.0]),
+            t(az_shape, &[1u8, 3]),
+            t(&[2, 2], &[1u8, 2, 3, 4]),
+            t(bz_shape, &[0.25f32, 0.5]),
+            t(bz_shape, &[1u8, 0]),
+            t(&[], &[ys]),
+            match yz {
+                Some(z) => t(&[], &[z]),
+                None => t(&[], &[10u8]),
+            },
+        ]
+    }
+
+    #[test]
+    fn qlinear_matmul_per_row_and_column_ties_to_even() {
+        // y_scale 2: C * mult = [[0.5, 2.5], [1.5, 8]]; + 10 then half to
+        // even: 10.5 -> 10, 12.5 -> 12, 11.5 -> 12, 18.
+        for (az, bz) in [(&[2][..], &[2][..]), (&[2, 1][..], &[1, 2][..])] {
+            let y = run(
+                "QLinearMatMul",
+                21,
+                vec![],
+                &per_line_inputs(az, bz, 2.0, None),
+                1,
+            )
+            .unwrap();
+            assert_eq!(vals::<u8>(&y[0]), vec![10, 12, 12, 18], "{az:?} {bz:?}");
+        }
+        // int8 output saturates: y_scale 1/8 gives [[8,40],[24,128]] + 100.
+        let y = run(
+            "QLinearMatMul",
+            10,
+            vec![],
+            &per_line_inputs(&[2], &[2], 0.125, Some(100)),
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&y[0]), vec![108, 127, 124, 127]);
+    }
+
+    #[test]
+    fn qlinear_matmul_int8_batched_f16_scales() {
+        // int8 x int8, batch of 2 broadcast from A [2,1,2] against B [2,1].
+        // A'(zp -1) = [[2,3]], [[-1,0]]; B'(zp 2) = [[-3],[1]].
+        // Products: 2*-3 + 3 = -3; -1*-3 + 0 = 3. mult = 0.5*1/0.25 = 2 (exact
+        // in f16), y_zp -5 -> -11, 1.
+        let ins = [
+            t(&[2, 1, 2], &[1i8, 2, -2, -1]),
+            t(&[], &[f16::from_f32(0.5)]),
+            t(&[], &[-1i8]),
+            t(&[2, 1], &[-1i8, 3]),
+            t(&[], &[f16::from_f32(1.0)]),
+            t(&[], &[2i8]),
+            t(&[], &[f16::from_f32(0.25)]),
+            t(&[], &[-5i8]),
+        ];
+        let y = run("QLinearMatMul", 21, vec![], &ins, 1).unwrap();
+        assert_eq!(y[0].shape, vec![2, 1, 1]);
+        assert_eq!(vals::<i8>(&y[0]), vec![-11, 1]);
+        // f16 scales are not allowed before opset 21.
+        assert!(run("QLinearMatMul", 10, vec![], &ins, 1).is_err());
+    }
+
+    #[test]
+    fn qlinear_matmul_f16_multiplier_rounds_like_numpy() {
+        // numpy computes a_scale * b_scale / y_scale in f16: with these
+        // (exact f16) scales the multiplier is 3.482 in f16 but 3.4837 in
+        // f32, so acc 30 gives rint(104.47) = 104 where f32 would give 105.
+        let s = |v: f32| t(&[], &[f16::from_f32(v)]);
+        let ins = [
+            t(&[1, 1], &[30u8]),
+            s(0.641_113_3),
+            t(&[], &[0u8]),
+            t(&[1, 1], &[1u8]),
+            s(0.277_099_6),
+            t(&[], &[0u8]),
+            s(0.050_994_873),
+            t(&[], &[0u8]),
+        ];
+        let y = run("QLinearMatMul", 21, vec![], &ins, 1).unwrap();
+        assert_eq!(vals::<u8>(&y[0]), vec![104]);
+    }
+
+    #[test]
+    fn qlinear_matmul_rejects_bad_params() {
+        let mut ins = per_line_inputs(&[2], &[2], 1.0, None);
+        ins[1] = t(&[3], &[1.0f32, 1.0, 1.0]);
+        assert!(run("QLinearMatMul", 10, vec![], &ins, 1).is_err());
+        let mut ins = per_line_inputs(&[2], &[2], 1.0, None);
+        ins[6] = t(&[2], &[1.0f32, 1.0]);
+        assert!(run("QLinearMatMul", 10, vec![], &ins, 1).is_err());
+    }
+
+    #[test]
+    fn matmul_integer_onnx_example_and_per_row() {
+        // ONNX example: A - 12 row 0 = [-1,-5,-9]; . [1,2,3] = -38,
+        // . [4,5,6] = -83.
+        let a = t(&[4, 3], &[11u8, 7, 3, 10, 6, 2, 9, 5, 1, 8, 4, 0]);
+        let b = t(&[3, 2], &[1u8, 4, 2, 5, 3, 6]);
+        let y = run(
+            "MatMulInteger",
+            10,
+            vec![],
+            &[a, b, t(&[1], &[12u8]), t(&[1], &[0u8])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(y[0].shape, vec![4, 2]);
+        assert_eq!(
+            vals::<i32>(&y[0]),
+            vec![-38, -83, -44, -98, -50, -113, -56, -128]
+        );
+        // int8 A with per-row zero points [1,-1]: A' = [[-2,1],[4,-3]];
+        // uint8 B, no zero point: [[10,20],[30,40]].
+        let a = t(&[2, 2], &[-1i8, 2, 3, -4]);
+        let b = t(&[2, 2], &[10u8, 20, 30, 40]);
+        let y = run(
+            "MatMulInteger",
+            10,
+            vec![],
+            &[a.clone(), b.clone(), t(&[2], &[1i8, -1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&y[0]), vec![10, 0, -50, -40]);
+        // Per-column B zero point [10, 0]: B' = [[0,20],[20,40]], A'' = A.
+        let y = run(
+            "MatMulInteger",
+            10,
+            vec![],
+            &[a, b, None, t(&[2], &[10u8, 0])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i32>(&y[0]), vec![40, 60, -80, -100]);
+    }
+
+    #[test]
+    fn conv_integer_onnx_examples() {
+        // x - 1 = 1..9 as a 3x3 plane; a 2x2 kernel of ones sums windows.
+        let x = t(&[1, 1, 3, 3], &[2u8, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let w = t(&[1, 1, 2, 2], &[1u8; 4]);
+        let y = run(
+            "ConvInteger",
+            10,
+            vec![],
+            &[x.clone(), w, t(&[], &[1u8])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(y[0].shape, vec![1, 1, 2, 2]);
+        assert_eq!(vals::<i32>(&y[0]), vec![12, 16, 24, 28]);
+        // Padding 1 and per-channel w zero points [0, 1]: channel 1 is all
+        // zero; channel 0 corners see one element, e.g. (0,0) -> x'(0,0) = 1.
+        let w = t(&[2, 1, 2, 2], &[1u8; 8]);
+        let y = run(
+            "ConvInteger",
+            10,
+            vec![("pads", ints(&[1, 1, 1, 1]))],
+            &[x, w, t(&[], &[1u8]), t(&[2], &[0u8, 1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(y[0].shape, vec![1, 2, 4, 4]);
+        let mut want = vec![1, 3, 5, 3, 5, 12, 16, 9, 11, 24, 28, 15, 7, 15, 17, 9];
+        want.extend([0; 16]);
+        assert_eq!(vals::<i32>(&y[0]), want);
+    }
+
+    #[test]
+    fn conv_integer_groups_strides_1d_int8() {
+        // Two groups, stride 2. ch0 [1,2,3,4] * [1,-1] -> [-1,-1];
+        // ch1 [-1,-2,-3,-4] * [2,1] -> [-4,-10].
+        let x = t(&[1, 2, 4], &[1i8, 2, 3, 4, -1, -2, -3, -4]);
+        let w = t(&[2, 1, 2], &[1i8, -1, 2, 1]);
+        let y = run(
+            "ConvInteger",
+            10,
+            vec![("group", AttrValue::Int(2)), ("strides", ints(&[2]))],
+            &[x, w],
+            1,
+        )
+        .unwrap();
+        assert_eq!(y[0].shape, vec![1, 2, 2]);
+        assert_eq!(vals::<i32>(&y[0]), vec![-1, -1, -4, -10]);
+    }
+
+    #[test]
+    fn qlinear_conv_per_channel_with_bias() {
+        // x' = [0,10,20,30]; w' = [2, -1-1] = [2,-2]; bias [1,-3].
+        // ch0: [1,21,41,61] * (0.5*0.25/0.25 = 0.5) + 128 = 128.5, 138.5,
+        //      148.5, 158.5 -> half to even 128, 138, 148, 158.
+        // ch1: [-3,-23,-43,-63] * 1 + 128 = 125, 105, 85, 65.
+        let ins = [
+            t(&[1, 1, 2, 2], &[10u8, 20, 30, 40]),
+            t(&[], &[0.5f32]),
+            t(&[], &[10u8]),
+            t(&[2, 1, 1, 1], &[2i8, -1]),
+            t(&[2], &[0.25f32, 0.5]),
+            t(&[2], &[0i8, 1]),
+            t(&[], &[0.25f32]),
+            t(&[], &[128u8]),
+            t(&[2], &[1i32, -3]),
+        ];
+        let y = run("QLinearConv", 10, vec![], &ins, 1).unwrap();
+        assert_eq!(y[0].shape, vec![1, 2, 2, 2]);
+        assert_eq!(
+            vals::<u8>(&y[0]),
+            vec![128, 138, 148, 158, 125, 105, 85, 65]
+        );
+    }
+
+    #[test]
+    fn qlinear_conv_saturates_int8_and_pads_with_zero_point() {
+        // 1x1 input 5 (zp 3 -> 2), 3x3 kernel of 1 with pads 1: only the
+        // centre tap sees data: acc 2; mult 100 -> 200 saturates to 127.
+        let ins = [
+            t(&[1, 1, 1, 1], &[5i8]),
+            t(&[], &[10.0f32]),
+            t(&[], &[3i8]),
+            t(&[1, 1, 3, 3], &[1i8; 9]),
+            t(&[], &[1.0f32]),
+            t(&[], &[0i8]),
+            t(&[], &[0.1f32]),
+            t(&[], &[0i8]),
+        ];
+        let y = run(
+            "QLinearConv",
+            10,
+            vec![("pads", ints(&[1, 1, 1, 1]))],
+            &ins,
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i8>(&y[0]), vec![127]);
+    }
+
+    fn dql(x: &[f32]) -> (Vec<u8>, f32, u8) {
+        let y = run("DynamicQuantizeLinear", 11, vec![], &[t(&[x.len()], x)], 3).unwrap();
+        assert!(y[1].shape.is_empty() && y[2].shape.is_empty());
+        (
+            vals::<u8>(&y[0]),
+            vals::<f32>(&y[1])[0],
+            vals::<u8>(&y[2])[0],
+        )
+    }
+
+    #[test]
+    fn dynamic_quantize_linear_ranges() {
+        // Range [-1, 3]: scale 4/255; zero point 1/scale = 63.75 -> 64;
+        // -63.75 -> -64 + 64 = 0, 0.5 -> 31.875 -> 96, 3 -> 191.25 -> 255.
+        let (y, s, z) = dql(&[-1.0, 0.0, 0.5, 3.0]);
+        assert_eq!((y, s, z), (vec![0, 64, 96, 255], 4.0f32 / 255.0, 64));
+        // Positive only: min is 0, zero point 0; 1 -> 63.75 -> 64.
+        let (y, s, z) = dql(&[1.0, 4.0]);
+        assert_eq!((y, s, z), (vec![64, 255], 4.0f32 / 255.0, 0));
+        // Negative only: max is 0, zero point 255; -1 -> -64 + 255 = 191.
+        let (y, _, z) = dql(&[-4.0, -1.0]);
+        assert_eq!((y, z), (vec![0, 191], 255));
+        // All zero: scale 1/255, zero point 0.
+        let (y, s, z) = dql(&[0.0, 0.0]);
+        assert_eq!((y, s, z), (vec![0, 0], 1.0f32 / 255.0, 0));
+    }
+}
