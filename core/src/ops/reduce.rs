@@ -1,5 +1,6 @@
 //! Reductions: ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd,
-//! ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSumExp, ArgMax, ArgMin.
+//! ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSumExp, ReduceLogSum, ArgMax,
+//! ArgMin. Floats accumulate in f32 (f16, bf16, f32) or f64; integers wrap.
 //!
 //! Prepare coalesces the input shape into runs of kept / reduced axes; the
 //! kernel walks the outer runs with a strided odometer and the innermost run
@@ -32,6 +33,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("ReduceL2", 18, p_l2),
     OpDef::onnx("ReduceLogSumExp", 1, p_lse),
     OpDef::onnx("ReduceLogSumExp", 18, p_lse),
+    OpDef::onnx("ReduceLogSum", 1, p_log_sum),
+    OpDef::onnx("ReduceLogSum", 18, p_log_sum),
     OpDef::onnx("ArgMax", 1, p_argmax),
     OpDef::onnx("ArgMin", 1, p_argmin),
 ];
@@ -47,6 +50,7 @@ enum Kind {
     L1,
     L2,
     LogSumExp,
+    LogSum,
 }
 
 /// The coalesced iteration of one reduction.
@@ -118,7 +122,12 @@ impl Plan {
     /// Folds `x` into `out` (pre-filled with the identity) with
     /// `step(acc, value, out_index)`.
     #[inline]
-    fn run<T: Copy>(&self, x: &[T], out: &mut [T], step: impl Fn(T, T, usize) -> T) -> Result<()> {
+    fn run<X: Copy, A: Copy>(
+        &self,
+        x: &[X],
+        out: &mut [A],
+        step: impl Fn(A, X, usize) -> A,
+    ) -> Result<()> {
         if x.len() != self.in_len || out.len() != self.out_len {
             return Err(Error::new(ErrorKind::Internal("reduce sizes")));
         }
@@ -224,8 +233,89 @@ where
     )
 }
 
+/// Accumulator type of the float reductions: f32 (for f32, f16, bf16) or
+/// f64.
+trait Acc:
+    bytemuck::Pod
+    + PartialOrd
+    + Send
+    + Sync
+    + core::ops::Add<Output = Self>
+    + core::ops::Sub<Output = Self>
+    + core::ops::Mul<Output = Self>
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const INF: Self;
+    const NEG_INF: Self;
+    fn from_f64(v: f64) -> Self;
+    fn abs(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn is_nan(self) -> bool;
+    fn is_infinite(self) -> bool;
+}
+
+impl Acc for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const INF: Self = f32::INFINITY;
+    const NEG_INF: Self = f32::NEG_INFINITY;
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn abs(self) -> Self {
+        math::abs(self)
+    }
+    fn sqrt(self) -> Self {
+        math::sqrt(self)
+    }
+    fn exp(self) -> Self {
+        math::exp(self)
+    }
+    fn ln(self) -> Self {
+        math::ln(self)
+    }
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
+    fn is_infinite(self) -> bool {
+        f32::is_infinite(self)
+    }
+}
+
+impl Acc for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const INF: Self = f64::INFINITY;
+    const NEG_INF: Self = f64::NEG_INFINITY;
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn abs(self) -> Self {
+        libm::fabs(self)
+    }
+    fn sqrt(self) -> Self {
+        libm::sqrt(self)
+    }
+    fn exp(self) -> Self {
+        libm::exp(self)
+    }
+    fn ln(self) -> Self {
+        libm::log(self)
+    }
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
+    fn is_infinite(self) -> bool {
+        f64::is_infinite(self)
+    }
+}
+
+/// Max that propagates NaN (numpy `maximum`).
 #[inline]
-fn fmax(a: f32, v: f32) -> f32 {
+fn fmax<A: Acc>(a: A, v: A) -> A {
     if v > a || v.is_nan() {
         v
     } else {
@@ -233,13 +323,198 @@ fn fmax(a: f32, v: f32) -> f32 {
     }
 }
 
+/// Min that propagates NaN (numpy `minimum`).
 #[inline]
-fn fmin(a: f32, v: f32) -> f32 {
+fn fmin<A: Acc>(a: A, v: A) -> A {
     if v < a || v.is_nan() {
         v
     } else {
         a
     }
+}
+
+/// A float reduction of elements `X` accumulated in `A` (f16 / bf16 in f32,
+/// so long sums do not lose the low bits). The accumulators live in scratch
+/// and are rounded into the output at the end.
+fn float_reduce<X: Element, A: Acc>(
+    kind: Kind,
+    name: &'static str,
+    out: &[usize],
+    plan: Plan,
+    up: fn(X) -> A,
+    down: fn(A) -> X,
+) -> Prepared {
+    let n = plan.out_len;
+    let bufs = if kind == Kind::LogSumExp { 2 } else { 1 };
+    let inv = A::from_f64(1.0 / plan.count as f64);
+    Prepared::single(
+        X::DTYPE,
+        out,
+        kernel(name, move |io| {
+            let x = io.input_slice::<X>(0)?;
+            let (y, scratch) = io.output_and_scratch(0)?;
+            let y = y.into_slice::<X>()?;
+            if n == 0 {
+                // Zero-byte scratch is not aligned for A.
+                return Ok(());
+            }
+            let s: &mut [A] = bytemuck::try_cast_slice_mut(scratch)
+                .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
+            let s = s
+                .get_mut(..n * bufs)
+                .ok_or(Error::new(ErrorKind::Internal("scratch size")))?;
+            let (acc, rest) = s.split_at_mut(n);
+            match kind {
+                Kind::Sum | Kind::Mean | Kind::LogSum => {
+                    acc.fill(A::ZERO);
+                    plan.run(x, acc, |a, v, _| a + up(v))?;
+                }
+                Kind::Max => {
+                    acc.fill(A::NEG_INF);
+                    plan.run(x, acc, |a, v, _| fmax(a, up(v)))?;
+                }
+                Kind::Min => {
+                    acc.fill(A::INF);
+                    plan.run(x, acc, |a, v, _| fmin(a, up(v)))?;
+                }
+                Kind::Prod => {
+                    acc.fill(A::ONE);
+                    plan.run(x, acc, |a, v, _| a * up(v))?;
+                }
+                Kind::SumSquare | Kind::L2 => {
+                    acc.fill(A::ZERO);
+                    plan.run(x, acc, |a, v, _| {
+                        let u = up(v);
+                        a + u * u
+                    })?;
+                }
+                Kind::L1 => {
+                    acc.fill(A::ZERO);
+                    plan.run(x, acc, |a, v, _| a + up(v).abs())?;
+                }
+                Kind::LogSumExp => {
+                    // Shift by the maximum so exp cannot overflow; an empty or
+                    // all -inf group keeps shift 0 and gives ln(0) = -inf.
+                    let m = rest;
+                    m.fill(A::NEG_INF);
+                    plan.run(x, m, |a, v, _| fmax(a, up(v)))?;
+                    for v in m.iter_mut() {
+                        if v.is_infinite() {
+                            *v = A::ZERO;
+                        }
+                    }
+                    acc.fill(A::ZERO);
+                    let mm: &[A] = m;
+                    plan.run(x, acc, |a, v, o| a + (up(v) - mm[o]).exp())?;
+                    for (v, &sh) in acc.iter_mut().zip(mm) {
+                        *v = v.ln() + sh;
+                    }
+                }
+            }
+            for (o, &a) in y.iter_mut().zip(acc.iter()) {
+                *o = down(match kind {
+                    Kind::Mean => a * inv,
+                    Kind::L2 => a.sqrt(),
+                    Kind::LogSum => a.ln(),
+                    _ => a,
+                });
+            }
+            Ok(())
+        }),
+    )
+    .with_scratch(n * bufs * core::mem::size_of::<A>())
+}
+
+/// Integer reductions wrap on overflow (numpy's behaviour); the mean divides
+/// the integer sum, truncating toward zero like numpy's cast of the mean.
+macro_rules! int_reduce {
+    ($t:ty, $kind:expr, $name:expr, $out:expr, $plan:expr, $abs:expr) => {{
+        let cnt = $plan.count as $t;
+        match $kind {
+            Kind::Sum => Some(simple(
+                $name,
+                $out,
+                $plan,
+                0 as $t,
+                |a: $t, v| a.wrapping_add(v),
+                |a| a,
+            )),
+            Kind::Mean => Some(simple(
+                $name,
+                $out,
+                $plan,
+                0 as $t,
+                |a: $t, v| a.wrapping_add(v),
+                move |a| if cnt == 0 { a } else { a / cnt },
+            )),
+            Kind::Prod => Some(simple(
+                $name,
+                $out,
+                $plan,
+                1 as $t,
+                |a: $t, v| a.wrapping_mul(v),
+                |a| a,
+            )),
+            Kind::Max => Some(simple(
+                $name,
+                $out,
+                $plan,
+                <$t>::MIN,
+                |a: $t, v| a.max(v),
+                |a| a,
+            )),
+            Kind::Min => Some(simple(
+                $name,
+                $out,
+                $plan,
+                <$t>::MAX,
+                |a: $t, v| a.min(v),
+                |a| a,
+            )),
+            Kind::SumSquare => Some(simple(
+                $name,
+                $out,
+                $plan,
+                0 as $t,
+                |a: $t, v| a.wrapping_add(v.wrapping_mul(v)),
+                |a| a,
+            )),
+            Kind::L1 => Some(simple(
+                $name,
+                $out,
+                $plan,
+                0 as $t,
+                |a: $t, v| a.wrapping_add($abs(v)),
+                |a| a,
+            )),
+            _ => None,
+        }
+    }};
+}
+
+/// ReduceMax / ReduceMin of bool (opset 20): any / all. An empty group gives
+/// false for max, true for min (the identities).
+fn bool_reduce(kind: Kind, name: &'static str, out: &[usize], plan: Plan) -> Option<Prepared> {
+    let is_max = match kind {
+        Kind::Max => true,
+        Kind::Min => false,
+        _ => return None,
+    };
+    Some(Prepared::single(
+        DType::Bool,
+        out,
+        kernel(name, move |io| {
+            let x = io.input(0)?.bytes();
+            let y = io.output(0)?.into_bytes();
+            if is_max {
+                y.fill(0);
+                plan.run(x, y, |a, v, _| a | (v != 0) as u8)
+            } else {
+                y.fill(1);
+                plan.run(x, y, |a, v, _| a & (v != 0) as u8)
+            }
+        }),
+    ))
 }
 
 fn prepare_reduce(
@@ -249,90 +524,53 @@ fn prepare_reduce(
     input_axes_since: i64,
 ) -> Result<Prepared> {
     let (dt, out, plan) = setup(ctx, input_axes_since)?;
-    if dt == DType::I64 {
-        return match kind {
-            Kind::Sum => Ok(simple(
-                name,
-                &out,
-                plan,
-                0i64,
-                |a: i64, v| a.wrapping_add(v),
-                |a| a,
-            )),
-            Kind::Prod => Ok(simple(
-                name,
-                &out,
-                plan,
-                1i64,
-                |a: i64, v| a.wrapping_mul(v),
-                |a| a,
-            )),
-            Kind::Max => Ok(simple(
-                name,
-                &out,
-                plan,
-                i64::MIN,
-                |a: i64, v| a.max(v),
-                |a| a,
-            )),
-            Kind::Min => Ok(simple(
-                name,
-                &out,
-                plan,
-                i64::MAX,
-                |a: i64, v| a.min(v),
-                |a| a,
-            )),
-            _ => Err(Error::new(ErrorKind::UnsupportedDType {
-                what: name,
-                code: dt.onnx_code(),
-            })),
-        };
-    }
-    util::dtype_in(dt, &[DType::F32], name)?;
-    let inv = 1.0 / plan.count as f32;
-    Ok(match kind {
-        Kind::Sum => simple(name, &out, plan, 0.0f32, |a, v| a + v, |a| a),
-        Kind::Mean => simple(name, &out, plan, 0.0f32, |a, v| a + v, move |a| a * inv),
-        Kind::Max => simple(name, &out, plan, f32::NEG_INFINITY, fmax, |a| a),
-        Kind::Min => simple(name, &out, plan, f32::INFINITY, fmin, |a| a),
-        Kind::Prod => simple(name, &out, plan, 1.0f32, |a, v| a * v, |a| a),
-        Kind::SumSquare => simple(name, &out, plan, 0.0f32, |a, v| a + v * v, |a| a),
-        Kind::L1 => simple(name, &out, plan, 0.0f32, |a, v| a + math::abs(v), |a| a),
-        Kind::L2 => simple(name, &out, plan, 0.0f32, |a, v| a + v * v, math::sqrt),
-        Kind::LogSumExp => {
-            let n = plan.out_len;
-            Prepared::single(
-                DType::F32,
-                &out,
-                kernel(name, move |io| {
-                    let x = io.input_slice::<f32>(0)?;
-                    let (y, scratch) = io.output_and_scratch(0)?;
-                    let y = y.into_slice::<f32>()?;
-                    let m: &mut [f32] = bytemuck::try_cast_slice_mut(scratch)
-                        .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
-                    let m = m
-                        .get_mut(..n)
-                        .ok_or(Error::new(ErrorKind::Internal("scratch size")))?;
-                    m.fill(f32::NEG_INFINITY);
-                    plan.run(x, m, |a, v, _| fmax(a, v))?;
-                    for v in m.iter_mut() {
-                        if v.is_infinite() {
-                            *v = 0.0;
-                        }
-                    }
-                    y.fill(0.0);
-                    let mm: &[f32] = m;
-                    plan.run(x, y, |a, v, o| a + math::exp(v - mm[o]))?;
-                    for (v, &s) in y.iter_mut().zip(mm) {
-                        *v = math::ln(*v) + s;
-                    }
-                    Ok(())
-                }),
-            )
-            .with_scratch(n * 4)
-        }
-    })
+    let small_int = matches!(kind, Kind::Max | Kind::Min);
+    let p = match dt {
+        DType::F32 => Some(float_reduce::<f32, f32>(
+            kind,
+            name,
+            &out,
+            plan,
+            |v| v,
+            |a| a,
+        )),
+        DType::F64 => Some(float_reduce::<f64, f64>(
+            kind,
+            name,
+            &out,
+            plan,
+            |v| v,
+            |a| a,
+        )),
+        DType::F16 => Some(float_reduce::<half::f16, f32>(
+            kind,
+            name,
+            &out,
+            plan,
+            half::f16::to_f32,
+            half::f16::from_f32,
+        )),
+        DType::BF16 => Some(float_reduce::<half::bf16, f32>(
+            kind,
+            name,
+            &out,
+            plan,
+            half::bf16::to_f32,
+            half::bf16::from_f32,
+        )),
+        DType::I64 => int_reduce!(i64, kind, name, &out, plan, |v: i64| v.wrapping_abs()),
+        DType::I32 => int_reduce!(i32, kind, name, &out, plan, |v: i32| v.wrapping_abs()),
+        DType::U64 => int_reduce!(u64, kind, name, &out, plan, |v: u64| v),
+        DType::U32 => int_reduce!(u32, kind, name, &out, plan, |v: u32| v),
+        DType::I8 if small_int => int_reduce!(i8, kind, name, &out, plan, |v: i8| v),
+        DType::U8 if small_int => int_reduce!(u8, kind, name, &out, plan, |v: u8| v),
+        DType::Bool if ctx.opset >= 20 => bool_reduce(kind, name, &out, plan),
+        _ => None,
+    };
+    p.ok_or(Error::new(ErrorKind::UnsupportedDType {
+        what: name,
+        code: dt.onnx_code(),
+    }))
 }
 
 fn p_mean(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -362,39 +600,22 @@ fn p_l2(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn p_lse(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     prepare_reduce(ctx, Kind::LogSumExp, "ReduceLogSumExp", 18)
 }
+fn p_log_sum(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_reduce(ctx, Kind::LogSum, "ReduceLogSum", 18)
+}
 
-fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result<Prepared> {
-    let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], name)?;
-    let shape = x.shape;
-    if shape.is_empty() {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 1,
-            got: 0,
-        }));
-    }
-    let axis = util::axis(ctx.attr_int("axis", 0)?, shape.len(), "axis")?;
-    let keep = ctx.attr_int("keepdims", 1)? != 0;
-    let last = ctx.attr_int("select_last_index", 0)? != 0;
-    let outer: usize = shape[..axis].iter().product();
-    let n = shape[axis];
-    let inner: usize = shape[axis + 1..].iter().product();
-    if n == 0 {
-        return Err(Error::new(ErrorKind::Shape(
-            "ArgMax/ArgMin over an empty axis",
-        )));
-    }
-    let mut out: Vec<usize> = shape.to_vec();
-    if keep {
-        out[axis] = 1;
-    } else {
-        out.remove(axis);
-    }
-    Ok(Prepared::single(
+fn arg_kernel<X: Element + PartialOrd>(
+    name: &'static str,
+    out: &[usize],
+    (outer, n, inner): (usize, usize, usize),
+    is_max: bool,
+    last: bool,
+) -> Prepared {
+    Prepared::single(
         DType::I64,
-        &out,
+        out,
         kernel(name, move |io| {
-            let x = io.input_slice::<f32>(0)?;
+            let x = io.input_slice::<X>(0)?;
             let y = io.output_slice::<i64>(0)?;
             if x.len() != outer * n * inner || y.len() != outer * inner {
                 return Err(Error::new(ErrorKind::Internal("ArgMax sizes")));
@@ -421,7 +642,56 @@ fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result
             }
             Ok(())
         }),
-    ))
+    )
+}
+
+fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let shape = x.shape;
+    if shape.is_empty() {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 1,
+            got: 0,
+        }));
+    }
+    let axis = util::axis(ctx.attr_int("axis", 0)?, shape.len(), "axis")?;
+    let keep = ctx.attr_int("keepdims", 1)? != 0;
+    let last = ctx.attr_int("select_last_index", 0)? != 0;
+    let outer: usize = shape[..axis].iter().product();
+    let n = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    if n == 0 {
+        return Err(Error::new(ErrorKind::Shape(
+            "ArgMax/ArgMin over an empty axis",
+        )));
+    }
+    let mut out: Vec<usize> = shape.to_vec();
+    if keep {
+        out[axis] = 1;
+    } else {
+        out.remove(axis);
+    }
+    let g = (outer, n, inner);
+    Ok(match x.dtype {
+        DType::F32 => arg_kernel::<f32>(name, &out, g, is_max, last),
+        DType::F64 => arg_kernel::<f64>(name, &out, g, is_max, last),
+        DType::F16 => arg_kernel::<half::f16>(name, &out, g, is_max, last),
+        DType::BF16 => arg_kernel::<half::bf16>(name, &out, g, is_max, last),
+        DType::I8 => arg_kernel::<i8>(name, &out, g, is_max, last),
+        DType::U8 => arg_kernel::<u8>(name, &out, g, is_max, last),
+        DType::I16 => arg_kernel::<i16>(name, &out, g, is_max, last),
+        DType::U16 => arg_kernel::<u16>(name, &out, g, is_max, last),
+        DType::I32 => arg_kernel::<i32>(name, &out, g, is_max, last),
+        DType::U32 => arg_kernel::<u32>(name, &out, g, is_max, last),
+        DType::I64 => arg_kernel::<i64>(name, &out, g, is_max, last),
+        DType::U64 => arg_kernel::<u64>(name, &out, g, is_max, last),
+        dt => {
+            return Err(Error::new(ErrorKind::UnsupportedDType {
+                what: name,
+                code: dt.onnx_code(),
+            }))
+        }
+    })
 }
 
 fn p_argmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -722,5 +992,163 @@ mod tests {
         .unwrap();
         assert_eq!(vals::<i64>(&r[0]), vec![4]);
         assert_eq!(r[0].shape, Vec::<usize>::new());
+    }
+
+    fn bools(shape: &[usize], v: &[u8]) -> Option<crate::model::Const> {
+        Some(crate::model::Const {
+            dtype: crate::DType::Bool,
+            shape: shape.to_vec(),
+            data: crate::model::ConstData::from_bytes(v).unwrap(),
+        })
+    }
+
+    #[test]
+    fn float_dtypes_f64_f16_bf16() {
+        // ReduceLogSumExp of the spec's example, axis 1, in f64:
+        // ln(e^5 + e^20) = 20.000000305902, ln(e^1 + e^2) = 2.313261687518.
+        let x: Vec<f64> = vec![5.0, 1.0, 20.0, 2.0];
+        let r = run(
+            "ReduceLogSumExp",
+            18,
+            vec![],
+            &[t(&[1, 2, 2], &x), t::<i64>(&[1], &[1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![1, 1, 2]);
+        let got = vals::<f64>(&r[0]);
+        assert!((got[0] - 20.000000305902).abs() < 1e-9, "{got:?}");
+        assert!((got[1] - 2.313261687518).abs() < 1e-9, "{got:?}");
+        // f64 keeps precision f32 would lose: 1e16 + 1 + 1 - 1e16.
+        let x: Vec<f64> = vec![1e16, 2.0, 2.0, -1e16];
+        let r = run("ReduceSum", 13, vec![], &[t(&[4], &x), None], 1).unwrap();
+        assert_eq!(vals::<f64>(&r[0]), vec![4.0]);
+        // f16 sums 2048 ones: an f16 accumulator would stall at 2048 + 1.
+        let ones = vec![half::f16::ONE; 4096];
+        let r = run("ReduceSum", 13, vec![], &[t(&[4096], &ones), None], 1).unwrap();
+        assert_eq!(vals::<half::f16>(&r[0]), vec![half::f16::from_f32(4096.0)]);
+        // bf16 mean / L2 / max over axis 0 of [[1, -4], [3, 0]].
+        let x: Vec<half::bf16> = [1.0f32, -4.0, 3.0, 0.0]
+            .iter()
+            .map(|&v| half::bf16::from_f32(v))
+            .collect();
+        for (op, want) in [
+            ("ReduceMean", [2.0f32, -2.0]),
+            ("ReduceL2", [10f32.sqrt(), 4.0]),
+            ("ReduceMax", [3.0, 0.0]),
+            ("ReduceL1", [4.0, 4.0]),
+        ] {
+            let r = run(
+                op,
+                18,
+                vec![("keepdims", AttrValue::Int(0))],
+                &[t(&[2, 2], &x), t::<i64>(&[1], &[0])],
+                1,
+            )
+            .unwrap();
+            let got: Vec<f32> = vals::<half::bf16>(&r[0])
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            assert_close(&got, &want, 1e-2);
+        }
+    }
+
+    #[test]
+    fn reduce_log_sum_opsets() {
+        // ln(sum) over axes (2, 1) of 1..=12 in [3, 2, 2] (spec example).
+        let x: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+        let want = [math::ln(10.0), math::ln(26.0), math::ln(42.0)];
+        let r = run(
+            "ReduceLogSum",
+            13,
+            vec![("axes", AttrValue::Ints(vec![2, 1]))],
+            &[t(&[3, 2, 2], &x)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![3, 1, 1]);
+        assert_close(&vals::<f32>(&r[0]), &want, 0.0);
+        let r = run(
+            "ReduceLogSum",
+            18,
+            vec![("keepdims", AttrValue::Int(0))],
+            &[t(&[3, 2, 2], &x), t::<i64>(&[2], &[-1, 1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![3]);
+        assert_close(&vals::<f32>(&r[0]), &want, 0.0);
+        // Empty set: ln(0) = -inf.
+        let r = run(
+            "ReduceLogSum",
+            18,
+            vec![],
+            &[t::<f32>(&[2, 0, 4], &[]), t::<i64>(&[1], &[1])],
+            1,
+        )
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 1, 4]);
+        assert!(vals::<f32>(&r[0]).iter().all(|v| *v == f32::NEG_INFINITY));
+        // Integers are refused, not truncated.
+        assert!(run(
+            "ReduceLogSum",
+            18,
+            vec![],
+            &[t::<i64>(&[2], &[1, 2]), None],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn int_and_bool_dtypes() {
+        let x: Vec<i32> = vec![-3, 4, -5, 7, 1, -2];
+        let ax = || t::<i64>(&[1], &[1]);
+        for (op, want) in [
+            ("ReduceSum", vec![-4i32, 6]),
+            ("ReduceMean", vec![-1, 2]),
+            ("ReduceProd", vec![60, -14]),
+            ("ReduceL1", vec![12, 10]),
+            ("ReduceSumSquare", vec![50, 54]),
+            ("ReduceMin", vec![-5, -2]),
+        ] {
+            let r = run(op, 18, vec![], &[t(&[2, 3], &x), ax()], 1).unwrap();
+            assert_eq!(vals::<i32>(&r[0]), want, "{op}");
+        }
+        let xu: Vec<u8> = vec![3, 200, 7, 9];
+        let r = run("ReduceMax", 18, vec![], &[t(&[2, 2], &xu), ax()], 1).unwrap();
+        assert_eq!(vals::<u8>(&r[0]), vec![200, 9]);
+        assert!(run("ReduceSum", 18, vec![], &[t(&[2, 2], &xu), ax()], 1).is_err());
+        // Bool max = any, min = all; an empty group gives the identity.
+        let b = [1u8, 0, 0, 0, 1, 1];
+        let r = run("ReduceMax", 20, vec![], &[bools(&[3, 2], &b), ax()], 1).unwrap();
+        assert_eq!(r[0].dtype, crate::DType::Bool);
+        assert_eq!(r[0].data.bytes(), &[1, 0, 1]);
+        let r = run("ReduceMin", 20, vec![], &[bools(&[3, 2], &b), ax()], 1).unwrap();
+        assert_eq!(r[0].data.bytes(), &[0, 0, 1]);
+        let r = run("ReduceMin", 20, vec![], &[bools(&[2, 0], &[]), ax()], 1).unwrap();
+        assert_eq!(r[0].data.bytes(), &[1, 1]);
+        assert!(run("ReduceMax", 18, vec![], &[bools(&[3, 2], &b), ax()], 1).is_err());
+    }
+
+    #[test]
+    fn argmax_other_dtypes() {
+        let x: Vec<half::f16> = [0.5f32, -1.0, 2.0, 2.0]
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let r = run("ArgMax", 13, vec![], &[t(&[4], &x)], 1).unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![2]);
+        let xi: Vec<i32> = vec![4, -1, 9, -7, 3, 3];
+        let r = run(
+            "ArgMin",
+            13,
+            vec![("axis", AttrValue::Int(1))],
+            &[t(&[2, 3], &xi)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<i64>(&r[0]), vec![1, 0]);
     }
 }
