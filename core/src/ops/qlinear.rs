@@ -1,5 +1,5 @@
 //! Integer quantized operators: QLinearMatMul, MatMulInteger, ConvInteger,
-//! QLinearConv and DynamicQuantizeLinear (int8 / uint8 data, int32
+//! QLinearConv (int8 / uint8 data, int32
 //! accumulators).
 //!
 //! These are plain reference kernels (one output element at a time, no
@@ -23,7 +23,7 @@ use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::conv::{forward_geom, Geom, MAX_SPATIAL};
-use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
 use crate::{DType, Element};
 
@@ -34,7 +34,6 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("MatMulInteger", 10, prepare_matmul_integer),
     OpDef::onnx("ConvInteger", 10, prepare_conv_integer),
     OpDef::onnx("QLinearConv", 10, prepare_qlinear_conv),
-    OpDef::onnx("DynamicQuantizeLinear", 11, prepare_dynamic_quantize),
 ];
 
 /// An 8-bit quantized element type.
@@ -876,77 +875,6 @@ fn qconv_run<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, qp: &QConvParams)
         let mult = multiplier::<f32>(xs, ws[if ws_pc { oc } else { 0 }], ys);
         y[i] = requant(acc, mult, yz);
     })
-}
-
-// ---------------------------------------------------------------------------
-// DynamicQuantizeLinear
-// ---------------------------------------------------------------------------
-
-fn prepare_dynamic_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let x = ctx.input_of(0, DType::F32)?;
-    if x.numel() == 0 {
-        // The reference takes the max of an empty tensor (an error).
-        return Err(Error::new(ErrorKind::Unsupported(
-            "DynamicQuantizeLinear of an empty tensor",
-        )));
-    }
-    let outputs = alloc::vec![
-        OutputInfo::new(DType::U8, x.shape),
-        OutputInfo::new(DType::F32, &[]),
-        OutputInfo::new(DType::U8, &[]),
-    ];
-    Ok(Prepared::new(
-        outputs,
-        kernel("DynamicQuantizeLinear", move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let (scale, zp) = dynamic_qparams(x);
-            let y = io.output_slice::<u8>(0)?;
-            check_len(y.len(), x.len())?;
-            for (o, &v) in y.iter_mut().zip(x) {
-                // f32 throughout, as the reference; `as` maps NaN to 0.
-                *o = (libm::rintf(v / scale) + zp).clamp(0.0, 255.0) as u8;
-            }
-            if io.has_output(1) {
-                if let Some(s) = io.output_slice::<f32>(1)?.first_mut() {
-                    *s = scale;
-                }
-            }
-            if io.has_output(2) {
-                if let Some(z) = io.output_slice::<u8>(2)?.first_mut() {
-                    *z = zp as u8;
-                }
-            }
-            Ok(())
-        }),
-    ))
-}
-
-/// `(y_scale, rounded zero point)` of DynamicQuantizeLinear (uint8), in f32
-/// like `op_dynamic_quantize_linear.py`.
-fn dynamic_qparams(x: &[f32]) -> (f32, f32) {
-    let (qmin, qmax) = (0.0f32, 255.0f32);
-    // np.max / np.min propagate NaN; so does this fold.
-    let fold = |init: f32, pick: fn(f32, f32) -> bool| {
-        x.iter().fold(init, |acc, &v| {
-            if v.is_nan() || acc.is_nan() {
-                f32::NAN
-            } else if pick(v, acc) {
-                v
-            } else {
-                acc
-            }
-        })
-    };
-    // The data range always includes 0.
-    let maxx = fold(0.0, |v, acc| v > acc);
-    let minx = fold(0.0, |v, acc| v < acc);
-    let range = if maxx == minx { 1.0 } else { maxx - minx };
-    let scale = range / (qmax - qmin);
-    let initial = qmin - minx / scale;
-    // Python's `max(qmin, min(qmax, initial))`: NaN picks qmax.
-    let zp = if initial < qmax { initial } else { qmax };
-    let zp = if zp > qmin { zp } else { qmin };
-    (scale, libm::rintf(zp))
 }
 
 #[cfg(test)]
