@@ -66,6 +66,7 @@ pub enum DType {
 }
 
 /// Rounding of a Cast to [`DType::F8E8M0`] (its `round_mode` attribute).
+#[cfg(feature = "alloc")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum E8M0Round {
     /// Toward +infinity in magnitude (the ONNX default).
@@ -361,6 +362,7 @@ impl DType {
 /// An E8M0 byte from `x` (sign ignored), as `onnx.numpy_helper.to_float8e8m0`:
 /// only the f32 exponent survives; `round` decides how the mantissa bumps
 /// it, and `saturate` keeps the largest exponent from rounding into NaN.
+#[cfg(feature = "alloc")]
 pub(crate) fn e8m0_from_f32(x: f32, saturate: bool, round: E8M0Round) -> u8 {
     let bits = x.to_bits();
     let e = (bits >> 23) & 0xFF;
