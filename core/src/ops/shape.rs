@@ -31,6 +31,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Gather", 1, prepare_gather),
     OpDef::onnx("Pad", 2, prepare_pad),
     OpDef::onnx("CastLike", 15, prepare_cast_like),
+    OpDef::onnx("BitCast", 26, prepare_bit_cast),
     OpDef::onnx("Cast", 6, prepare_cast),
     OpDef::onnx("ConstantOfShape", 9, prepare_constant_of_shape),
     OpDef::onnx("Range", 11, prepare_range),
@@ -1179,6 +1180,44 @@ fn prepare_cast(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     cast_to(ctx, to)
 }
 
+/// BitCast: the same bytes read as another type of the same width. A view
+/// (no copy), except to bool, whose bytes must be normalized to 0 or 1.
+/// Sub-byte types are refused: mote stores them unpacked, so their bytes
+/// are not the file's bits.
+fn prepare_bit_cast(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let code = ctx.attr_int("to", 0)?;
+    let to = DType::from_onnx(code as i32).ok_or(Error::new(ErrorKind::UnsupportedDType {
+        what: "BitCast to",
+        code: code as i32,
+    }))?;
+    if x.dtype.packed_bits().is_some() || to.packed_bits().is_some() {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "BitCast of sub-byte types",
+        )));
+    }
+    if x.dtype.size() != to.size() {
+        return Err(Error::new(ErrorKind::Invalid(
+            "BitCast between types of different widths",
+        )));
+    }
+    if to != DType::Bool {
+        return Ok(Prepared::alias(to, x.shape));
+    }
+    Ok(Prepared::single(
+        to,
+        x.shape,
+        kernel("BitCast", |io: &mut KernelIo<'_>| {
+            let src = io.input(0)?.bytes();
+            let mut y = io.output(0)?;
+            for (o, &i) in y.bytes_mut().iter_mut().zip(src) {
+                *o = (i != 0) as u8;
+            }
+            Ok(())
+        }),
+    ))
+}
+
 /// CastLike: Cast to the dtype of input 1 (whose values are not read).
 fn prepare_cast_like(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let to = ctx.input(1)?.dtype;
@@ -1719,6 +1758,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(vals::<f32>(&r[0]), vec![7., 1., 2., 7.]);
+    }
+
+    #[test]
+    fn bit_cast_reinterprets_bytes() {
+        let x = t(&[2], &[1.0f32, -2.0]);
+        let r = run("BitCast", 26, vec![("to", AttrValue::Int(6))], &[x], 1).unwrap();
+        assert_eq!(vals::<i32>(&r[0]), vec![0x3f80_0000, 0xc000_0000u32 as i32]);
+        let x = t(&[3], &[0u8, 2, 1]);
+        let r = run("BitCast", 26, vec![("to", AttrValue::Int(9))], &[x], 1).unwrap();
+        assert_eq!(r[0].data.bytes(), &[0, 1, 1]);
+        let x = t(&[1], &[1.0f32]);
+        assert!(run("BitCast", 26, vec![("to", AttrValue::Int(11))], &[x], 1).is_err());
     }
 
     #[test]
