@@ -146,47 +146,8 @@ fn targets<'a>(io: &KernelIo<'a>, dt: DType) -> Result<Targets<'a>> {
     })
 }
 
-/// Float element types of the scores, computed in f64.
-trait Real: crate::Element {
-    fn to_f64(self) -> f64;
-    fn from_f64(v: f64) -> Self;
-}
-
-impl Real for f32 {
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl Real for f64 {
-    fn to_f64(self) -> f64 {
-        self
-    }
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-}
-
-impl Real for half::f16 {
-    fn to_f64(self) -> f64 {
-        half::f16::to_f64(self)
-    }
-    fn from_f64(v: f64) -> Self {
-        half::f16::from_f64(v)
-    }
-}
-
-impl Real for half::bf16 {
-    fn to_f64(self) -> f64 {
-        half::bf16::to_f64(self)
-    }
-    fn from_f64(v: f64) -> Self {
-        half::bf16::from_f64(v)
-    }
-}
+// Scores are computed in f64 through norm's `Real`.
+use crate::ops::norm::Real;
 
 /// Applies the loss to every sample: `neg_score(n, t, d)` gives
 /// `-score[n, t, d]`; per-sample losses go to `y` when not reduced, and the

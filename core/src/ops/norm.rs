@@ -578,8 +578,8 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
 }
 
 /// Float element types of LayerNormalization / RMSNormalization, whose
-/// statistics are computed in f64.
-trait Real: crate::Element {
+/// statistics are computed in f64 (also the loss ops' scores).
+pub(crate) trait Real: crate::Element {
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
 }
