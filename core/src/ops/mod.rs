@@ -36,6 +36,7 @@ pub mod pool;
 pub mod qlinear;
 pub mod quant;
 pub mod reduce;
+pub mod requant;
 pub mod resize;
 pub mod rnn;
 pub mod select;

@@ -1,0 +1,243 @@
+//! Fixed-point requantization, shared by every integer kernel.
+//!
+//! An integer kernel accumulates `Σ (x - zx)(w - zw)` in i32; the real
+//! result is `acc · sx · sw`, and the quantized output is
+//! `round(acc · sx · sw / sy) + zy`. The real multiplier
+//! `m = sx · sw / sy` is fixed at prepare time as an integer `mult` in
+//! `[2^30, 2^31)` and a right shift: `m ≈ mult · 2^-shift` (relative error
+//! ≤ 2^-31), as TFLite and CMSIS-NN do. The kernel then needs one
+//! 32 × 32 → 64-bit multiply and a rounding shift per output, no float.
+//!
+//! Rounding is half to even, like onnxruntime's QuantizeLinear (`nearbyint`)
+//! which is the reference of a QDQ model, rather than TFLite's half away
+//! from zero: at an exact tie the two differ by one LSB.
+//!
+//! All arithmetic saturates, so no input can overflow.
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// A real multiplier `m > 0` as `mult · 2^-shift`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Requant {
+    mult: i64,
+    shift: u32,
+}
+
+/// Frexp for positive finite doubles: `m = f · 2^e`, `f` in `[0.5, 1)`.
+fn frexp(m: f64) -> (f64, i32) {
+    let bits = m.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    if exp == 0 {
+        // Subnormal: scale up first.
+        let (f, e) = frexp(m * (1u64 << 54) as f64);
+        return (f, e - 54);
+    }
+    let f = f64::from_bits((bits & !(0x7ffu64 << 52)) | (1022u64 << 52));
+    (f, exp - 1022)
+}
+
+impl Requant {
+    /// The multiplier `m`. Errs unless `m` is finite, positive and below
+    /// 2^31; multipliers below 2^-62 round every i32 accumulator to 0 and
+    /// are kept as 0.
+    pub fn new(m: f64) -> Result<Self> {
+        if !(m.is_finite() && m > 0.0) {
+            return Err(Error::new(ErrorKind::Invalid(
+                "requantization multiplier must be finite and > 0 (check the scales)",
+            )));
+        }
+        let (f, e) = frexp(m);
+        // f in [0.5, 1): mult = round(f · 2^31) in [2^30, 2^31].
+        let mut mult = libm::round(f * (1u64 << 31) as f64) as i64;
+        let mut e = e;
+        if mult == 1i64 << 31 {
+            mult >>= 1;
+            e += 1;
+        }
+        let shift = 31 - e;
+        if shift < 0 {
+            return Err(Error::new(ErrorKind::Invalid(
+                "requantization multiplier >= 2^31 (scales out of range)",
+            )));
+        }
+        if shift > 62 {
+            return Ok(Requant { mult: 0, shift: 0 });
+        }
+        Ok(Requant {
+            mult,
+            shift: shift as u32,
+        })
+    }
+
+    /// `round_half_even(acc · m)`.
+    #[inline]
+    pub fn apply(&self, acc: i32) -> i64 {
+        round_shift(acc as i64 * self.mult, self.shift)
+    }
+
+    /// `round_half_even(sum · m / count)` for averages (`count > 0`;
+    /// `count <= 0` gives 0).
+    #[inline]
+    pub fn apply_div(&self, sum: i64, count: i64) -> i64 {
+        if count <= 0 {
+            return 0;
+        }
+        let num = sum as i128 * self.mult as i128;
+        let den = (count as i128) << self.shift;
+        div_round_half_even(num, den)
+    }
+}
+
+/// Two multipliers over one shift, for `round(da · ma + db · mb)`
+/// (QLinearAdd-style sums of differently scaled inputs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Requant2 {
+    ma: i64,
+    mb: i64,
+    shift: u32,
+}
+
+impl Requant2 {
+    /// Multipliers `ma`, `mb` (each finite, ≥ 0, below 2^31; not both 0).
+    pub fn new(ma: f64, mb: f64) -> Result<Self> {
+        let ok = |m: f64| m.is_finite() && m >= 0.0 && m < (1u64 << 31) as f64;
+        if !(ok(ma) && ok(mb)) || (ma == 0.0 && mb == 0.0) {
+            return Err(Error::new(ErrorKind::Invalid(
+                "requantization multipliers must be finite, >= 0 and < 2^31",
+            )));
+        }
+        // Common exponent from the larger multiplier; both get 31 bits
+        // relative to it.
+        let big = if ma > mb { ma } else { mb };
+        let (_, e) = frexp(big);
+        let shift = (31 - e).clamp(0, 62) as u32;
+        let scale = libm::ldexp(1.0, shift as i32);
+        Ok(Requant2 {
+            ma: libm::round(ma * scale) as i64,
+            mb: libm::round(mb * scale) as i64,
+            shift,
+        })
+    }
+
+    /// `round_half_even(da · ma + db · mb)`.
+    #[inline]
+    pub fn apply(&self, da: i32, db: i32) -> i64 {
+        let p = (da as i64)
+            .saturating_mul(self.ma)
+            .saturating_add((db as i64).saturating_mul(self.mb));
+        round_shift(p, self.shift)
+    }
+}
+
+/// `round_half_even(p / 2^shift)`.
+#[inline]
+fn round_shift(p: i64, shift: u32) -> i64 {
+    if shift == 0 {
+        return p;
+    }
+    let q = p >> shift; // floor
+    let r = p - (q << shift); // in [0, 2^shift)
+    let half = 1i64 << (shift - 1);
+    if r > half || (r == half && q & 1 == 1) {
+        q + 1
+    } else {
+        q
+    }
+}
+
+/// `round_half_even(num / den)` for `den > 0`.
+#[inline]
+fn div_round_half_even(num: i128, den: i128) -> i64 {
+    let q = num.div_euclid(den);
+    let r = num.rem_euclid(den); // in [0, den)
+    let twice = r * 2;
+    let q = if twice > den || (twice == den && q & 1 == 1) {
+        q + 1
+    } else {
+        q
+    };
+    q.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+}
+
+/// Saturates a requantized value plus zero point into `[lo, hi]` (the
+/// output type's range, narrowed by a fused Relu / Clip).
+#[inline]
+pub fn clamp(v: i64, zero_point: i32, lo: i32, hi: i32) -> i32 {
+    v.saturating_add(zero_point as i64)
+        .clamp(lo as i64, hi as i64) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::rnd;
+
+    fn reference(acc: i32, m: f64) -> i64 {
+        libm::rint(acc as f64 * m) as i64
+    }
+
+    #[test]
+    fn matches_float_rounding_off_ties() {
+        let (ms, accs) = (rnd(20_000, 7), rnd(20_000, 8));
+        for (&u, &a) in ms.iter().zip(&accs) {
+            let m = libm::exp2(u as f64 * 12.0 - 8.0);
+            let acc = (a * 2.0e6) as i32;
+            let r = Requant::new(m).unwrap();
+            let exact = acc as f64 * m;
+            let frac = exact - libm::floor(exact);
+            if (frac - 0.5).abs() < 1e-6 {
+                continue; // a near-tie: either side is within the rule
+            }
+            assert_eq!(r.apply(acc), reference(acc, m), "acc {acc} m {m}");
+        }
+    }
+
+    #[test]
+    fn ties_round_to_even() {
+        let r = Requant::new(0.5).unwrap();
+        assert_eq!(r.apply(1), 0);
+        assert_eq!(r.apply(3), 2);
+        assert_eq!(r.apply(-1), 0);
+        assert_eq!(r.apply(-3), -2);
+        assert_eq!(r.apply_div(5, 1), 2);
+        assert_eq!(r.apply_div(3, 3), 0); // 0.5 -> 0
+        assert_eq!(r.apply_div(9, 3), 2); // 1.5 -> 2
+        let r2 = Requant2::new(0.5, 0.25).unwrap();
+        assert_eq!(r2.apply(1, 2), 1); // 1.0
+        assert_eq!(r2.apply(1, 0), 0); // 0.5 -> 0
+        assert_eq!(r2.apply(3, 0), 2); // 1.5 -> 2
+    }
+
+    #[test]
+    fn bad_multipliers_are_errors_not_panics() {
+        assert!(Requant::new(0.0).is_err());
+        assert!(Requant::new(-1.0).is_err());
+        assert!(Requant::new(f64::NAN).is_err());
+        assert!(Requant::new(f64::INFINITY).is_err());
+        assert!(Requant::new(1e10).is_err());
+        let tiny = Requant::new(1e-30).unwrap();
+        assert_eq!(tiny.apply(i32::MAX), 0);
+        assert_eq!(Requant::new(1.0).unwrap().apply(i32::MIN), i32::MIN as i64);
+        assert!(Requant2::new(0.0, 0.0).is_err());
+        let big = Requant2::new(1e9, 1e9).unwrap();
+        let _ = big.apply(i32::MAX, i32::MAX); // saturates
+        assert_eq!(clamp(i64::MAX, 5, -128, 127), 127);
+        assert_eq!(clamp(-200, 5, -128, 127), -128);
+    }
+
+    #[test]
+    fn averages_match_float() {
+        let (ms, cs, ss) = (rnd(5_000, 3), rnd(5_000, 4), rnd(5_000, 5));
+        for ((&u, &c), &s) in ms.iter().zip(&cs).zip(&ss) {
+            let m = (u as f64 + 1.0) * 1.5 + 0.01;
+            let count = 1 + ((c + 1.0) * 24.0) as i64;
+            let sum = (s * 255.0 * count as f32) as i64;
+            let exact = sum as f64 * m / count as f64;
+            if (exact - libm::floor(exact) - 0.5).abs() < 1e-6 {
+                continue;
+            }
+            let r = Requant::new(m).unwrap();
+            assert_eq!(r.apply_div(sum, count), libm::rint(exact) as i64);
+        }
+    }
+}
