@@ -35,6 +35,8 @@ pub mod onnx;
 #[cfg(feature = "alloc")]
 pub mod ops;
 #[cfg(feature = "alloc")]
+pub mod optimize;
+#[cfg(feature = "alloc")]
 pub mod plan;
 #[cfg(feature = "alloc")]
 pub mod planner;

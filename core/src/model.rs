@@ -425,6 +425,9 @@ pub struct Model {
     pub opsets: Vec<(String, i64)>,
     /// The main graph.
     pub graph: Graph,
+    /// What the QDQ fusion pass did, per node that touches Q/DQ
+    /// ([`crate::optimize`]); empty for float models.
+    pub fusions: Vec<crate::optimize::Fusion>,
 }
 
 impl Model {

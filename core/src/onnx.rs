@@ -42,6 +42,17 @@ impl Model {
         // are: one copy of the weights in all.
         let proto =
             mote_proto::ModelProto::decode(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
+        let mut m = import_model(proto)?;
+        crate::optimize::run(&mut m);
+        Ok(m)
+    }
+
+    /// Imports without graph rewrites: QDQ models then run literally
+    /// (dequantize, float op, quantize), the way onnxruntime does with
+    /// graph optimizations disabled.
+    pub fn from_onnx_unoptimized(bytes: &[u8]) -> Result<Model> {
+        let proto =
+            mote_proto::ModelProto::decode(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
         import_model(proto)
     }
 
@@ -49,7 +60,9 @@ impl Model {
     /// (no copy) where aligned, copied once where not.
     pub fn from_onnx_shared(bytes: Bytes) -> Result<Model> {
         let proto = mote_proto::decode_model(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
-        import_model(proto)
+        let mut m = import_model(proto)?;
+        crate::optimize::run(&mut m);
+        Ok(m)
     }
 }
 
@@ -90,6 +103,7 @@ pub fn import_model(proto: mote_proto::ModelProto) -> Result<Model> {
         ir_version: proto.ir_version.unwrap_or(0),
         opsets,
         graph,
+        fusions: Vec::new(),
     })
 }
 

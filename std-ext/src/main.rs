@@ -356,6 +356,10 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
             "steps": plan.map(|p| p.num_steps()),
             "folded_bytes": plan.map(|p| p.folded_bytes()),
             "defaulted_dims": plan.map_or(&[][..], |p| p.defaulted_dims()),
+            "qdq": model.fusions.iter().map(|f| json!({
+                "node": f.node, "op_type": f.op_type,
+                "integer": f.integer, "reason": f.reason,
+            })).collect::<Vec<_>>(),
         });
         if let Err(e) = &session {
             v["plan_error"] = json!(e.to_string());
@@ -417,6 +421,19 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
             "parameters: {params} ({})",
             human_bytes(param_bytes)
         ));
+        if !model.fusions.is_empty() {
+            let int = model.fusions.iter().filter(|f| f.integer.is_some()).count();
+            out.line(format!(
+                "QDQ: {int} of {} nodes run in integer",
+                model.fusions.len()
+            ));
+            for f in &model.fusions {
+                match f.integer {
+                    Some(k) => out.line(format!("  {} ({}): integer, {k}", f.node, f.op_type)),
+                    None => out.line(format!("  {} ({}): float, {}", f.node, f.op_type, f.reason)),
+                }
+            }
+        }
         if let Some(p) = plan {
             out.line(format!(
                 "arena: {} bytes (lower bound {} bytes, {:.3}x), scratch {} bytes",

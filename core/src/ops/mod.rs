@@ -33,6 +33,7 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod qdq;
 pub mod qlinear;
 pub mod quant;
 pub mod reduce;
@@ -70,6 +71,20 @@ impl OpDef {
             prepare,
         }
     }
+    /// An entry of another domain (`com.microsoft`, mote's own `mote`).
+    pub const fn domain(
+        domain: &'static str,
+        op_type: &'static str,
+        since: i64,
+        prepare: PrepareFn,
+    ) -> Self {
+        OpDef {
+            op_type,
+            domain,
+            since,
+            prepare,
+        }
+    }
 }
 
 /// Every family's table, in one list.
@@ -96,6 +111,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     quant::OPS,
     sequence_models::OPS,
     qlinear::OPS,
+    qdq::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with

@@ -37,7 +37,7 @@ pub const OPS: &[OpDef] = &[
 ];
 
 /// An 8-bit quantized element type.
-trait QInt: Element + Copy {
+pub(crate) trait QInt: Element + Copy {
     /// Saturation bounds.
     const MIN: f64;
     const MAX: f64;
@@ -136,15 +136,16 @@ macro_rules! with_qint {
         }
     };
 }
+pub(crate) use with_qint;
 
-fn len_err(expected: usize, got: usize) -> Error {
+pub(crate) fn len_err(expected: usize, got: usize) -> Error {
     Error::new(ErrorKind::Len {
         expected: expected as u64,
         got: got as u64,
     })
 }
 
-fn check_len(got: usize, want: usize) -> Result<()> {
+pub(crate) fn check_len(got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(len_err(want, got));
     }
@@ -535,19 +536,23 @@ fn mmi_run<A: QInt, B: QInt>(io: &mut KernelIo<'_>, p: &MmiParams) -> Result<()>
 
 /// Geometry of one ConvInteger / QLinearConv node.
 #[derive(Clone, Copy, Debug)]
-struct IntConv {
-    batch: usize,
+pub(crate) struct IntConv {
+    pub batch: usize,
     /// Input channels.
-    c: usize,
+    pub c: usize,
     /// Output channels.
-    m: usize,
-    group: usize,
-    g: Geom,
+    pub m: usize,
+    pub group: usize,
+    pub g: Geom,
 }
 
 /// Validates X (input `xi`) and W (input `wi`), group and kernel_shape;
 /// returns the geometry and the output shape.
-fn int_conv_geom(ctx: &PrepareCtx<'_>, xi: usize, wi: usize) -> Result<(IntConv, Vec<usize>)> {
+pub(crate) fn int_conv_geom(
+    ctx: &PrepareCtx<'_>,
+    xi: usize,
+    wi: usize,
+) -> Result<(IntConv, Vec<usize>)> {
     let x = ctx.input(xi)?;
     let w = ctx.input(wi)?;
     if x.shape.len() < 3 {
@@ -604,7 +609,7 @@ fn int_conv_geom(ctx: &PrepareCtx<'_>, xi: usize, wi: usize) -> Result<(IntConv,
 
 /// Whether a scale / zero point of W is per output channel (1-D of `m`
 /// elements) rather than per tensor (one element).
-fn per_channel(shape: &[usize], m: usize, what: &'static str) -> Result<bool> {
+pub(crate) fn per_channel(shape: &[usize], m: usize, what: &'static str) -> Result<bool> {
     let numel: usize = shape.iter().product();
     if numel == 1 {
         Ok(false)
@@ -615,7 +620,7 @@ fn per_channel(shape: &[usize], m: usize, what: &'static str) -> Result<bool> {
     }
 }
 
-fn per_tensor(shape: &[usize], what: &'static str) -> Result<()> {
+pub(crate) fn per_tensor(shape: &[usize], what: &'static str) -> Result<()> {
     if shape.iter().product::<usize>() != 1 {
         return Err(Error::new(ErrorKind::Shape(what)));
     }
