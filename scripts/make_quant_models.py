@@ -24,9 +24,12 @@ For each model NAME this writes
   kws.qdq_u8.onnx               QDQ per tensor with uint8 activations
   NAME.f16.onnx                 (kws, resnet8) float16 everywhere, f16 IO
   NAME.f16_f32io.onnx           (kws, resnet8) float16 inside, f32 IO
-  NAME.input.npy                seeded input (f32); NAME.f16.input.npy (f16)
-  MODEL.ref.npy                 onnxruntime, ORT_DISABLE_ALL (ONNX meaning)
-  MODEL.ort_opt.npy             (int8) onnxruntime, ORT_ENABLE_ALL
+  NAME.input.npy                8 seeded inputs (f32) stacked on a new axis 0
+                                (the models have batch 1: run one at a time);
+                                NAME.f16.input.npy the same in f16
+  MODEL.ref.npy                 onnxruntime, ORT_DISABLE_ALL (ONNX meaning),
+                                the 8 outputs stacked on a new axis 0
+  MODEL.ort_opt.npy             (int8) onnxruntime, ORT_ENABLE_ALL, stacked
   manifest.json                 one entry per model file (see `entry` below)
 
 int8 models are activations QInt8 (except kws.qdq_u8: QUInt8) and weights
@@ -57,6 +60,7 @@ from onnxruntime.quantization import (
 PRODUCER = "mote-scripts"
 OPSET = 13
 N_CALIB = 16
+N_SAMPLES = 8
 
 
 class Builder:
@@ -225,13 +229,14 @@ class Reader(CalibrationDataReader):
         return {self.name: self.samples[self.i - 1]}
 
 
-def run_ort(path, feed, level):
+def run_ort(path, name, xs, level):
+    """Outputs of the model on each sample of xs (stacked on a new axis 0)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = level
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     (out,) = sess.get_outputs()
-    return sess.run([out.name], feed)[0]
+    return np.stack([sess.run([out.name], {name: x})[0] for x in xs])
 
 
 def output_quant(model):
@@ -250,10 +255,10 @@ def output_quant(model):
 
 def compare(ref, got, scale):
     """Statistics of got against ref: in LSBs of `scale`, or float (scale None)."""
+    top1 = bool(np.all(np.argmax(ref, axis=-1) == np.argmax(got, axis=-1)))
     ref = ref.astype(np.float64).ravel()
     got = got.astype(np.float64).ravel()
     d = np.abs(got - ref)
-    top1 = bool(np.argmax(ref) == np.argmax(got))
     if scale is None:
         return {"max_abs_diff": float(d.max()), "frac_exact": float(np.mean(d == 0)), "top1_equal": top1}
     lsb = np.rint(d / scale)
@@ -289,6 +294,7 @@ def main():
                 "input_name": model.graph.input[0].name,
                 "output_name": model.graph.output[0].name,
                 "input_file": input_file,
+                "samples": N_SAMPLES,
                 "ref_file": ref_file,
                 "ort_opt_file": ort_opt_file,
                 "output_scale": None if oq is None else oq[0],
@@ -304,10 +310,10 @@ def main():
         onnx.save(model, f32_path)
         rng = np.random.default_rng(2000 + seed)
         calib = [sample(rng, shape).astype(np.float32) for _ in range(N_CALIB)]
-        x = sample(np.random.default_rng(3000 + seed), shape).astype(np.float32)
+        x = sample(np.random.default_rng(3000 + seed), (N_SAMPLES,) + shape).astype(np.float32)
         inp = model.graph.input[0].name
         np.save(os.path.join(out, f"{name}.input.npy"), x)
-        ref = run_ort(f32_path, {inp: x}, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        ref = run_ort(f32_path, inp, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
         np.save(os.path.join(out, f"{name}.f32.ref.npy"), ref)
         entry(f32, name, "f32", False, "float32", model, f"{name}.input.npy", f"{name}.f32.ref.npy")
 
@@ -332,8 +338,8 @@ def main():
             q.producer_name = PRODUCER
             onnx.checker.check_model(q, full_check=True)
             onnx.save(q, path)
-            r = run_ort(path, {inp: x}, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-            o = run_ort(path, {inp: x}, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+            r = run_ort(path, inp, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+            o = run_ort(path, inp, x, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
             np.save(os.path.join(out, f"{stem}.ref.npy"), r)
             np.save(os.path.join(out, f"{stem}.ort_opt.npy"), o)
             oq = output_quant(q)
@@ -355,7 +361,7 @@ def main():
                 else:
                     xin, in_file, io = x.astype(np.float16), f"{name}.f16.input.npy", "float16"
                     np.save(os.path.join(out, in_file), xin)
-                r = run_ort(path, {inp: xin}, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+                r = run_ort(path, inp, xin, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
                 np.save(os.path.join(out, f"{stem}.ref.npy"), r)
                 st = compare(ref, r, None)
                 entry(f"{stem}.onnx", name, "f16", False, io, h, in_file, f"{stem}.ref.npy", stats=None)

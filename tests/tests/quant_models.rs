@@ -143,41 +143,60 @@ fn weight_bytes(model: &Model) -> usize {
         .sum()
 }
 
-/// Planned arena bytes of the model at its input's shape.
+/// The stacked samples of an input file: each sample's shape and bytes.
+fn samples(t: &mote_std::Tensor) -> (Vec<usize>, Vec<&[u8]>) {
+    let shape = t.shape()[1..].to_vec();
+    let n = t.shape()[0].max(1);
+    let len = t.bytes().len() / n;
+    (shape, t.bytes().chunks(len.max(1)).collect())
+}
+
+/// Planned arena bytes of the model at its input's (one sample's) shape.
 fn arena_bytes(e: &Entry, model: &Model) -> Result<usize, String> {
     let input = mote_std::read_npy(quant_dir().join(&e.input_file)).map_err(|x| x.to_string())?;
     SessionBuilder::new(model)
-        .input_shape(&e.input_name, input.shape())
+        .input_shape(&e.input_name, &input.shape()[1..])
         .plan()
         .map(|p| p.arena_bytes())
         .map_err(|x| model.explain(&x).to_string())
 }
 
-/// mote's output (as f32) and the reference (as f32), with its shape.
+/// mote's outputs (as f32) on every sample of the input file, the
+/// reference outputs (as f32), and one output's shape.
 fn run(e: &Entry) -> (Vec<f32>, Vec<f32>, Vec<usize>) {
     let dir = quant_dir();
     let model = load(e);
     let input = mote_std::read_npy(dir.join(&e.input_file)).expect("input npy");
     let want = mote_std::read_npy(dir.join(&e.ref_file)).expect("ref npy");
+    let (in_shape, xs) = samples(&input);
+    assert_eq!(want.shape()[0], xs.len(), "{}: ref samples", e.file);
     let plan = SessionBuilder::new(&model)
-        .input_shape(&e.input_name, input.shape())
+        .input_shape(&e.input_name, &in_shape)
         .plan()
         .unwrap_or_else(|err| panic!("{}: plan: {}", e.file, model.explain(&err)));
     let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
     let mut s = Session::new(&model, &plan, &mut arena)
         .unwrap_or_else(|err| panic!("{}: session: {}", e.file, model.explain(&err)));
-    s.run(&[(&e.input_name, input.view())])
-        .unwrap_or_else(|err| panic!("{}: run: {}", e.file, model.explain(&err)));
-    let out = s.output(0).expect("output 0");
-    assert_eq!(out.shape(), want.shape(), "{}: output shape", e.file);
-    assert_eq!(out.dtype(), want.dtype(), "{}: output dtype", e.file);
-    let got = mote_std::Tensor::from_view(&out).to_f32_vec();
-    // A second run on the same arena gives the same output.
-    s.run(&[(&e.input_name, input.view())])
-        .unwrap_or_else(|err| panic!("{}: second run: {}", e.file, model.explain(&err)));
-    let again = mote_std::Tensor::from_view(&s.output(0).expect("output 0")).to_f32_vec();
-    assert_eq!(got, again, "{}: second run differs", e.file);
-    (got, want.to_f32_vec(), want.shape().to_vec())
+    let mut got = Vec::new();
+    for (k, x) in xs.iter().enumerate() {
+        let view = mote_core::TensorView::from_bytes(input.dtype(), &in_shape, x).expect("sample view");
+        s.run(&[(&e.input_name, view)])
+            .unwrap_or_else(|err| panic!("{}: run (sample {k}): {}", e.file, model.explain(&err)));
+        let out = s.output(0).expect("output 0");
+        assert_eq!(out.shape(), &want.shape()[1..], "{}: output shape", e.file);
+        assert_eq!(out.dtype(), want.dtype(), "{}: output dtype", e.file);
+        got.extend(mote_std::Tensor::from_view(&out).to_f32_vec());
+    }
+    // A second run of the last sample on the same arena gives the same output.
+    let n = got.len() / xs.len().max(1);
+    if let Some(x) = xs.last() {
+        let view = mote_core::TensorView::from_bytes(input.dtype(), &in_shape, x).expect("sample view");
+        s.run(&[(&e.input_name, view)])
+            .unwrap_or_else(|err| panic!("{}: second run: {}", e.file, model.explain(&err)));
+        let again = mote_std::Tensor::from_view(&s.output(0).expect("output 0")).to_f32_vec();
+        assert_eq!(&got[got.len() - n..], &again[..], "{}: second run differs", e.file);
+    }
+    (got, want.to_f32_vec(), want.shape()[1..].to_vec())
 }
 
 fn argmax(v: &[f32]) -> usize {
