@@ -80,7 +80,8 @@ fn manifest() -> &'static [Entry] {
     M.get_or_init(|| {
         let p = quant_dir().join("manifest.json");
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let v: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         let models = v["models"].as_array().expect("manifest: models array");
         let s = |e: &Value, k: &str| -> String {
             e[k].as_str()
@@ -179,7 +180,8 @@ fn run(e: &Entry) -> (Vec<f32>, Vec<f32>, Vec<usize>) {
         .unwrap_or_else(|err| panic!("{}: session: {}", e.file, model.explain(&err)));
     let mut got = Vec::new();
     for (k, x) in xs.iter().enumerate() {
-        let view = mote_core::TensorView::from_bytes(input.dtype(), &in_shape, x).expect("sample view");
+        let view =
+            mote_core::TensorView::from_bytes(input.dtype(), &in_shape, x).expect("sample view");
         s.run(&[(&e.input_name, view)])
             .unwrap_or_else(|err| panic!("{}: run (sample {k}): {}", e.file, model.explain(&err)));
         let out = s.output(0).expect("output 0");
@@ -190,11 +192,17 @@ fn run(e: &Entry) -> (Vec<f32>, Vec<f32>, Vec<usize>) {
     // A second run of the last sample on the same arena gives the same output.
     let n = got.len() / xs.len().max(1);
     if let Some(x) = xs.last() {
-        let view = mote_core::TensorView::from_bytes(input.dtype(), &in_shape, x).expect("sample view");
+        let view =
+            mote_core::TensorView::from_bytes(input.dtype(), &in_shape, x).expect("sample view");
         s.run(&[(&e.input_name, view)])
             .unwrap_or_else(|err| panic!("{}: second run: {}", e.file, model.explain(&err)));
         let again = mote_std::Tensor::from_view(&s.output(0).expect("output 0")).to_f32_vec();
-        assert_eq!(&got[got.len() - n..], &again[..], "{}: second run differs", e.file);
+        assert_eq!(
+            &got[got.len() - n..],
+            &again[..],
+            "{}: second run differs",
+            e.file
+        );
     }
     (got, want.to_f32_vec(), want.shape()[1..].to_vec())
 }
@@ -215,10 +223,11 @@ fn check_float(e: &Entry, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
     let mut bad = 0usize;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let d = (g - w).abs();
-        if !(d <= atol + rtol * w.abs()) {
+        let within = d <= atol + rtol * w.abs(); // false for NaN
+        if !within {
             bad += 1;
         }
-        if !(d <= worst.1) {
+        if d.is_nan() || d > worst.1 {
             worst = (i, d);
         }
     }
