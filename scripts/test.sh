@@ -15,5 +15,10 @@ export MOTE_TEST_MODELS="${MOTE_TEST_MODELS:-$PWD/.cache/test-models}"
 if [ ! -f "$MOTE_TEST_MODELS/dynamic.expected.npy" ]; then
   "$PY" scripts/make_test_models.py "$MOTE_TEST_MODELS"
 fi
+# int8 / f16 models of quantized inference (tests/tests/quant_models.rs).
+export MOTE_QUANT_MODELS="${MOTE_QUANT_MODELS:-$PWD/.cache/quant-models}"
+if [ ! -f "$MOTE_QUANT_MODELS/manifest.json" ]; then
+  "$PY" scripts/make_quant_models.py "$MOTE_QUANT_MODELS"
+fi
 
 cargo test --workspace "$@"
