@@ -428,6 +428,8 @@ pub struct Model {
     /// What the QDQ fusion pass did, per node that touches Q/DQ
     /// ([`crate::optimize`]); empty for float models.
     pub fusions: Vec<crate::optimize::Fusion>,
+    /// Inputs and outputs made 8-bit by [`crate::optimize::int8_io`].
+    pub io_quant: Vec<crate::optimize::IoQuant>,
 }
 
 impl Model {

@@ -104,6 +104,7 @@ pub fn import_model(proto: mote_proto::ModelProto) -> Result<Model> {
         opsets,
         graph,
         fusions: Vec::new(),
+        io_quant: Vec::new(),
     })
 }
 

@@ -708,6 +708,172 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
     notes
 }
 
+/// Scale and zero point of a graph input or output made 8-bit by
+/// [`int8_io`]: `real = (q - zero_point) · scale`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoQuant {
+    /// Tensor name (unchanged).
+    pub name: String,
+    /// Whether it is a graph input (else an output).
+    pub input: bool,
+    /// 8-bit type: `I8` or `U8`.
+    pub dtype: DType,
+    /// Scale.
+    pub scale: f32,
+    /// Zero point.
+    pub zero_point: i32,
+}
+
+/// Makes the model's float inputs and outputs 8-bit where the graph
+/// quantizes them straight away (an input read only by per-tensor
+/// QuantizeLinear nodes with one scale and zero point) or dequantizes them
+/// last (an output made by a per-tensor DequantizeLinear) — what a TFLite
+/// model converted with `inference_input_type=int8` looks like. The caller
+/// then feeds and reads 8-bit data (quantized with the returned parameters,
+/// also kept in [`Model::io_quant`]), and the float copies leave the
+/// arena. Names are unchanged; inputs and outputs the graph does not
+/// quantize stay float.
+pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
+    let mut done = Vec::new();
+    let g = &mut model.graph;
+    let mut drop = alloc::vec![false; g.nodes.len()];
+    let qparams =
+        |g: &Graph, s: Option<TensorId>, z: Option<TensorId>| -> Option<(f32, i32, DType)> {
+            let sc = g.tensors.get(s? as usize)?.value.as_ref()?;
+            let zc = g.tensors.get(z? as usize)?.value.as_ref()?;
+            if sc.dtype != DType::F32 || sc.shape.iter().product::<usize>() != 1 {
+                return None;
+            }
+            if !matches!(zc.dtype, DType::I8 | DType::U8) || zc.shape.iter().product::<usize>() != 1
+            {
+                return None;
+            }
+            Some((
+                sc.view().f64_at(0)? as f32,
+                zc.view().int_at(0)? as i32,
+                zc.dtype,
+            ))
+        };
+    for k in 0..g.inputs.len() {
+        let inp = g.inputs[k];
+        let readers: Vec<usize> = g
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.inputs.contains(&Some(inp)))
+            .map(|(i, _)| i)
+            .collect();
+        if readers.is_empty() || g.outputs.contains(&inp) {
+            continue;
+        }
+        let mut params = None;
+        let ok = readers.iter().all(|&i| {
+            let n = &g.nodes[i];
+            let p = if is_op(n, "QuantizeLinear") && n.inputs.first() == Some(&Some(inp)) {
+                qparams(
+                    g,
+                    n.inputs.get(1).copied().flatten(),
+                    n.inputs.get(2).copied().flatten(),
+                )
+            } else {
+                None
+            };
+            match (p, params) {
+                (None, _) => false,
+                (Some(p), None) => {
+                    params = Some(p);
+                    true
+                }
+                (Some(p), Some(q)) => p == q,
+            }
+        });
+        let Some((scale, zp, dt)) = params.filter(|_| ok) else {
+            continue;
+        };
+        // Every reader's output is now the input itself.
+        for &i in &readers {
+            drop[i] = true;
+            if let Some(Some(o)) = g.nodes[i].outputs.first().copied() {
+                for n in g.nodes.iter_mut() {
+                    for t in n.inputs.iter_mut().flatten() {
+                        if *t == o {
+                            *t = inp;
+                        }
+                    }
+                }
+                for t in g.outputs.iter_mut() {
+                    if *t == o {
+                        *t = inp;
+                    }
+                }
+            }
+        }
+        if let Some(t) = g.tensors.get_mut(inp as usize) {
+            t.dtype = Some(dt);
+            done.push(IoQuant {
+                name: t.name.clone(),
+                input: true,
+                dtype: dt,
+                scale,
+                zero_point: zp,
+            });
+        }
+    }
+    for k in 0..g.outputs.len() {
+        let out = g.outputs[k];
+        let Some(i) = g.nodes.iter().position(|n| n.outputs.contains(&Some(out))) else {
+            continue;
+        };
+        let n = &g.nodes[i];
+        if drop[i] || !is_op(n, "DequantizeLinear") || n.outputs.len() != 1 {
+            continue;
+        }
+        let used = g.nodes.iter().any(|m| m.inputs.contains(&Some(out)));
+        let Some(q) = n.inputs.first().copied().flatten() else {
+            continue;
+        };
+        let Some((scale, zp, dt)) = qparams(
+            g,
+            n.inputs.get(1).copied().flatten(),
+            n.inputs.get(2).copied().flatten(),
+        ) else {
+            continue;
+        };
+        if used || g.inputs.contains(&q) || g.outputs.contains(&q) {
+            continue;
+        }
+        // The quantized tensor takes the output's place and name.
+        drop[i] = true;
+        let name = g
+            .tensors
+            .get(out as usize)
+            .map(|t| t.name.clone())
+            .unwrap_or_default();
+        if let Some(t) = g.tensors.get_mut(q as usize) {
+            t.name = name.clone();
+            t.dtype = Some(dt);
+        }
+        if let Some(t) = g.tensors.get_mut(out as usize) {
+            t.name = alloc::format!("{name}/mote_float");
+        }
+        g.outputs[k] = q;
+        done.push(IoQuant {
+            name,
+            input: false,
+            dtype: dt,
+            scale,
+            zero_point: zp,
+        });
+    }
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        k += 1;
+        !drop[k - 1]
+    });
+    model.io_quant.extend(done.iter().cloned());
+    done
+}
+
 #[cfg(test)]
 mod tests {
     //! Each fused kernel against the same graph run literally (dequantize →
@@ -1087,5 +1253,108 @@ mod tests {
         assert_eq!(m.fusions[0].integer, None);
         assert_eq!(m.fusions[0].reason, "output has other readers");
         assert!(m.graph.nodes.iter().any(|n| n.op_type == "Conv"));
+    }
+}
+
+#[cfg(test)]
+mod io_tests {
+    use super::*;
+    use crate::model::{Dim, Graph, Model, Node, TensorInfo};
+    use crate::{Session, SessionBuilder, TensorView};
+    use alloc::vec;
+
+    /// x (f32) → Q → DQ → Relu → Q → DQ → y (f32).
+    fn model() -> Model {
+        let mut g = Graph::default();
+        let mut t = |name: &str, v: Option<Const>| {
+            g.tensors.push(TensorInfo {
+                name: name.into(),
+                dtype: Some(DType::F32),
+                shape: Some(vec![Dim::Fixed(6)]),
+                value: v,
+                onnx_type: 0,
+            });
+            (g.tensors.len() - 1) as TensorId
+        };
+        let x = t("x", None);
+        let s0 = t("s0", Some(Const::from_slice(&[], &[0.05f32]).unwrap()));
+        let z0 = t("z0", Some(Const::from_slice(&[], &[3i8]).unwrap()));
+        let s1 = t("s1", Some(Const::from_slice(&[], &[0.03f32]).unwrap()));
+        let z1 = t("z1", Some(Const::from_slice(&[], &[-7i8]).unwrap()));
+        let (xq, xd, r, rq, y) = (
+            t("xq", None),
+            t("xd", None),
+            t("r", None),
+            t("rq", None),
+            t("y", None),
+        );
+        let node = |op: &str, i: Vec<TensorId>, o: TensorId| Node {
+            name: op.into(),
+            op_type: op.into(),
+            domain: String::new(),
+            opset: 13,
+            inputs: i.into_iter().map(Some).collect(),
+            outputs: vec![Some(o)],
+            attrs: vec![],
+        };
+        g.nodes = vec![
+            node("QuantizeLinear", vec![x, s0, z0], xq),
+            node("DequantizeLinear", vec![xq, s0, z0], xd),
+            node("Relu", vec![xd], r),
+            node("QuantizeLinear", vec![r, s1, z1], rq),
+            node("DequantizeLinear", vec![rq, s1, z1], y),
+        ];
+        g.inputs = vec![x];
+        g.outputs = vec![y];
+        Model {
+            graph: g,
+            opsets: vec![(String::new(), 13)],
+            ..Model::default()
+        }
+    }
+
+    #[test]
+    fn int8_io_feeds_and_returns_the_quantized_tensors() {
+        let xs = [-1.0f32, -0.2, 0.0, 0.13, 0.7, 2.0];
+        let float = model();
+        let plan = SessionBuilder::new(&float).plan().unwrap();
+        let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+        let mut s = Session::new(&float, &plan, &mut arena).unwrap();
+        s.run(&[("x", TensorView::new(&[6], &xs).unwrap())])
+            .unwrap();
+        let want: Vec<f32> = s.output(0).unwrap().f32().unwrap().to_vec();
+
+        let mut m = model();
+        run(&mut m);
+        let io = int8_io(&mut m);
+        assert_eq!(io.len(), 2, "{io:?}");
+        assert_eq!(
+            (io[0].name.as_str(), io[0].scale, io[0].zero_point),
+            ("x", 0.05, 3)
+        );
+        assert_eq!(
+            (io[1].name.as_str(), io[1].scale, io[1].zero_point),
+            ("y", 0.03, -7)
+        );
+        let ops: Vec<&str> = m.graph.nodes.iter().map(|n| n.op_type.as_str()).collect();
+        assert_eq!(ops, ["QRequant"]);
+        let xq: Vec<i8> = xs
+            .iter()
+            .map(|v| (libm::rintf(v / 0.05) + 3.0).clamp(-128.0, 127.0) as i8)
+            .collect();
+        let plan = SessionBuilder::new(&m).plan().unwrap();
+        assert!(plan.arena_bytes() < 64);
+        let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+        let mut s = Session::new(&m, &plan, &mut arena).unwrap();
+        s.run(&[("x", TensorView::new(&[6], &xq).unwrap())])
+            .unwrap();
+        let out = s.output_by_name("y").unwrap();
+        let got: Vec<f32> = out
+            .as_slice::<i8>()
+            .unwrap()
+            .iter()
+            .map(|&q| (q as i32 + 7) as f32 * 0.03)
+            .collect();
+        assert_eq!(got, want);
     }
 }
