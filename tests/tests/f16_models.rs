@@ -102,10 +102,11 @@ fn check(name: &str, dims: &[(&str, usize)]) {
         );
         if suffix == "f16" {
             // Every activation is f16 in the arena: well under the f32 plan
-            // (f32 scratch of one output plane per Conv keeps it above 1/2).
+            // (the f32 accumulators of one Conv output plane or one Gemm
+            // output, as scratch, keep it above 1/2: mlp is at 0.75).
             assert!(
-                (arena as f64) < 0.75 * arena32 as f64,
-                "{full}: arena {arena} B not below 0.75 x f32 model's {arena32} B"
+                (arena as f64) < 0.8 * arena32 as f64,
+                "{full}: arena {arena} B not below 0.8 x f32 model's {arena32} B"
             );
         }
     }
