@@ -136,3 +136,60 @@ fn dynamic_f16_matches_onnxruntime() {
 fn convnet_f16_matches_onnxruntime() {
     check("convnet", &[]);
 }
+
+/// `Model::weights_to_f16` on the f32 test models: Conv / MatMul / Gemm
+/// weights stored as f16, activations still f32, output close to ORT's f32
+/// run (rtol 1e-2, atol 1e-3 as above: the weights' rounding is the f16
+/// model's only difference from f32 here).
+#[test]
+fn f32_models_with_f16_weights() {
+    let dir = mote_tests::models_dir();
+    for (name, dims) in [
+        ("mlp", &[][..]),
+        ("cnn", &[][..]),
+        ("mobilenet", &[][..]),
+        ("dynamic", &[("batch", 2)][..]),
+    ] {
+        let bytes = std::fs::read(dir.join(format!("{name}.onnx"))).expect("model file");
+        let mut model = Model::from_onnx(&bytes).expect("import");
+        let (before, after) = model.weights_to_f16();
+        let input = mote_std::read_npy(dir.join(format!("{name}.input.npy"))).expect("input");
+        let want = mote_std::read_npy(dir.join(format!("{name}.expected.npy")))
+            .expect("expected")
+            .to_f64_vec();
+        let in_name = model.input_names().next().expect("one input").to_string();
+        let mut b = SessionBuilder::new(&model).input_shape(&in_name, input.shape());
+        for (d, v) in dims {
+            b = b.dim(d, *v);
+        }
+        let plan = b
+            .plan()
+            .unwrap_or_else(|e| panic!("{name}: plan: {}", model.explain(&e)));
+        let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+        let mut s = Session::new(&model, &plan, &mut arena).expect("session");
+        s.run(&[(&in_name, input.view())])
+            .unwrap_or_else(|e| panic!("{name}: run: {}", model.explain(&e)));
+        let out = s.output(0).expect("output");
+        assert_eq!(out.dtype(), DType::F32, "{name}: output stays f32");
+        let mut worst = 0f64;
+        for (i, w) in want.iter().enumerate() {
+            let g = out.f64_at(i).expect("float");
+            let err = (g - w).abs();
+            assert!(
+                err <= ATOL + RTOL * w.abs(),
+                "{name}: element {i}: mote {g}, onnxruntime f32 {w}"
+            );
+            worst = worst.max(err);
+        }
+        println!(
+            "{name}: weights {before} B -> {after} B ({:.3}x), max abs err vs ORT f32 {worst:.2e}",
+            after as f64 / before as f64
+        );
+        // Almost all bytes are weights of the four ops (biases and BN
+        // parameters stay f32).
+        assert!(
+            (after as f64) < 0.6 * before as f64,
+            "{name}: {after} B not below 0.6 x {before} B"
+        );
+    }
+}

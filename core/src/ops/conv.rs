@@ -270,7 +270,14 @@ struct ConvParams {
 fn conv_inputs<'a>(ctx: &PrepareCtx<'a>) -> Result<(&'a [usize], &'a [usize], usize, bool)> {
     let x = ctx.input(0)?;
     util::dtype_in(x.dtype, util::FLOATS, "Conv input")?;
-    let w = ctx.input_of(1, x.dtype)?;
+    let w = ctx.input(1)?;
+    // W is X's dtype, or f16 against f32 X (`Model::weights_to_f16`).
+    if w.dtype != x.dtype && !(x.dtype == DType::F32 && w.dtype == DType::F16) {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: x.dtype,
+            got: w.dtype,
+        }));
+    }
     if x.shape.len() < 3 {
         return Err(Error::new(ErrorKind::Rank {
             expected: 3,
@@ -351,7 +358,7 @@ fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         has_bias,
     };
     let shape = out_shape(batch, m, &g, n);
-    conv_kernel(ctx.input(0)?.dtype, &shape, p, "Conv", ConvDir::Forward)
+    conv_kernel(ctx, &shape, p, "Conv", ConvDir::Forward)
 }
 
 /// Which direct form a Conv-like kernel runs.
@@ -361,47 +368,60 @@ enum ConvDir {
     Transpose,
 }
 
-/// A Conv-like kernel of dtype `dt` running `f` (generic over the float
-/// types), with one output plane of accumulators as scratch when the
-/// storage type is narrower than its accumulator.
+/// A Conv-like kernel of X's dtype (W's may be f16 against f32 X).
 fn conv_kernel(
-    dt: DType,
+    ctx: &PrepareCtx<'_>,
+    shape: &[usize],
+    p: ConvParams,
+    name: &'static str,
+    dir: ConvDir,
+) -> Result<Prepared> {
+    let (dt, wdt) = (ctx.input(0)?.dtype, ctx.input(1)?.dtype);
+    if dt == DType::F32 && wdt == DType::F16 {
+        return conv_typed::<f32, half::f16>(shape, p, name, dir);
+    }
+    util::with_float!(dt, T => conv_typed::<T, T>(shape, p, name, dir),
+    other => Err(Error::new(ErrorKind::UnsupportedDType {
+        what: name,
+        code: other.onnx_code(),
+    })))
+}
+
+/// A Conv-like kernel over X (and B, Y) of `T` and W of `W`, with one output
+/// plane of accumulators as scratch when `T` is narrower than its
+/// accumulator.
+fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
     shape: &[usize],
     p: ConvParams,
     name: &'static str,
     dir: ConvDir,
 ) -> Result<Prepared> {
     let plane = p.g.out_size();
-    util::with_float!(dt, T => {
-        Ok(Prepared::single(
-            dt,
-            shape,
-            kernel(name, move |io| {
-                let x = io.input_slice::<T>(0)?;
-                let w = io.input_slice::<T>(1)?;
-                let b = if p.has_bias {
-                    Some(io.input_slice::<T>(2)?)
-                } else {
-                    None
-                };
-                let (y, scratch) = io.output_and_scratch(0)?;
-                let y = y.into_slice::<T>()?;
-                let acc = if T::IS_ACC {
-                    &mut []
-                } else {
-                    util::acc_buf::<T>(scratch, plane)?
-                };
-                match dir {
-                    ConvDir::Forward => conv_forward(x, w, b, y, acc, &p),
-                    ConvDir::Transpose => conv_transpose(x, w, b, y, acc, &p),
-                }
-            }),
-        )
-        .with_scratch(util::acc_scratch::<T>(plane)?))
-    }, other => Err(Error::new(ErrorKind::UnsupportedDType {
-        what: name,
-        code: other.onnx_code(),
-    })))
+    Ok(Prepared::single(
+        T::DTYPE,
+        shape,
+        kernel(name, move |io| {
+            let x = io.input_slice::<T>(0)?;
+            let w = io.input_slice::<W>(1)?;
+            let b = if p.has_bias {
+                Some(io.input_slice::<T>(2)?)
+            } else {
+                None
+            };
+            let (y, scratch) = io.output_and_scratch(0)?;
+            let y = y.into_slice::<T>()?;
+            let acc = if T::IS_ACC {
+                &mut []
+            } else {
+                util::acc_buf::<T>(scratch, plane)?
+            };
+            match dir {
+                ConvDir::Forward => conv_forward(x, w, b, y, acc, &p),
+                ConvDir::Transpose => conv_transpose(x, w, b, y, acc, &p),
+            }
+        }),
+    )
+    .with_scratch(util::acc_scratch::<T>(plane)?))
 }
 
 fn len_err(expected: usize, got: usize) -> Error {
@@ -640,13 +660,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         has_bias,
     };
     let shape = out_shape(batch, m, &g, n);
-    conv_kernel(
-        ctx.input(0)?.dtype,
-        &shape,
-        p,
-        "ConvTranspose",
-        ConvDir::Transpose,
-    )
+    conv_kernel(ctx, &shape, p, "ConvTranspose", ConvDir::Transpose)
 }
 
 /// Scatter-add: `y[n, oc, i*s + k*d - pb] += x[n, ic, i] * w[ic, oc_local, k]`;
@@ -1328,7 +1342,12 @@ mod tests {
         };
         let x = rnd(2 * 8 * 9 * 10, 41);
         // Dense 3x3, grouped, depthwise strided, pointwise.
-        for (group, m, k, s, p) in [(1, 6, 3, 1, 1), (2, 4, 3, 1, 0), (8, 8, 3, 2, 1), (1, 5, 1, 1, 0)] {
+        for (group, m, k, s, p) in [
+            (1, 6, 3, 1, 1),
+            (2, 4, 3, 1, 0),
+            (8, 8, 3, 2, 1),
+            (1, 5, 1, 1, 0),
+        ] {
             let w = rnd(m * (8 / group) * k * k, 42);
             let b = rnd(m, 43);
             float_types_agree(
@@ -1348,12 +1367,58 @@ mod tests {
         float_types_agree(
             "ConvTranspose",
             11,
-            vec![
-                ("group", AttrValue::Int(2)),
-                ("strides", ints(&[2, 1])),
-            ],
+            vec![("group", AttrValue::Int(2)), ("strides", ints(&[2, 1]))],
             &[(&[2, 8, 9, 10], &x), (&[8, 3, 2, 3], &w)],
             1e-5,
         );
+    }
+
+    #[test]
+    fn f16_weights_against_f32_input() {
+        // Exactly the f32 result with the weights rounded to f16.
+        let x = rnd(2 * 4 * 7 * 6, 71);
+        let w: Vec<f32> = rnd(6 * 2 * 3 * 3, 72)
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect();
+        let wh: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let b = rnd(6, 73);
+        let attrs = || vec![("group", AttrValue::Int(2)), ("pads", ints(&[1, 0, 1, 2]))];
+        for op in ["Conv", "ConvTranspose"] {
+            let ws: &[usize] = if op == "Conv" {
+                &[6, 2, 3, 3]
+            } else {
+                &[4, 3, 3, 3]
+            };
+            let n = if op == "Conv" { 6 } else { 6 };
+            let want = run(
+                op,
+                11,
+                attrs(),
+                &[t(&[2, 4, 7, 6], &x), t(ws, &w), t(&[n], &b)],
+                1,
+            )
+            .unwrap();
+            let got = run(
+                op,
+                11,
+                attrs(),
+                &[t(&[2, 4, 7, 6], &x), t(ws, &wh), t(&[n], &b)],
+                1,
+            )
+            .unwrap();
+            assert_eq!(got[0].shape, want[0].shape);
+            assert_eq!(vals::<f32>(&got[0]), vals::<f32>(&want[0]), "{op}");
+        }
+        // f16 X with f32 W is not a supported pairing.
+        let xh: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+        assert!(run(
+            "Conv",
+            11,
+            vec![],
+            &[t(&[2, 4, 7, 6], &xh), t(&[6, 4, 3, 3], &rnd(6 * 36, 1))],
+            1
+        )
+        .is_err());
     }
 }

@@ -53,9 +53,7 @@ pub fn sgemm(
     alpha: f32,
     beta: f32,
 ) -> Result<()> {
-    gemm(
-        m, n, k, a, lda, transa, b, ldb, transb, c, ldc, alpha, beta,
-    )
+    gemm(m, n, k, a, lda, transa, b, ldb, transb, c, ldc, alpha, beta)
 }
 
 /// [`sgemm`] over any [`Float`] operands sharing an accumulator: A and B
@@ -140,7 +138,8 @@ pub fn gemm<A: Float, B: Float<Acc = A::Acc>>(
                 for ((((cv, &x0), &x1), &x2), &x3) in
                     crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3)
                 {
-                    *cv += a0 * x0.to_acc() + a1 * x1.to_acc() + a2 * x2.to_acc() + a3 * x3.to_acc();
+                    *cv +=
+                        a0 * x0.to_acc() + a1 * x1.to_acc() + a2 * x2.to_acc() + a3 * x3.to_acc();
                 }
                 p += 4;
             }
@@ -212,7 +211,9 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let b = ctx.input(1)?;
     util::dtype_in(a.dtype, util::FLOATS, "Gemm A")?;
     let dt = a.dtype;
-    if b.dtype != dt {
+    // B is A's dtype, or f16 against f32 A (`Model::weights_to_f16`).
+    let wide_b = dt == DType::F32 && b.dtype == DType::F16;
+    if b.dtype != dt && !wide_b {
         return Err(Error::new(ErrorKind::DTypeMismatch {
             expected: dt,
             got: b.dtype,
@@ -294,9 +295,16 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         beta,
         c_strides,
     };
+    if wide_b {
+        return Ok(Prepared::single(
+            dt,
+            &[m, n],
+            kernel("Gemm", move |io| run_gemm::<f32, half::f16>(io, &g)),
+        ));
+    }
     util::with_float!(dt, T => {
         let scratch = util::acc_scratch::<T>(m * n)?;
-        Ok(Prepared::single(dt, &[m, n], kernel("Gemm", move |io| run_gemm::<T>(io, &g)))
+        Ok(Prepared::single(dt, &[m, n], kernel("Gemm", move |io| run_gemm::<T, T>(io, &g)))
             .with_scratch(scratch))
     }, other => Err(Error::new(ErrorKind::UnsupportedDType {
         what: "Gemm",
@@ -320,7 +328,8 @@ struct GemmParams {
     c_strides: Option<(usize, usize)>,
 }
 
-fn run_gemm<T: Float>(io: &mut KernelIo<'_>, g: &GemmParams) -> Result<()> {
+/// Gemm over A, C and Y of `T` and B of `W`.
+fn run_gemm<T: Float, W: Float<Acc = T::Acc>>(io: &mut KernelIo<'_>, g: &GemmParams) -> Result<()> {
     let GemmParams {
         m,
         n,
@@ -334,7 +343,7 @@ fn run_gemm<T: Float>(io: &mut KernelIo<'_>, g: &GemmParams) -> Result<()> {
         c_strides,
     } = *g;
     let a = io.input_slice::<T>(0)?;
-    let b = io.input_slice::<T>(1)?;
+    let b = io.input_slice::<W>(1)?;
     let c = match c_strides {
         Some(s) if beta != 0.0 => Some((io.input_slice::<T>(2)?, s)),
         _ => None,
@@ -387,7 +396,9 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let b = ctx.input(1)?;
     util::dtype_in(a.dtype, util::FLOATS, "MatMul A")?;
     let dt = a.dtype;
-    if b.dtype != dt {
+    // B is A's dtype, or f16 against f32 A (`Model::weights_to_f16`).
+    let wide_b = dt == DType::F32 && b.dtype == DType::F16;
+    if b.dtype != dt && !wide_b {
         return Err(Error::new(ErrorKind::DTypeMismatch {
             expected: dt,
             got: b.dtype,
@@ -446,9 +457,16 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         sa,
         sb,
     };
+    if wide_b {
+        return Ok(Prepared::single(
+            dt,
+            &out_shape,
+            kernel("MatMul", move |io| run_matmul::<f32, half::f16>(io, &p)),
+        ));
+    }
     util::with_float!(dt, T => {
         let scratch = util::acc_scratch::<T>(m * n)?;
-        Ok(Prepared::single(dt, &out_shape, kernel("MatMul", move |io| run_matmul::<T>(io, &p)))
+        Ok(Prepared::single(dt, &out_shape, kernel("MatMul", move |io| run_matmul::<T, T>(io, &p)))
             .with_scratch(scratch))
     }, other => Err(Error::new(ErrorKind::UnsupportedDType {
         what: "MatMul",
@@ -467,10 +485,14 @@ struct MatMulParams {
     sb: [usize; MAX_RANK],
 }
 
-fn run_matmul<T: Float>(io: &mut KernelIo<'_>, p: &MatMulParams) -> Result<()> {
+/// MatMul over A and Y of `T` and B of `W`.
+fn run_matmul<T: Float, W: Float<Acc = T::Acc>>(
+    io: &mut KernelIo<'_>,
+    p: &MatMulParams,
+) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
     let a = io.input_slice::<T>(0)?;
-    let b = io.input_slice::<T>(1)?;
+    let b = io.input_slice::<W>(1)?;
     let (y, scratch) = io.output_and_scratch(0)?;
     let y = y.into_slice::<T>()?;
     let mn = m * n;
@@ -904,5 +926,56 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    #[test]
+    fn f16_weights_against_f32_input() {
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+        };
+        let a = rnd(3 * 4 * 9, 81);
+        let b = round(rnd(9 * 5, 82));
+        let bh: Vec<half::f16> = b.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let want = run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[3, 4, 9], &a), t(&[9, 5], &b)],
+            1,
+        )
+        .unwrap();
+        let got = run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[3, 4, 9], &a), t(&[9, 5], &bh)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&got[0]), vals::<f32>(&want[0]));
+        let c = rnd(5, 83);
+        let attrs = || {
+            vec![
+                ("transB", AttrValue::Int(1)),
+                ("beta", AttrValue::Float(0.5)),
+            ]
+        };
+        let want = run(
+            "Gemm",
+            13,
+            attrs(),
+            &[t(&[12, 9], &a), t(&[5, 9], &b), t(&[5], &c)],
+            1,
+        )
+        .unwrap();
+        let got = run(
+            "Gemm",
+            13,
+            attrs(),
+            &[t(&[12, 9], &a), t(&[5, 9], &bh), t(&[5], &c)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&got[0]), vals::<f32>(&want[0]));
     }
 }

@@ -167,11 +167,7 @@ impl BatchNorm {
                         let a = s[ch].to_f32() / math::sqrt(var[ch].to_f32() + eps);
                         (a, bb[ch].to_f32() - mean[ch].to_f32() * a)
                     }
-                    _ => {
-                        return Err(Error::new(ErrorKind::Internal(
-                            "BatchNormalization params",
-                        )))
-                    }
+                    _ => return Err(Error::new(ErrorKind::Internal("BatchNormalization params"))),
                 };
                 let (a, b) = (T::Acc::from_f32(a), T::Acc::from_f32(b));
                 for img in 0..n {
@@ -620,7 +616,6 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
 pub(crate) use crate::ops::util::Float as Real;
 
 use crate::ops::util::FLOATS;
-
 
 /// (mean, 1/sqrt(var + eps)) of a block; with `rms`, mean is 0 and the
 /// variance is the mean square.

@@ -398,7 +398,12 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
 
 /// A global pool over `planes` planes of `plane` elements, accumulated in
 /// f32 (f64 for f64).
-fn run_global<T: Float>(io: &mut KernelIo<'_>, mode: Mode, planes: usize, plane: usize) -> Result<()> {
+fn run_global<T: Float>(
+    io: &mut KernelIo<'_>,
+    mode: Mode,
+    planes: usize,
+    plane: usize,
+) -> Result<()> {
     let x = io.input_slice::<T>(0)?;
     let y = io.output_slice::<T>(0)?;
     check_len(x.len(), planes * plane)?;
@@ -1060,7 +1065,10 @@ mod tests {
         float_types_agree(
             "MaxPool",
             12,
-            vec![("kernel_shape", k()), ("strides", AttrValue::Ints(vec![2, 2]))],
+            vec![
+                ("kernel_shape", k()),
+                ("strides", AttrValue::Ints(vec![2, 2])),
+            ],
             &[(xs, &x)],
             0.0,
         );
