@@ -513,7 +513,7 @@ impl Model {
         }
         let captured: Vec<String> = captured.into_iter().map(String::from).collect();
         for (k, t) in g.tensors.iter_mut().enumerate() {
-            if !weight_use[k] || other_use[k] || captured.iter().any(|c| *c == t.name) {
+            if !weight_use[k] || other_use[k] || captured.contains(&t.name) {
                 continue;
             }
             let Some(c) = t.value.as_ref() else {

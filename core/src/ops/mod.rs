@@ -921,7 +921,7 @@ pub mod util {
     /// The accumulator view of a typed scratch / output buffer: `out` itself
     /// when `T` is its own accumulator, else the first `n` accumulators of
     /// `scratch` (bytes from prepare's [`acc_scratch`]).
-    pub fn acc_buf<'a, T: Float>(scratch: &'a mut [u8], n: usize) -> Result<&'a mut [T::Acc]> {
+    pub fn acc_buf<T: Float>(scratch: &mut [u8], n: usize) -> Result<&mut [T::Acc]> {
         let s: &mut [T::Acc] = bytemuck::try_cast_slice_mut(scratch)
             .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
         s.get_mut(..n)

@@ -94,7 +94,8 @@ pub fn float_types_agree(
         .iter()
         .map(|(_, v)| v.iter().map(|&x| f16::from_f32(x).to_f32()).collect())
         .collect();
-    let mk = |conv: &dyn Fn(&[f32], &[usize]) -> Option<Const>| -> Vec<Option<Const>> {
+    type MakeConst<'a> = &'a dyn Fn(&[f32], &[usize]) -> Option<Const>;
+    let mk = |conv: MakeConst<'_>| -> Vec<Option<Const>> {
         inputs
             .iter()
             .zip(&exact)
