@@ -916,13 +916,22 @@ mod tests {
             1e-5,
         );
         assert_eq!(y.len(), 2 * 3 * 4 * 6);
-        // Mixed dtypes are an error.
-        let bh: Vec<half::f16> = b.iter().map(|&v| half::f16::from_f32(v)).collect();
+        // Mixed dtypes other than f16 weights against f32 are an error.
+        let ah: Vec<half::f16> = a.iter().map(|&v| half::f16::from_f32(v)).collect();
         assert!(run(
             "MatMul",
             13,
             vec![],
-            &[t(&[2, 3, 4, 9], &a), t(&[3, 9, 6], &bh)],
+            &[t(&[2, 3, 4, 9], &ah), t(&[3, 9, 6], &b)],
+            1
+        )
+        .is_err());
+        let b64: Vec<f64> = b.iter().map(|&v| v as f64).collect();
+        assert!(run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[2, 3, 4, 9], &a), t(&[3, 9, 6], &b64)],
             1
         )
         .is_err());
