@@ -14,12 +14,42 @@
 //! or logits of magnitude about 1, where one f16 ulp is 9.8e-4: atol 1e-3
 //! covers that for the near-zero outputs, where a pure rtol is meaningless.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use mote_core::{DType, Model, Session, SessionBuilder};
 use mote_tests::{python, repo};
+
+/// Counts heap allocations, to check f16 runs allocate nothing either.
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator, only counting calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The allocation counter is global: tests of this binary take turns.
+static LOCK: Mutex<()> = Mutex::new(());
 
 const RTOL: f64 = 1e-2;
 const ATOL: f64 = 1e-3;
@@ -61,8 +91,14 @@ fn run(dir: &std::path::Path, name: &str, dims: &[(&str, usize)]) -> (Vec<f64>, 
         .unwrap_or_else(|e| panic!("{name}: plan: {}", model.explain(&e)));
     let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
     let mut s = Session::new(&model, &plan, &mut arena).expect("session");
-    s.run(&[(&in_name, input.view())])
+    let feeds = [(in_name.as_str(), input.view())];
+    s.run(&feeds)
         .unwrap_or_else(|e| panic!("{name}: run: {}", model.explain(&e)));
+    // A second run allocates nothing (f32 staging lives in the arena).
+    let before = ALLOCS.load(Ordering::SeqCst);
+    s.run(&feeds).expect("second run");
+    let allocs = ALLOCS.load(Ordering::SeqCst) - before;
+    assert_eq!(allocs, 0, "{name}: Session::run allocated {allocs} times");
     let out = s.output(0).expect("output");
     let vals: Vec<f64> = (0..out.numel())
         .map(|i| out.f64_at(i).expect("float output"))
@@ -71,6 +107,7 @@ fn run(dir: &std::path::Path, name: &str, dims: &[(&str, usize)]) -> (Vec<f64>, 
 }
 
 fn check(name: &str, dims: &[(&str, usize)]) {
+    let _g = LOCK.lock();
     let dir = f16_dir();
     for (suffix, out_dt) in [("f16", DType::F16), ("f16io", DType::F32)] {
         let full = format!("{name}_{suffix}");
@@ -143,6 +180,7 @@ fn convnet_f16_matches_onnxruntime() {
 /// model's only difference from f32 here).
 #[test]
 fn f32_models_with_f16_weights() {
+    let _g = LOCK.lock();
     let dir = mote_tests::models_dir();
     for (name, dims) in [
         ("mlp", &[][..]),
@@ -167,8 +205,16 @@ fn f32_models_with_f16_weights() {
             .unwrap_or_else(|e| panic!("{name}: plan: {}", model.explain(&e)));
         let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
         let mut s = Session::new(&model, &plan, &mut arena).expect("session");
-        s.run(&[(&in_name, input.view())])
+        let feeds = [(in_name.as_str(), input.view())];
+        s.run(&feeds)
             .unwrap_or_else(|e| panic!("{name}: run: {}", model.explain(&e)));
+        let before_allocs = ALLOCS.load(Ordering::SeqCst);
+        s.run(&feeds).expect("second run");
+        assert_eq!(
+            ALLOCS.load(Ordering::SeqCst),
+            before_allocs,
+            "{name}: Session::run allocated"
+        );
         let out = s.output(0).expect("output");
         assert_eq!(out.dtype(), DType::F32, "{name}: output stays f32");
         let mut worst = 0f64;
