@@ -15,22 +15,34 @@
 //! covers that for the near-zero outputs, where a pure rtol is meaningless.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use mote_core::{DType, Model, Session, SessionBuilder};
 use mote_tests::{python, repo};
 
-/// Counts heap allocations, to check f16 runs allocate nothing either.
+/// Counts heap allocations per thread (the test harness allocates on its
+/// own threads meanwhile), to check f16 runs allocate nothing either.
 struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn count() {
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+fn allocs() -> usize {
+    ALLOCS.with(Cell::get)
+}
 
 // SAFETY: forwards to the system allocator, only counting calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(l) }
     }
@@ -39,7 +51,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(p, l, n) }
     }
@@ -47,9 +59,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// The allocation counter is global: tests of this binary take turns.
-static LOCK: Mutex<()> = Mutex::new(());
 
 const RTOL: f64 = 1e-2;
 const ATOL: f64 = 1e-3;
@@ -95,10 +104,10 @@ fn run(dir: &std::path::Path, name: &str, dims: &[(&str, usize)]) -> (Vec<f64>, 
     s.run(&feeds)
         .unwrap_or_else(|e| panic!("{name}: run: {}", model.explain(&e)));
     // A second run allocates nothing (f32 staging lives in the arena).
-    let before = ALLOCS.load(Ordering::SeqCst);
+    let before = allocs();
     s.run(&feeds).expect("second run");
-    let allocs = ALLOCS.load(Ordering::SeqCst) - before;
-    assert_eq!(allocs, 0, "{name}: Session::run allocated {allocs} times");
+    let n = allocs() - before;
+    assert_eq!(n, 0, "{name}: Session::run allocated {n} times");
     let out = s.output(0).expect("output");
     let vals: Vec<f64> = (0..out.numel())
         .map(|i| out.f64_at(i).expect("float output"))
@@ -107,7 +116,6 @@ fn run(dir: &std::path::Path, name: &str, dims: &[(&str, usize)]) -> (Vec<f64>, 
 }
 
 fn check(name: &str, dims: &[(&str, usize)]) {
-    let _g = LOCK.lock();
     let dir = f16_dir();
     for (suffix, out_dt) in [("f16", DType::F16), ("f16io", DType::F32)] {
         let full = format!("{name}_{suffix}");
@@ -180,7 +188,6 @@ fn convnet_f16_matches_onnxruntime() {
 /// model's only difference from f32 here).
 #[test]
 fn f32_models_with_f16_weights() {
-    let _g = LOCK.lock();
     let dir = mote_tests::models_dir();
     for (name, dims) in [
         ("mlp", &[][..]),
@@ -208,13 +215,9 @@ fn f32_models_with_f16_weights() {
         let feeds = [(in_name.as_str(), input.view())];
         s.run(&feeds)
             .unwrap_or_else(|e| panic!("{name}: run: {}", model.explain(&e)));
-        let before_allocs = ALLOCS.load(Ordering::SeqCst);
+        let before_allocs = allocs();
         s.run(&feeds).expect("second run");
-        assert_eq!(
-            ALLOCS.load(Ordering::SeqCst),
-            before_allocs,
-            "{name}: Session::run allocated"
-        );
+        assert_eq!(allocs(), before_allocs, "{name}: Session::run allocated");
         let out = s.output(0).expect("output");
         assert_eq!(out.dtype(), DType::F32, "{name}: output stays f32");
         let mut worst = 0f64;
@@ -238,4 +241,11 @@ fn f32_models_with_f16_weights() {
             "{name}: {after} B not below 0.6 x {before} B"
         );
     }
+}
+
+#[test]
+fn allocation_counter_counts() {
+    let before = allocs();
+    let v = std::hint::black_box(vec![1u8; 64]);
+    assert!(allocs() > before && v.len() == 64);
 }
