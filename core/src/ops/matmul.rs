@@ -1,4 +1,6 @@
-//! Matrix products: Gemm and MatMul, over one shared [`sgemm`].
+//! Matrix products: Gemm and MatMul, over one shared [`gemm`] (f32, f64,
+//! and f16 / bf16 accumulating in f32; f16 B against f32 A for
+//! `Model::weights_to_f16`).
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::util::{Acc, Float};

@@ -214,7 +214,7 @@ fn taps_below(o: usize, s: usize, d: usize, k: usize, pb: usize, limit: usize) -
 /// input index of each maximum, in column-major plane order when its flag is
 /// set.
 /// Element types a pool reads: MaxPool takes all of them, the averaging
-/// pools only f32 (prepare enforces it).
+/// pools and LpPool only the float ones (prepare enforces it).
 trait PoolElem: crate::Element + PartialOrd {
     /// Value of a window with no tap inside the input.
     const LOWEST: Self;
