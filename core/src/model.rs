@@ -460,6 +460,86 @@ impl Model {
             .map(|t| t.name.as_str())
     }
 
+    /// Stores the f32 weights of Conv, ConvTranspose, MatMul and Gemm as f16,
+    /// halving their bytes: every f32 initializer read only as input 1 (the
+    /// weight) of those ops, and not a graph input or output nor named by a
+    /// control-flow body, is rounded to f16 (nearest even). Those kernels
+    /// take f16 weights against f32 activations, widening each weight as
+    /// they read it and accumulating in f32, so results differ from the f32
+    /// model only by the weights' rounding (about 2^-11 relative). Returns
+    /// the initializer bytes of the whole graph (before, after).
+    pub fn weights_to_f16(&mut self) -> (usize, usize) {
+        let g = &mut self.graph;
+        let bytes = |g: &Graph| -> usize {
+            g.tensors
+                .iter()
+                .filter_map(|t| t.value.as_ref())
+                .map(Const::byte_len)
+                .sum()
+        };
+        let before = bytes(g);
+        let n = g.tensors.len();
+        // Per tensor: read somewhere else than a weight slot of the four ops.
+        let mut other_use = alloc::vec![false; n];
+        let mut weight_use = alloc::vec![false; n];
+        let mut captured: Vec<&str> = Vec::new();
+        for node in &g.nodes {
+            let weighty = node.domain.is_empty()
+                && matches!(
+                    node.op_type.as_str(),
+                    "Conv" | "ConvTranspose" | "MatMul" | "Gemm"
+                );
+            for (i, t) in node.inputs.iter().enumerate() {
+                if let Some(&t) = t.as_ref() {
+                    let slot = if weighty && i == 1 {
+                        &mut weight_use
+                    } else {
+                        &mut other_use
+                    };
+                    if let Some(u) = slot.get_mut(t as usize) {
+                        *u = true;
+                    }
+                }
+            }
+            for a in &node.attrs {
+                match &a.value {
+                    AttrValue::Graph(b) => captured.extend(b.free_names()),
+                    AttrValue::Graphs(bs) => {
+                        bs.iter().for_each(|b| captured.extend(b.free_names()))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for &t in g.inputs.iter().chain(&g.outputs) {
+            if let Some(u) = other_use.get_mut(t as usize) {
+                *u = true;
+            }
+        }
+        let captured: Vec<String> = captured.into_iter().map(String::from).collect();
+        for (k, t) in g.tensors.iter_mut().enumerate() {
+            if !weight_use[k] || other_use[k] || captured.contains(&t.name) {
+                continue;
+            }
+            let Some(c) = t.value.as_ref() else {
+                continue;
+            };
+            if c.dtype != DType::F32 {
+                continue;
+            }
+            let Ok(v) = c.view().as_slice::<f32>() else {
+                continue;
+            };
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            if let Ok(nc) = Const::from_slice(&c.shape, &h) {
+                t.value = Some(nc);
+                t.dtype = Some(DType::F16);
+                t.onnx_type = DType::F16.onnx_code();
+            }
+        }
+        (before, bytes(g))
+    }
+
     /// Resolves an error's node and tensor indices to names, for display:
     /// `unsupported operator at opset 13: node 'conv1' (Conv)`.
     pub fn explain<'a>(&'a self, e: &'a Error) -> Explained<'a> {

@@ -50,6 +50,10 @@ enum Cmd {
         /// Seed of the random data for inputs not given.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Stores the f32 weights of Conv, ConvTranspose, MatMul and Gemm as
+        /// f16 (`Model::weights_to_f16`): half the weight bytes.
+        #[arg(long)]
+        f16_weights: bool,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -166,6 +170,7 @@ fn main() {
             dims,
             output_dir,
             seed,
+            f16_weights,
             json,
         } => {
             out.json = json;
@@ -175,6 +180,7 @@ fn main() {
                 &dims,
                 output_dir.as_deref(),
                 seed,
+                f16_weights,
                 &mut out,
             )
         }
@@ -568,9 +574,15 @@ fn run(
     dims: &[(String, usize)],
     output_dir: Option<&Path>,
     seed: u64,
+    f16_weights: bool,
     out: &mut Out,
 ) -> Result<()> {
-    let model = Arc::new(load_model(path)?);
+    let mut model = load_model(path)?;
+    if f16_weights {
+        let (before, after) = model.weights_to_f16();
+        out.note(format!("f16 weights: initializers {before} B -> {after} B"));
+    }
+    let model = Arc::new(model);
     let mut feeds: Vec<(String, Tensor, String)> = Vec::new();
     for (name, file) in given {
         if feeds.iter().any(|(n, _, _)| n == name) {

@@ -1,5 +1,5 @@
-//! Convolution operators: Conv and ConvTranspose (f32, NCHW layout, 1 to 3
-//! spatial dimensions).
+//! Convolution operators: Conv and ConvTranspose (f32, f64, f16, bf16 —
+//! narrow types accumulate in f32; NCHW layout, 1 to 3 spatial dimensions).
 //!
 //! Every spatial geometry is normalized to three spatial axes (leading axes
 //! of size 1), so one set of loops serves 1-D, 2-D and 3-D. The innermost
@@ -10,6 +10,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
 use crate::DType;
 
@@ -268,8 +269,15 @@ struct ConvParams {
 /// from W, has bias).
 fn conv_inputs<'a>(ctx: &PrepareCtx<'a>) -> Result<(&'a [usize], &'a [usize], usize, bool)> {
     let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], "Conv input")?;
-    let w = ctx.input_of(1, DType::F32)?;
+    util::dtype_in(x.dtype, util::FLOATS, "Conv input")?;
+    let w = ctx.input(1)?;
+    // W is X's dtype, or f16 against f32 X (`Model::weights_to_f16`).
+    if w.dtype != x.dtype && !(x.dtype == DType::F32 && w.dtype == DType::F16) {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: x.dtype,
+            got: w.dtype,
+        }));
+    }
     if x.shape.len() < 3 {
         return Err(Error::new(ErrorKind::Rank {
             expected: 3,
@@ -288,7 +296,7 @@ fn conv_inputs<'a>(ctx: &PrepareCtx<'a>) -> Result<(&'a [usize], &'a [usize], us
     }
     let has_bias = ctx.opt_input(2).is_some();
     if has_bias {
-        let b = ctx.input_of(2, DType::F32)?;
+        let b = ctx.input_of(2, x.dtype)?;
         if b.shape.len() != 1 {
             return Err(Error::new(ErrorKind::Rank {
                 expected: 1,
@@ -350,21 +358,70 @@ fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         has_bias,
     };
     let shape = out_shape(batch, m, &g, n);
+    conv_kernel(ctx, &shape, p, "Conv", ConvDir::Forward)
+}
+
+/// Which direct form a Conv-like kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConvDir {
+    Forward,
+    Transpose,
+}
+
+/// A Conv-like kernel of X's dtype (W's may be f16 against f32 X).
+fn conv_kernel(
+    ctx: &PrepareCtx<'_>,
+    shape: &[usize],
+    p: ConvParams,
+    name: &'static str,
+    dir: ConvDir,
+) -> Result<Prepared> {
+    let (dt, wdt) = (ctx.input(0)?.dtype, ctx.input(1)?.dtype);
+    if dt == DType::F32 && wdt == DType::F16 {
+        return conv_typed::<f32, half::f16>(shape, p, name, dir);
+    }
+    util::with_float!(dt, T => conv_typed::<T, T>(shape, p, name, dir),
+    other => Err(Error::new(ErrorKind::UnsupportedDType {
+        what: name,
+        code: other.onnx_code(),
+    })))
+}
+
+/// A Conv-like kernel over X (and B, Y) of `T` and W of `W`, with one output
+/// plane of accumulators as scratch when `T` is narrower than its
+/// accumulator.
+fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
+    shape: &[usize],
+    p: ConvParams,
+    name: &'static str,
+    dir: ConvDir,
+) -> Result<Prepared> {
+    let plane = p.g.out_size();
     Ok(Prepared::single(
-        DType::F32,
-        &shape,
-        kernel("Conv", move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let w = io.input_slice::<f32>(1)?;
+        T::DTYPE,
+        shape,
+        kernel(name, move |io| {
+            let x = io.input_slice::<T>(0)?;
+            let w = io.input_slice::<W>(1)?;
             let b = if p.has_bias {
-                Some(io.input_slice::<f32>(2)?)
+                Some(io.input_slice::<T>(2)?)
             } else {
                 None
             };
-            let y = io.output_slice::<f32>(0)?;
-            conv_forward(x, w, b, y, &p)
+            let (y, scratch) = io.output_and_scratch(0)?;
+            let y = y.into_slice::<T>()?;
+            let acc = if T::IS_ACC {
+                &mut []
+            } else {
+                util::acc_buf::<T>(scratch, plane)?
+            };
+            match dir {
+                ConvDir::Forward => conv_forward(x, w, b, y, acc, &p),
+                ConvDir::Transpose => conv_transpose(x, w, b, y, acc, &p),
+            }
         }),
-    ))
+    )
+    .with_scratch(util::acc_scratch::<T>(plane)?))
 }
 
 fn len_err(expected: usize, got: usize) -> Error {
@@ -381,19 +438,22 @@ fn check_len(s: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// `y += a * x` over equal-length slices.
+/// `y += a * x` over equal-length slices, `x` widened to the accumulator.
 #[inline]
-fn axpy(y: &mut [f32], x: &[f32], a: f32) {
+fn axpy<W: Float>(y: &mut [W::Acc], x: &[W], a: W::Acc) {
     for (o, &v) in y.iter_mut().zip(x) {
-        *o += a * v;
+        *o += a * v.to_acc();
     }
 }
 
-fn conv_forward(
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    y: &mut [f32],
+/// Direct convolution; `acc` holds one output plane of accumulators when
+/// `T` is narrower than its accumulator (else it is unused).
+fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
+    x: &[T],
+    w: &[W],
+    b: Option<&[T]>,
+    y: &mut [T],
+    acc: &mut [T::Acc],
     p: &ConvParams,
 ) -> Result<()> {
     let g = &p.g;
@@ -409,9 +469,10 @@ fn conv_forward(
     if y.is_empty() {
         return Ok(());
     }
+    let zero = <T::Acc as Acc>::ZERO;
     if in_sz == 0 || cg == 0 {
         for (i, v) in y.iter_mut().enumerate() {
-            *v = b.map_or(0.0, |b| b[(i / out_sz) % p.m]);
+            *v = T::from_acc(b.map_or(zero, |b| b[(i / out_sz) % p.m].to_acc()));
         }
         return Ok(());
     }
@@ -423,26 +484,29 @@ fn conv_forward(
         let xb = &x[ni * p.c * in_sz..][..p.c * in_sz];
         for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
             let grp = oc / mg;
-            yp.fill(b.map_or(0.0, |b| b[oc]));
             let wrow = &w[oc * cg * k_sz..][..cg * k_sz];
             let xg = &xb[grp * cg * in_sz..][..cg * in_sz];
-            if pointwise {
-                // A GEMM row: y[oc, :] += w[oc, ic] * x[ic, :].
-                for (xp, &wv) in xg.chunks_exact(in_sz).zip(wrow) {
-                    axpy(yp, xp, wv);
+            let bias = b.map_or(zero, |b| b[oc].to_acc());
+            util::accumulate_into(yp, acc, |yp| {
+                yp.fill(bias);
+                if pointwise {
+                    // A GEMM row: y[oc, :] += w[oc, ic] * x[ic, :].
+                    for (xp, &wv) in xg.chunks_exact(in_sz).zip(wrow) {
+                        axpy(yp, xp, wv.to_acc());
+                    }
+                    return;
                 }
-                continue;
-            }
-            for (xp, wk) in xg.chunks_exact(in_sz).zip(wrow.chunks_exact(k_sz)) {
-                conv_plane(yp, xp, wk, g);
-            }
+                for (xp, wk) in xg.chunks_exact(in_sz).zip(wrow.chunks_exact(k_sz)) {
+                    conv_plane(yp, xp, wk, g);
+                }
+            })?;
         }
     }
     Ok(())
 }
 
 /// Accumulates one input plane convolved with one kernel into an output plane.
-fn conv_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
+fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(yp: &mut [T::Acc], xp: &[T], wk: &[W], g: &Geom) {
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
@@ -454,7 +518,7 @@ fn conv_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
         for kh in 0..k1 {
             let (oh_lo, oh_hi) = valid_range(o1, s1, kh * d1, p1, i1);
             for kw in 0..k2 {
-                let wv = wk[(kd * k1 + kh) * k2 + kw];
+                let wv = wk[(kd * k1 + kh) * k2 + kw].to_acc();
                 let (lo, hi) = valid_range(o2, s2, kw * d2, p2, i2);
                 if lo >= hi {
                     continue;
@@ -471,7 +535,7 @@ fn conv_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
                             axpy(yrow, &xrow[..len], wv);
                         } else {
                             for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_by(s2)) {
-                                *o += wv * v;
+                                *o += wv * v.to_acc();
                             }
                         }
                     }
@@ -596,29 +660,17 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         has_bias,
     };
     let shape = out_shape(batch, m, &g, n);
-    Ok(Prepared::single(
-        DType::F32,
-        &shape,
-        kernel("ConvTranspose", move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let w = io.input_slice::<f32>(1)?;
-            let b = if p.has_bias {
-                Some(io.input_slice::<f32>(2)?)
-            } else {
-                None
-            };
-            let y = io.output_slice::<f32>(0)?;
-            conv_transpose(x, w, b, y, &p)
-        }),
-    ))
+    conv_kernel(ctx, &shape, p, "ConvTranspose", ConvDir::Transpose)
 }
 
-/// Scatter-add: `y[n, oc, i*s + k*d - pb] += x[n, ic, i] * w[ic, oc_local, k]`.
-fn conv_transpose(
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    y: &mut [f32],
+/// Scatter-add: `y[n, oc, i*s + k*d - pb] += x[n, ic, i] * w[ic, oc_local, k]`;
+/// `acc` as in [`conv_forward`].
+fn conv_transpose<T: Float, W: Float<Acc = T::Acc>>(
+    x: &[T],
+    w: &[W],
+    b: Option<&[T]>,
+    y: &mut [T],
+    acc: &mut [T::Acc],
     p: &ConvParams,
 ) -> Result<()> {
     let g = &p.g;
@@ -634,24 +686,33 @@ fn conv_transpose(
     if y.is_empty() {
         return Ok(());
     }
+    let zero = <T::Acc as Acc>::ZERO;
     for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
         let xb = &x[ni * p.c * in_sz..][..p.c * in_sz];
         for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
             let grp = oc / mg;
             let mo = oc % mg;
-            yp.fill(b.map_or(0.0, |b| b[oc]));
-            for ci in 0..cg {
-                let ic = grp * cg + ci;
-                let xp = &xb[ic * in_sz..][..in_sz];
-                let wk = &w[(ic * mg + mo) * k_sz..][..k_sz];
-                scatter_plane(yp, xp, wk, g);
-            }
+            let bias = b.map_or(zero, |b| b[oc].to_acc());
+            util::accumulate_into(yp, acc, |yp| {
+                yp.fill(bias);
+                for ci in 0..cg {
+                    let ic = grp * cg + ci;
+                    let xp = &xb[ic * in_sz..][..in_sz];
+                    let wk = &w[(ic * mg + mo) * k_sz..][..k_sz];
+                    scatter_plane(yp, xp, wk, g);
+                }
+            })?;
         }
     }
     Ok(())
 }
 
-fn scatter_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
+fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
+    yp: &mut [T::Acc],
+    xp: &[T],
+    wk: &[W],
+    g: &Geom,
+) {
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
@@ -663,7 +724,7 @@ fn scatter_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
         for kh in 0..k1 {
             let (ih_lo, ih_hi) = valid_range(i1, s1, kh * d1, p1, o1);
             for kw in 0..k2 {
-                let wv = wk[(kd * k1 + kh) * k2 + kw];
+                let wv = wk[(kd * k1 + kh) * k2 + kw].to_acc();
                 let (lo, hi) = valid_range(i2, s2, kw * d2, p2, o2);
                 if lo >= hi {
                     continue;
@@ -677,10 +738,13 @@ fn scatter_plane(yp: &mut [f32], xp: &[f32], wk: &[f32], g: &Geom) {
                         let xrow = &xp[(id * i1 + ih) * i2 + lo..][..len];
                         let yrow = &mut yp[(od * o1 + oh) * o2 + ow0..];
                         if s2 == 1 {
-                            axpy(&mut yrow[..len], xrow, wv);
+                            // Same as axpy with the roles of x and w.
+                            for (o, &v) in yrow[..len].iter_mut().zip(xrow) {
+                                *o += wv * v.to_acc();
+                            }
                         } else {
                             for (o, &v) in yrow.iter_mut().step_by(s2).zip(xrow) {
-                                *o += wv * v;
+                                *o += wv * v.to_acc();
                             }
                         }
                     }
@@ -1264,5 +1328,98 @@ mod tests {
         .unwrap();
         assert_eq!(out[0].shape, vec![1, mg, ys[3]]);
         assert_close(&vals::<f32>(&out[0]), &want, 1e-5);
+    }
+
+    #[test]
+    fn narrow_floats_accumulate_in_f32() {
+        use crate::ops::testing::float_types_agree;
+        let attrs = |group: i64, s: i64, p: i64| {
+            vec![
+                ("group", AttrValue::Int(group)),
+                ("strides", ints(&[s, s])),
+                ("pads", ints(&[p, p, p, p])),
+            ]
+        };
+        let x = rnd(2 * 8 * 9 * 10, 41);
+        // Dense 3x3, grouped, depthwise strided, pointwise.
+        for (group, m, k, s, p) in [
+            (1, 6, 3, 1, 1),
+            (2, 4, 3, 1, 0),
+            (8, 8, 3, 2, 1),
+            (1, 5, 1, 1, 0),
+        ] {
+            let w = rnd(m * (8 / group) * k * k, 42);
+            let b = rnd(m, 43);
+            float_types_agree(
+                "Conv",
+                11,
+                attrs(group as i64, s, p),
+                &[
+                    (&[2, 8, 9, 10], &x),
+                    (&[m, 8 / group, k, k], &w),
+                    (&[m], &b),
+                ],
+                1e-5,
+            );
+        }
+        // ConvTranspose, grouped, strided, no bias.
+        let w = rnd(8 * 3 * 2 * 3, 44);
+        float_types_agree(
+            "ConvTranspose",
+            11,
+            vec![("group", AttrValue::Int(2)), ("strides", ints(&[2, 1]))],
+            &[(&[2, 8, 9, 10], &x), (&[8, 3, 2, 3], &w)],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn f16_weights_against_f32_input() {
+        // Exactly the f32 result with the weights rounded to f16.
+        let x = rnd(2 * 4 * 7 * 6, 71);
+        let w: Vec<f32> = rnd(6 * 2 * 3 * 3, 72)
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect();
+        let wh: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let b = rnd(6, 73);
+        let attrs = || vec![("group", AttrValue::Int(2)), ("pads", ints(&[1, 0, 1, 2]))];
+        for op in ["Conv", "ConvTranspose"] {
+            let ws: &[usize] = if op == "Conv" {
+                &[6, 2, 3, 3]
+            } else {
+                &[4, 3, 3, 3]
+            };
+            // Both produce 6 output channels.
+            let n = 6;
+            let want = run(
+                op,
+                11,
+                attrs(),
+                &[t(&[2, 4, 7, 6], &x), t(ws, &w), t(&[n], &b)],
+                1,
+            )
+            .unwrap();
+            let got = run(
+                op,
+                11,
+                attrs(),
+                &[t(&[2, 4, 7, 6], &x), t(ws, &wh), t(&[n], &b)],
+                1,
+            )
+            .unwrap();
+            assert_eq!(got[0].shape, want[0].shape);
+            assert_eq!(vals::<f32>(&got[0]), vals::<f32>(&want[0]), "{op}");
+        }
+        // f16 X with f32 W is not a supported pairing.
+        let xh: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+        assert!(run(
+            "Conv",
+            11,
+            vec![],
+            &[t(&[2, 4, 7, 6], &xh), t(&[6, 4, 3, 3], &rnd(6 * 36, 1))],
+            1
+        )
+        .is_err());
     }
 }

@@ -1,7 +1,10 @@
-//! Matrix products: Gemm and MatMul, over one shared [`sgemm`].
+//! Matrix products: Gemm and MatMul, over one shared [`gemm`] (f32, f64,
+//! and f16 / bf16 accumulating in f32; f16 B against f32 A for
+//! `Model::weights_to_f16`).
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::ops::util::{Acc, Float};
+use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
 use crate::DType;
 use alloc::vec::Vec;
@@ -30,7 +33,7 @@ fn needed(rows: usize, cols: usize, ld: usize) -> usize {
     }
 }
 
-/// `C = alpha * op(A) * op(B) + beta * C`, row-major.
+/// `C = alpha * op(A) * op(B) + beta * C`, row-major, over f32.
 ///
 /// `op(A)` is `m x k`: `A(i, p)` is `a[i * lda + p]`, or `a[p * lda + i]`
 /// when `transa`. `op(B)` is `k x n`: `B(p, j)` is `b[p * ldb + j]`, or
@@ -52,6 +55,30 @@ pub fn sgemm(
     alpha: f32,
     beta: f32,
 ) -> Result<()> {
+    gemm(m, n, k, a, lda, transa, b, ldb, transb, c, ldc, alpha, beta)
+}
+
+/// [`sgemm`] over any [`Float`] operands sharing an accumulator: A and B
+/// are widened element by element as they are read (f16 / bf16 to f32), C
+/// is the accumulator type, so every product and sum is in f32 (f64 for
+/// f64) and the caller rounds once when storing.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm<A: Float, B: Float<Acc = A::Acc>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[A],
+    lda: usize,
+    transa: bool,
+    b: &[B],
+    ldb: usize,
+    transb: bool,
+    c: &mut [A::Acc],
+    ldc: usize,
+    alpha: A::Acc,
+    beta: A::Acc,
+) -> Result<()> {
+    let zero = <A::Acc as Acc>::ZERO;
     let need_a = if transa {
         needed(k, m, lda)
     } else {
@@ -78,9 +105,9 @@ pub fn sgemm(
     // Scale C by beta.
     for i in 0..m {
         let row = &mut c[i * ldc..i * ldc + n];
-        if beta == 0.0 {
-            row.fill(0.0);
-        } else if beta != 1.0 {
+        if beta == zero {
+            row.fill(zero);
+        } else if beta != <A::Acc as Acc>::ONE {
             for v in row.iter_mut() {
                 *v *= beta;
             }
@@ -91,9 +118,9 @@ pub fn sgemm(
     }
     let a_at = |i: usize, p: usize| {
         if transa {
-            a[p * lda + i]
+            a[p * lda + i].to_acc()
         } else {
-            a[i * lda + p]
+            a[i * lda + p].to_acc()
         }
     };
     if !transb {
@@ -113,7 +140,8 @@ pub fn sgemm(
                 for ((((cv, &x0), &x1), &x2), &x3) in
                     crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3)
                 {
-                    *cv += a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3;
+                    *cv +=
+                        a0 * x0.to_acc() + a1 * x1.to_acc() + a2 * x2.to_acc() + a3 * x3.to_acc();
                 }
                 p += 4;
             }
@@ -121,7 +149,7 @@ pub fn sgemm(
                 let a0 = alpha * a_at(i, p);
                 let b0 = &b[p * ldb..p * ldb + n];
                 for (cv, &x0) in crow.iter_mut().zip(b0) {
-                    *cv += a0 * x0;
+                    *cv += a0 * x0.to_acc();
                 }
                 p += 1;
             }
@@ -132,18 +160,18 @@ pub fn sgemm(
             let arow = &a[i * lda..i * lda + k];
             for j in 0..n {
                 let brow = &b[j * ldb..j * ldb + k];
-                let mut s = [0.0f32; 4];
+                let mut s = [zero; 4];
                 let mut ac = arow.chunks_exact(4);
                 let mut bc = brow.chunks_exact(4);
                 for (x, y) in (&mut ac).zip(&mut bc) {
-                    s[0] += x[0] * y[0];
-                    s[1] += x[1] * y[1];
-                    s[2] += x[2] * y[2];
-                    s[3] += x[3] * y[3];
+                    s[0] += x[0].to_acc() * y[0].to_acc();
+                    s[1] += x[1].to_acc() * y[1].to_acc();
+                    s[2] += x[2].to_acc() * y[2].to_acc();
+                    s[3] += x[3].to_acc() * y[3].to_acc();
                 }
                 let mut t = (s[0] + s[1]) + (s[2] + s[3]);
                 for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
-                    t += x * y;
+                    t += x.to_acc() * y.to_acc();
                 }
                 c[i * ldc + j] += alpha * t;
             }
@@ -154,23 +182,23 @@ pub fn sgemm(
         for i in 0..m {
             let mut j = 0;
             while j + 4 <= n {
-                let mut s = [0.0f32; 4];
+                let mut s = [zero; 4];
                 for p in 0..k {
-                    let av = a[p * lda + i];
-                    s[0] += av * b[j * ldb + p];
-                    s[1] += av * b[(j + 1) * ldb + p];
-                    s[2] += av * b[(j + 2) * ldb + p];
-                    s[3] += av * b[(j + 3) * ldb + p];
+                    let av = a[p * lda + i].to_acc();
+                    s[0] += av * b[j * ldb + p].to_acc();
+                    s[1] += av * b[(j + 1) * ldb + p].to_acc();
+                    s[2] += av * b[(j + 2) * ldb + p].to_acc();
+                    s[3] += av * b[(j + 3) * ldb + p].to_acc();
                 }
-                for (q, sv) in s.iter().enumerate() {
+                for (q, &sv) in s.iter().enumerate() {
                     c[i * ldc + j + q] += alpha * sv;
                 }
                 j += 4;
             }
             while j < n {
-                let mut t = 0.0f32;
+                let mut t = zero;
                 for p in 0..k {
-                    t += a[p * lda + i] * b[j * ldb + p];
+                    t += a[p * lda + i].to_acc() * b[j * ldb + p].to_acc();
                 }
                 c[i * ldc + j] += alpha * t;
                 j += 1;
@@ -183,8 +211,16 @@ pub fn sgemm(
 fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let a = ctx.input(0)?;
     let b = ctx.input(1)?;
-    util::dtype_in(a.dtype, &[DType::F32], "Gemm A")?;
-    util::dtype_in(b.dtype, &[DType::F32], "Gemm B")?;
+    util::dtype_in(a.dtype, util::FLOATS, "Gemm A")?;
+    let dt = a.dtype;
+    // B is A's dtype, or f16 against f32 A (`Model::weights_to_f16`).
+    let wide_b = dt == DType::F32 && b.dtype == DType::F16;
+    if b.dtype != dt && !wide_b {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: dt,
+            got: b.dtype,
+        }));
+    }
     if a.shape.len() != 2 {
         return Err(Error::new(ErrorKind::Rank {
             expected: 2,
@@ -224,7 +260,12 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let c_strides = match ctx.opt_input(2) {
         None => None,
         Some(c) => {
-            util::dtype_in(c.dtype, &[DType::F32], "Gemm C")?;
+            if c.dtype != dt {
+                return Err(Error::new(ErrorKind::DTypeMismatch {
+                    expected: dt,
+                    got: c.dtype,
+                }));
+            }
             if c.shape.len() > 2 {
                 return Err(Error::new(ErrorKind::Rank {
                     expected: 2,
@@ -244,51 +285,127 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             Some((s[0], s[1]))
         }
     };
-    Ok(Prepared::single(
-        DType::F32,
-        &[m, n],
-        kernel("Gemm", move |io| {
-            let a = io.input_slice::<f32>(0)?;
-            let b = io.input_slice::<f32>(1)?;
-            let c = match c_strides {
-                Some(s) if beta != 0.0 => Some((io.input_slice::<f32>(2)?, s)),
-                _ => None,
-            };
-            let y = io.output_slice::<f32>(0)?;
-            let beta_eff = match c {
-                Some((cv, (s0, s1))) => {
-                    let need = if m == 0 || n == 0 {
-                        0
-                    } else {
-                        (m - 1) * s0 + (n - 1) * s1 + 1
-                    };
-                    if cv.len() < need {
-                        return Err(len_err(need, cv.len()));
-                    }
-                    if y.len() < m * n {
-                        return Err(len_err(m * n, y.len()));
-                    }
-                    for i in 0..m {
-                        for j in 0..n {
-                            y[i * n + j] = beta * cv[i * s0 + j * s1];
-                        }
-                    }
-                    1.0
+    let g = GemmParams {
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        transa,
+        transb,
+        alpha,
+        beta,
+        c_strides,
+    };
+    if wide_b {
+        return Ok(Prepared::single(
+            dt,
+            &[m, n],
+            kernel("Gemm", move |io| run_gemm::<f32, half::f16>(io, &g)),
+        ));
+    }
+    util::with_float!(dt, T => {
+        let scratch = util::acc_scratch::<T>(m * n)?;
+        Ok(Prepared::single(dt, &[m, n], kernel("Gemm", move |io| run_gemm::<T, T>(io, &g)))
+            .with_scratch(scratch))
+    }, other => Err(Error::new(ErrorKind::UnsupportedDType {
+        what: "Gemm",
+        code: other.onnx_code(),
+    })))
+}
+
+/// Everything a Gemm kernel needs, fixed in prepare.
+#[derive(Clone, Copy, Debug)]
+struct GemmParams {
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+    transa: bool,
+    transb: bool,
+    alpha: f32,
+    beta: f32,
+    /// (row, col) strides of the broadcast C, when C is given.
+    c_strides: Option<(usize, usize)>,
+}
+
+/// Gemm over A, C and Y of `T` and B of `W`.
+fn run_gemm<T: Float, W: Float<Acc = T::Acc>>(io: &mut KernelIo<'_>, g: &GemmParams) -> Result<()> {
+    let GemmParams {
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        transa,
+        transb,
+        alpha,
+        beta,
+        c_strides,
+    } = *g;
+    let a = io.input_slice::<T>(0)?;
+    let b = io.input_slice::<W>(1)?;
+    let c = match c_strides {
+        Some(s) if beta != 0.0 => Some((io.input_slice::<T>(2)?, s)),
+        _ => None,
+    };
+    let (y, scratch) = io.output_and_scratch(0)?;
+    let y = y.into_slice::<T>()?;
+    if y.len() < m * n {
+        return Err(len_err(m * n, y.len()));
+    }
+    let body = |acc: &mut [T::Acc]| -> Result<()> {
+        let beta_eff = match c {
+            Some((cv, (s0, s1))) => {
+                let need = if m == 0 || n == 0 {
+                    0
+                } else {
+                    (m - 1) * s0 + (n - 1) * s1 + 1
+                };
+                if cv.len() < need {
+                    return Err(len_err(need, cv.len()));
                 }
-                None => 0.0,
-            };
-            sgemm(
-                m, n, k, a, lda, transa, b, ldb, transb, y, n, alpha, beta_eff,
-            )
-        }),
-    ))
+                let beta = T::Acc::from_f32(beta);
+                for i in 0..m {
+                    for j in 0..n {
+                        acc[i * n + j] = beta * cv[i * s0 + j * s1].to_acc();
+                    }
+                }
+                <T::Acc as Acc>::ONE
+            }
+            None => <T::Acc as Acc>::ZERO,
+        };
+        let alpha = T::Acc::from_f32(alpha);
+        gemm(
+            m, n, k, a, lda, transa, b, ldb, transb, acc, n, alpha, beta_eff,
+        )
+    };
+    if T::IS_ACC {
+        let acc: &mut [T::Acc] = bytemuck::try_cast_slice_mut(&mut y[..m * n])
+            .map_err(|_| Error::new(ErrorKind::Internal("Gemm output")))?;
+        body(acc)?;
+    } else {
+        let acc = util::acc_buf::<T>(scratch, m * n)?;
+        body(acc)?;
+        util::store(y, acc);
+    }
+    Ok(())
 }
 
 fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let a = ctx.input(0)?;
     let b = ctx.input(1)?;
-    util::dtype_in(a.dtype, &[DType::F32], "MatMul A")?;
-    util::dtype_in(b.dtype, &[DType::F32], "MatMul B")?;
+    util::dtype_in(a.dtype, util::FLOATS, "MatMul A")?;
+    let dt = a.dtype;
+    // B is A's dtype, or f16 against f32 A (`Model::weights_to_f16`).
+    let wide_b = dt == DType::F32 && b.dtype == DType::F16;
+    if b.dtype != dt && !wide_b {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: dt,
+            got: b.dtype,
+        }));
+    }
     if a.shape.is_empty() || b.shape.is_empty() {
         return Err(Error::new(ErrorKind::Shape(
             "MatMul inputs must have rank >= 1",
@@ -334,25 +451,72 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     for v in sb.iter_mut() {
         *v *= k * n;
     }
-    Ok(Prepared::single(
-        DType::F32,
-        &out_shape,
-        kernel("MatMul", move |io| {
-            let a = io.input_slice::<f32>(0)?;
-            let b = io.input_slice::<f32>(1)?;
-            let y = io.output_slice::<f32>(0)?;
-            let mn = m * n;
-            for (bi, [oa, ob]) in StridedIter::new(&batch, [sa, sb]).enumerate() {
-                let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
-                let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
-                let yv = y
-                    .get_mut(bi * mn..bi * mn + mn)
-                    .ok_or(Error::new(ErrorKind::Internal("MatMul output")))?;
-                sgemm(m, n, k, av, k, false, bv, n, false, yv, n, 1.0, 0.0)?;
-            }
-            Ok(())
-        }),
-    ))
+    let p = MatMulParams {
+        m,
+        n,
+        k,
+        batch,
+        sa,
+        sb,
+    };
+    if wide_b {
+        return Ok(Prepared::single(
+            dt,
+            &out_shape,
+            kernel("MatMul", move |io| run_matmul::<f32, half::f16>(io, &p)),
+        ));
+    }
+    util::with_float!(dt, T => {
+        let scratch = util::acc_scratch::<T>(m * n)?;
+        Ok(Prepared::single(dt, &out_shape, kernel("MatMul", move |io| run_matmul::<T, T>(io, &p)))
+            .with_scratch(scratch))
+    }, other => Err(Error::new(ErrorKind::UnsupportedDType {
+        what: "MatMul",
+        code: other.onnx_code(),
+    })))
+}
+
+/// Shapes and batch strides of a MatMul, fixed in prepare.
+#[derive(Debug)]
+struct MatMulParams {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: Vec<usize>,
+    sa: [usize; MAX_RANK],
+    sb: [usize; MAX_RANK],
+}
+
+/// MatMul over A and Y of `T` and B of `W`.
+fn run_matmul<T: Float, W: Float<Acc = T::Acc>>(
+    io: &mut KernelIo<'_>,
+    p: &MatMulParams,
+) -> Result<()> {
+    let (m, n, k) = (p.m, p.n, p.k);
+    let a = io.input_slice::<T>(0)?;
+    let b = io.input_slice::<W>(1)?;
+    let (y, scratch) = io.output_and_scratch(0)?;
+    let y = y.into_slice::<T>()?;
+    let mn = m * n;
+    for (bi, [oa, ob]) in StridedIter::new(&p.batch, [p.sa, p.sb]).enumerate() {
+        let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
+        let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
+        let yv = y
+            .get_mut(bi * mn..bi * mn + mn)
+            .ok_or(Error::new(ErrorKind::Internal("MatMul output")))?;
+        let one = <T::Acc as Acc>::ONE;
+        let zero = <T::Acc as Acc>::ZERO;
+        if T::IS_ACC {
+            let acc: &mut [T::Acc] = bytemuck::try_cast_slice_mut(yv)
+                .map_err(|_| Error::new(ErrorKind::Internal("MatMul output")))?;
+            gemm(m, n, k, av, k, false, bv, n, false, acc, n, one, zero)?;
+        } else {
+            let acc = util::acc_buf::<T>(scratch, mn)?;
+            gemm(m, n, k, av, k, false, bv, n, false, acc, n, one, zero)?;
+            util::store(yv, acc);
+        }
+    }
+    Ok(())
 }
 
 /// Det: determinant of each `[M, M]` matrix in `[*, M, M]`, by LU with
@@ -718,5 +882,111 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    #[test]
+    fn narrow_floats_accumulate_in_f32() {
+        use crate::ops::testing::float_types_agree;
+        // f16 / bf16 results are the f32 result rounded once; f64 close.
+        let (m, n, k) = (5, 7, 33);
+        let a = rnd(m * k, 31);
+        let b = rnd(k * n, 32);
+        let c = rnd(n, 33);
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let ash = if ta { [k, m] } else { [m, k] };
+            let bsh = if tb { [n, k] } else { [k, n] };
+            float_types_agree(
+                "Gemm",
+                13,
+                vec![
+                    ("transA", AttrValue::Int(ta as i64)),
+                    ("transB", AttrValue::Int(tb as i64)),
+                    ("alpha", AttrValue::Float(0.5)),
+                    ("beta", AttrValue::Float(2.0)),
+                ],
+                &[(&ash, &a), (&bsh, &b), (&[n], &c)],
+                1e-5,
+            );
+        }
+        let a = rnd(2 * 3 * 4 * 9, 34);
+        let b = rnd(3 * 9 * 6, 35);
+        let y = float_types_agree(
+            "MatMul",
+            13,
+            vec![],
+            &[(&[2, 3, 4, 9], &a), (&[3, 9, 6], &b)],
+            1e-5,
+        );
+        assert_eq!(y.len(), 2 * 3 * 4 * 6);
+        // Mixed dtypes other than f16 weights against f32 are an error.
+        let ah: Vec<half::f16> = a.iter().map(|&v| half::f16::from_f32(v)).collect();
+        assert!(run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[2, 3, 4, 9], &ah), t(&[3, 9, 6], &b)],
+            1
+        )
+        .is_err());
+        let b64: Vec<f64> = b.iter().map(|&v| v as f64).collect();
+        assert!(run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[2, 3, 4, 9], &a), t(&[3, 9, 6], &b64)],
+            1
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn f16_weights_against_f32_input() {
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+        };
+        let a = rnd(3 * 4 * 9, 81);
+        let b = round(rnd(9 * 5, 82));
+        let bh: Vec<half::f16> = b.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let want = run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[3, 4, 9], &a), t(&[9, 5], &b)],
+            1,
+        )
+        .unwrap();
+        let got = run(
+            "MatMul",
+            13,
+            vec![],
+            &[t(&[3, 4, 9], &a), t(&[9, 5], &bh)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&got[0]), vals::<f32>(&want[0]));
+        let c = rnd(5, 83);
+        let attrs = || {
+            vec![
+                ("transB", AttrValue::Int(1)),
+                ("beta", AttrValue::Float(0.5)),
+            ]
+        };
+        let want = run(
+            "Gemm",
+            13,
+            attrs(),
+            &[t(&[12, 9], &a), t(&[5, 9], &b), t(&[5], &c)],
+            1,
+        )
+        .unwrap();
+        let got = run(
+            "Gemm",
+            13,
+            attrs(),
+            &[t(&[12, 9], &a), t(&[5, 9], &bh), t(&[5], &c)],
+            1,
+        )
+        .unwrap();
+        assert_eq!(vals::<f32>(&got[0]), vals::<f32>(&want[0]));
     }
 }

@@ -763,6 +763,229 @@ pub mod util {
         .in_place())
     }
 
+    /// A float storage type (f32, f64, f16, bf16) read and written through
+    /// a wider accumulator: f16, bf16 and f32 compute in f32, f64 in f64.
+    /// Kernels generic over it widen each element as they read it and round
+    /// once when they store, as onnxruntime's f16 kernels accumulate in f32.
+    pub trait Float: Element + PartialOrd {
+        /// The accumulator type (`f32`, or `f64` for `f64`).
+        type Acc: Acc;
+        /// Widens to the accumulator (exact).
+        fn to_acc(self) -> Self::Acc;
+        /// Rounds an accumulator value to this type (nearest even).
+        fn from_acc(v: Self::Acc) -> Self;
+        /// As f32 (exact except from f64).
+        fn to_f32(self) -> f32;
+        /// From f32, rounded.
+        fn from_f32(v: f32) -> Self;
+        /// As f64 (exact).
+        fn to_f64(self) -> f64;
+        /// From f64, rounded.
+        fn from_f64(v: f64) -> Self;
+        /// True when `Self` is its own accumulator (f32, f64): kernels then
+        /// accumulate straight into the output.
+        const IS_ACC: bool;
+    }
+
+    /// An accumulator of [`Float`]: f32 or f64.
+    pub trait Acc:
+        Float<Acc = Self>
+        + core::ops::Add<Output = Self>
+        + core::ops::Sub<Output = Self>
+        + core::ops::Mul<Output = Self>
+        + core::ops::Div<Output = Self>
+        + core::ops::AddAssign
+        + core::ops::MulAssign
+    {
+        /// 0.
+        const ZERO: Self;
+        /// 1.
+        const ONE: Self;
+    }
+
+    impl Float for f32 {
+        type Acc = f32;
+        const IS_ACC: bool = true;
+        #[inline(always)]
+        fn to_acc(self) -> f32 {
+            self
+        }
+        #[inline(always)]
+        fn from_acc(v: f32) -> Self {
+            v
+        }
+        #[inline(always)]
+        fn to_f32(self) -> f32 {
+            self
+        }
+        #[inline(always)]
+        fn from_f32(v: f32) -> Self {
+            v
+        }
+        #[inline(always)]
+        fn to_f64(self) -> f64 {
+            self as f64
+        }
+        #[inline(always)]
+        fn from_f64(v: f64) -> Self {
+            v as f32
+        }
+    }
+
+    impl Float for f64 {
+        type Acc = f64;
+        const IS_ACC: bool = true;
+        #[inline(always)]
+        fn to_acc(self) -> f64 {
+            self
+        }
+        #[inline(always)]
+        fn from_acc(v: f64) -> Self {
+            v
+        }
+        #[inline(always)]
+        fn to_f32(self) -> f32 {
+            self as f32
+        }
+        #[inline(always)]
+        fn from_f32(v: f32) -> Self {
+            v as f64
+        }
+        #[inline(always)]
+        fn to_f64(self) -> f64 {
+            self
+        }
+        #[inline(always)]
+        fn from_f64(v: f64) -> Self {
+            v
+        }
+    }
+
+    macro_rules! half_float {
+        ($($t:ty),*) => {$(
+            impl Float for $t {
+                type Acc = f32;
+                const IS_ACC: bool = false;
+                #[inline(always)]
+                fn to_acc(self) -> f32 {
+                    <$t>::to_f32(self)
+                }
+                #[inline(always)]
+                fn from_acc(v: f32) -> Self {
+                    <$t>::from_f32(v)
+                }
+                #[inline(always)]
+                fn to_f32(self) -> f32 {
+                    <$t>::to_f32(self)
+                }
+                #[inline(always)]
+                fn from_f32(v: f32) -> Self {
+                    <$t>::from_f32(v)
+                }
+                #[inline(always)]
+                fn to_f64(self) -> f64 {
+                    <$t>::to_f64(self)
+                }
+                #[inline(always)]
+                fn from_f64(v: f64) -> Self {
+                    <$t>::from_f64(v)
+                }
+            }
+        )*};
+    }
+    half_float!(half::f16, half::bf16);
+
+    impl Acc for f32 {
+        const ZERO: Self = 0.0;
+        const ONE: Self = 1.0;
+    }
+
+    impl Acc for f64 {
+        const ZERO: Self = 0.0;
+        const ONE: Self = 1.0;
+    }
+
+    /// The float dtypes of [`Float`].
+    pub const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+
+    /// `$body` with `$t` bound to the [`Float`] type of dtype `$dt`
+    /// (one of [`FLOATS`]); `$else` for any other dtype.
+    macro_rules! with_float {
+        ($dt:expr, $t:ident => $body:expr, $other:ident => $else:expr) => {
+            match $dt {
+                $crate::DType::F32 => {
+                    type $t = f32;
+                    $body
+                }
+                $crate::DType::F64 => {
+                    type $t = f64;
+                    $body
+                }
+                $crate::DType::F16 => {
+                    type $t = half::f16;
+                    $body
+                }
+                $crate::DType::BF16 => {
+                    type $t = half::bf16;
+                    $body
+                }
+                $other => $else,
+            }
+        };
+    }
+    pub(crate) use with_float;
+
+    /// The accumulator view of a typed scratch / output buffer: `out` itself
+    /// when `T` is its own accumulator, else the first `n` accumulators of
+    /// `scratch` (bytes from prepare's [`acc_scratch`]).
+    pub fn acc_buf<T: Float>(scratch: &mut [u8], n: usize) -> Result<&mut [T::Acc]> {
+        let s: &mut [T::Acc] = bytemuck::try_cast_slice_mut(scratch)
+            .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
+        s.get_mut(..n)
+            .ok_or(Error::new(ErrorKind::Internal("scratch size")))
+    }
+
+    /// Scratch bytes for `n` accumulators of `T`, none when `T` is its own
+    /// accumulator.
+    pub fn acc_scratch<T: Float>(n: usize) -> Result<usize> {
+        if T::IS_ACC {
+            return Ok(0);
+        }
+        n.checked_mul(core::mem::size_of::<T::Acc>())
+            .ok_or(Error::new(ErrorKind::Overflow))
+    }
+
+    /// Runs `f` on accumulators for `out`: `out` itself when `T` is its own
+    /// accumulator, else the first `out.len()` of `acc`, rounded into `out`
+    /// afterwards (once per element).
+    #[inline]
+    pub fn accumulate_into<T: Float>(
+        out: &mut [T],
+        acc: &mut [T::Acc],
+        f: impl FnOnce(&mut [T::Acc]),
+    ) -> Result<()> {
+        if T::IS_ACC {
+            let a: &mut [T::Acc] = bytemuck::try_cast_slice_mut(out)
+                .map_err(|_| Error::new(ErrorKind::Internal("accumulator cast")))?;
+            f(a);
+        } else {
+            let a = acc
+                .get_mut(..out.len())
+                .ok_or(Error::new(ErrorKind::Internal("scratch size")))?;
+            f(a);
+            store(out, a);
+        }
+        Ok(())
+    }
+
+    /// Rounds accumulators into their storage type.
+    #[inline]
+    pub fn store<T: Float>(out: &mut [T], acc: &[T::Acc]) {
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = T::from_acc(a);
+        }
+    }
+
     /// Checks the dtype is one of `allowed`.
     pub fn dtype_in(dt: DType, allowed: &[DType], what: &'static str) -> Result<()> {
         if allowed.contains(&dt) {

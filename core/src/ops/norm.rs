@@ -52,10 +52,13 @@ fn check_vec(shape: &[usize], c: usize) -> Result<()> {
 }
 
 fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let xs = f32_input(ctx, 0, "BatchNormalization X")?;
     if ctx.attr_int("training_mode", 0)? != 0 {
+        let xs = f32_input(ctx, 0, "BatchNormalization X")?;
         return prepare_batchnorm_training(ctx, xs);
     }
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, FLOATS, "BatchNormalization X")?;
+    let (xs, dt) = (x.shape, x.dtype);
     if ctx.opset < 9 && ctx.attr_int("spatial", 1)? == 0 {
         return Err(Error::new(ErrorKind::Unsupported(
             "BatchNormalization spatial=0",
@@ -82,7 +85,9 @@ fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         (3, "BatchNormalization mean"),
         (4, "BatchNormalization var"),
     ] {
-        check_vec(f32_input(ctx, i, what)?, c)?;
+        let v = ctx.input(i)?;
+        util::dtype_in(v.dtype, FLOATS, what)?;
+        check_vec(v.shape, c)?;
     }
     // Constant parameters: fold into y = a * x + b per channel.
     let consts = (
@@ -104,48 +109,77 @@ fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
         _ => None,
     };
-    Ok(Prepared::single(
-        DType::F32,
+    if folded.is_none() && (1..5).any(|i| ctx.opt_input(i).is_some_and(|v| v.dtype != dt)) {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "BatchNormalization run-time parameters of another dtype than X",
+        )));
+    }
+    let bn = BatchNorm {
+        n,
+        c,
+        inner,
+        eps,
+        folded,
+    };
+    util::with_float!(dt, T => Ok(Prepared::single(
+        dt,
         xs,
-        kernel("BatchNormalization", move |io| {
-            let params = match &folded {
-                Some(_) => None,
-                None => Some((
-                    io.input_slice::<f32>(1)?,
-                    io.input_slice::<f32>(2)?,
-                    io.input_slice::<f32>(3)?,
-                    io.input_slice::<f32>(4)?,
-                )),
-            };
-            in_out_f32(io, |y| {
-                if y.len() != n * c * inner {
-                    return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
-                }
-                for ch in 0..c {
-                    let (a, b) = match (&folded, params) {
-                        (Some((fa, fb)), _) => (fa[ch], fb[ch]),
-                        (None, Some((s, bb, mean, var))) => {
-                            let a = s[ch] / math::sqrt(var[ch] + eps);
-                            (a, bb[ch] - mean[ch] * a)
-                        }
-                        _ => {
-                            return Err(Error::new(ErrorKind::Internal(
-                                "BatchNormalization params",
-                            )))
-                        }
-                    };
-                    for img in 0..n {
-                        let base = (img * c + ch) * inner;
-                        for v in &mut y[base..base + inner] {
-                            *v = a * *v + b;
-                        }
+        kernel("BatchNormalization", move |io| bn.run::<T>(io)),
+    )
+    .in_place()), other => Err(Error::new(ErrorKind::UnsupportedDType {
+        what: "BatchNormalization X",
+        code: other.onnx_code(),
+    })))
+}
+
+/// Inference BatchNormalization: `y = a * x + b` per channel, in f32 (f64
+/// for f64), with `(a, b)` folded in prepare when the parameters are
+/// constant.
+#[derive(Debug)]
+struct BatchNorm {
+    n: usize,
+    c: usize,
+    inner: usize,
+    eps: f32,
+    folded: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl BatchNorm {
+    fn run<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<()> {
+        let (n, c, inner, eps) = (self.n, self.c, self.inner, self.eps);
+        let params = match &self.folded {
+            Some(_) => None,
+            None => Some((
+                io.input_slice::<T>(1)?,
+                io.input_slice::<T>(2)?,
+                io.input_slice::<T>(3)?,
+                io.input_slice::<T>(4)?,
+            )),
+        };
+        in_out::<T>(io, |y| {
+            if y.len() != n * c * inner {
+                return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
+            }
+            for ch in 0..c {
+                let (a, b) = match (&self.folded, params) {
+                    (Some((fa, fb)), _) => (fa[ch], fb[ch]),
+                    (None, Some((s, bb, mean, var))) => {
+                        let a = s[ch].to_f32() / math::sqrt(var[ch].to_f32() + eps);
+                        (a, bb[ch].to_f32() - mean[ch].to_f32() * a)
+                    }
+                    _ => return Err(Error::new(ErrorKind::Internal("BatchNormalization params"))),
+                };
+                let (a, b) = (T::Acc::from_f32(a), T::Acc::from_f32(b));
+                for img in 0..n {
+                    let base = (img * c + ch) * inner;
+                    for v in &mut y[base..base + inner] {
+                        *v = T::from_acc(a * v.to_acc() + b);
                     }
                 }
-                Ok(())
-            })
-        }),
-    )
-    .in_place())
+            }
+            Ok(())
+        })
+    }
 }
 
 /// Mean and (population) variance of channel `ch` of `x` (`[n, c, inner]`).
@@ -579,48 +613,9 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
 
 /// Float element types of LayerNormalization / RMSNormalization, whose
 /// statistics are computed in f64 (also the loss ops' scores).
-pub(crate) trait Real: crate::Element {
-    fn to_f64(self) -> f64;
-    fn from_f64(v: f64) -> Self;
-}
+pub(crate) use crate::ops::util::Float as Real;
 
-impl Real for f32 {
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl Real for f64 {
-    fn to_f64(self) -> f64 {
-        self
-    }
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-}
-
-impl Real for half::f16 {
-    fn to_f64(self) -> f64 {
-        half::f16::to_f64(self)
-    }
-    fn from_f64(v: f64) -> Self {
-        half::f16::from_f64(v)
-    }
-}
-
-impl Real for half::bf16 {
-    fn to_f64(self) -> f64 {
-        half::bf16::to_f64(self)
-    }
-    fn from_f64(v: f64) -> Self {
-        half::bf16::from_f64(v)
-    }
-}
-
-const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+use crate::ops::util::FLOATS;
 
 /// (mean, 1/sqrt(var + eps)) of a block; with `rms`, mean is 0 and the
 /// variance is the mean square.
@@ -1655,5 +1650,28 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    #[test]
+    fn batchnorm_narrow_floats_accumulate_in_f32() {
+        use crate::ops::testing::{float_types_agree, rnd};
+        let x = rnd(2 * 4 * 5, 61);
+        let s = rnd(4, 62);
+        let b = rnd(4, 63);
+        let mean = rnd(4, 64);
+        let var: Vec<f32> = rnd(4, 65).iter().map(|v| v.abs() + 0.5).collect();
+        float_types_agree(
+            "BatchNormalization",
+            15,
+            vec![],
+            &[
+                (&[2, 4, 5], &x),
+                (&[4], &s),
+                (&[4], &b),
+                (&[4], &mean),
+                (&[4], &var),
+            ],
+            1e-5,
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Pooling operators: MaxPool (with its optional Indices output),
 //! AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool, GlobalLpPool and
-//! MaxUnpool (f32, MaxPool also uint8/int8; NCHW layout; windowed pools
+//! MaxUnpool (f32, f64, f16 and bf16 accumulating in f32, MaxPool also
+//! uint8/int8, MaxUnpool f32 only; NCHW layout; windowed pools
 //! over 1 to 3 spatial axes).
 
 use alloc::vec::Vec;
@@ -8,6 +9,7 @@ use alloc::vec::Vec;
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::conv::{forward_geom, valid_range, Geom};
+use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::DType;
 
@@ -58,6 +60,16 @@ fn pool_input<'a>(ctx: &PrepareCtx<'a>) -> Result<&'a [usize]> {
     pool_input_of(ctx, &[DType::F32])
 }
 
+/// Element types of MaxPool.
+const MAX_TYPES: &[DType] = &[
+    DType::F32,
+    DType::U8,
+    DType::I8,
+    DType::F16,
+    DType::BF16,
+    DType::F64,
+];
+
 fn pool_input_of<'a>(ctx: &PrepareCtx<'a>, allowed: &[DType]) -> Result<&'a [usize]> {
     let x = ctx.input(0)?;
     util::dtype_in(x.dtype, allowed, "pool input")?;
@@ -72,9 +84,9 @@ fn pool_input_of<'a>(ctx: &PrepareCtx<'a>, allowed: &[DType]) -> Result<&'a [usi
 
 fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Result<Prepared> {
     let xs = if mode == Mode::Max {
-        pool_input_of(ctx, &[DType::F32, DType::U8, DType::I8])?
+        pool_input_of(ctx, MAX_TYPES)?
     } else {
-        pool_input(ctx)?
+        pool_input_of(ctx, util::FLOATS)?
     };
     let dt = ctx.input(0)?.dtype;
     let n = xs.len() - 2;
@@ -125,6 +137,9 @@ fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Resul
         kernel(name, move |io| match dt {
             DType::U8 => run_window::<u8>(io, indices, col_major, planes, &g, mode),
             DType::I8 => run_window::<i8>(io, indices, col_major, planes, &g, mode),
+            DType::F16 => run_window::<half::f16>(io, indices, col_major, planes, &g, mode),
+            DType::BF16 => run_window::<half::bf16>(io, indices, col_major, planes, &g, mode),
+            DType::F64 => run_window::<f64>(io, indices, col_major, planes, &g, mode),
             _ => run_window::<f32>(io, indices, col_major, planes, &g, mode),
         }),
     ))
@@ -199,7 +214,7 @@ fn taps_below(o: usize, s: usize, d: usize, k: usize, pb: usize, limit: usize) -
 /// input index of each maximum, in column-major plane order when its flag is
 /// set.
 /// Element types a pool reads: MaxPool takes all of them, the averaging
-/// pools only f32 (prepare enforces it).
+/// pools and LpPool only the float ones (prepare enforces it).
 trait PoolElem: crate::Element + PartialOrd {
     /// Value of a window with no tap inside the input.
     const LOWEST: Self;
@@ -238,6 +253,24 @@ macro_rules! int_pool_elem {
     )*};
 }
 int_pool_elem!(u8, i8);
+
+macro_rules! float_pool_elem {
+    ($($t:ty),*) => {$(
+        impl PoolElem for $t {
+            const LOWEST: Self = <$t>::MIN;
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn to_f32(self) -> f32 {
+                Float::to_f32(self)
+            }
+            fn from_f32(v: f32) -> Self {
+                <$t as Float>::from_f32(v)
+            }
+        }
+    )*};
+}
+float_pool_elem!(half::f16, half::bf16, f64);
 
 fn pool<T: PoolElem>(
     x: &[T],
@@ -335,8 +368,8 @@ fn pool<T: PoolElem>(
 
 fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
     let x = ctx.input(0)?;
-    util::dtype_in(x.dtype, &[DType::F32], "global pool input")?;
-    let xs = x.shape;
+    util::dtype_in(x.dtype, util::FLOATS, "global pool input")?;
+    let (xs, dt) = (x.shape, x.dtype);
     if xs.len() < 2 {
         return Err(Error::new(ErrorKind::Rank {
             expected: 3,
@@ -353,30 +386,51 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
         Mode::Avg(_) => "GlobalAveragePool",
         Mode::Lp(_) => "GlobalLpPool",
     };
-    Ok(Prepared::single(
-        DType::F32,
+    util::with_float!(dt, T => Ok(Prepared::single(
+        dt,
         &shape,
-        kernel(name, move |io| {
-            let x = io.input_slice::<f32>(0)?;
-            let y = io.output_slice::<f32>(0)?;
-            check_len(x.len(), planes * plane)?;
-            check_len(y.len(), planes)?;
-            if plane == 0 {
-                y.fill(if mode == Mode::Max { f32::MIN } else { 0.0 });
-                return Ok(());
-            }
-            for (o, xp) in y.iter_mut().zip(x.chunks_exact(plane)) {
-                *o = match mode {
-                    Mode::Max => xp
-                        .iter()
-                        .fold(f32::MIN, |a, &v| if v > a || v.is_nan() { v } else { a }),
-                    Mode::Avg(_) => xp.iter().sum::<f32>() / plane as f32,
-                    Mode::Lp(p) => root(xp.iter().map(|&v| abs_pow(v, p)).sum::<f32>(), p),
-                };
-            }
-            Ok(())
-        }),
-    ))
+        kernel(name, move |io| run_global::<T>(io, mode, planes, plane)),
+    )), other => Err(Error::new(ErrorKind::UnsupportedDType {
+        what: name,
+        code: other.onnx_code(),
+    })))
+}
+
+/// A global pool over `planes` planes of `plane` elements, accumulated in
+/// f32 (f64 for f64).
+fn run_global<T: Float>(
+    io: &mut KernelIo<'_>,
+    mode: Mode,
+    planes: usize,
+    plane: usize,
+) -> Result<()> {
+    let x = io.input_slice::<T>(0)?;
+    let y = io.output_slice::<T>(0)?;
+    check_len(x.len(), planes * plane)?;
+    check_len(y.len(), planes)?;
+    if plane == 0 {
+        y.fill(T::from_f32(if mode == Mode::Max { f32::MIN } else { 0.0 }));
+        return Ok(());
+    }
+    let zero = <T::Acc as Acc>::ZERO;
+    let cnt = T::Acc::from_f64(plane as f64);
+    for (o, xp) in y.iter_mut().zip(x.chunks_exact(plane)) {
+        *o = match mode {
+            Mode::Max => xp.iter().fold(xp[0], |a, &v| {
+                if v > a || v.to_acc() != v.to_acc() {
+                    v
+                } else {
+                    a
+                }
+            }),
+            Mode::Avg(_) => T::from_acc(xp.iter().fold(zero, |s, &v| s + v.to_acc()) / cnt),
+            Mode::Lp(p) => T::from_f32(root(
+                xp.iter().map(|&v| abs_pow(v.to_f32(), p)).sum::<f32>(),
+                p,
+            )),
+        };
+    }
+    Ok(())
 }
 
 fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -999,5 +1053,39 @@ mod tests {
             .collect();
         assert_close(&vals::<f32>(&avg[0]), &want_avg, 1e-6);
         assert_close(&vals::<f32>(&mx[0]), &want_max, 0.0);
+    }
+
+    #[test]
+    fn narrow_floats_accumulate_in_f32() {
+        use crate::model::AttrValue;
+        use crate::ops::testing::{float_types_agree, rnd};
+        let x = rnd(2 * 3 * 7 * 8, 51);
+        let xs: &[usize] = &[2, 3, 7, 8];
+        let k = || AttrValue::Ints(vec![3, 2]);
+        float_types_agree(
+            "MaxPool",
+            12,
+            vec![
+                ("kernel_shape", k()),
+                ("strides", AttrValue::Ints(vec![2, 2])),
+            ],
+            &[(xs, &x)],
+            0.0,
+        );
+        for include in [0, 1] {
+            float_types_agree(
+                "AveragePool",
+                19,
+                vec![
+                    ("kernel_shape", k()),
+                    ("pads", AttrValue::Ints(vec![1, 1, 1, 0])),
+                    ("count_include_pad", AttrValue::Int(include)),
+                ],
+                &[(xs, &x)],
+                1e-5,
+            );
+        }
+        float_types_agree("GlobalAveragePool", 1, vec![], &[(xs, &x)], 1e-5);
+        float_types_agree("GlobalMaxPool", 1, vec![], &[(xs, &x)], 0.0);
     }
 }

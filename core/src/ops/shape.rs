@@ -337,7 +337,15 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let dt = ctx.input(0)?.dtype;
     util::dtype_in(
         dt,
-        &[DType::F32, DType::F64, DType::I16, DType::I32, DType::I64],
+        &[
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I16,
+            DType::I32,
+            DType::I64,
+        ],
         "Range",
     )?;
     for i in 1..3 {
@@ -408,6 +416,15 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if dt == DType::F32 {
             let (s, d) = (s as f32, d as f32);
             Const::from_slice::<f32>(&[n], &(0..n).map(|k| s + k as f32 * d).collect::<Vec<_>>())?
+        } else if dt == DType::F16 || dt == DType::BF16 {
+            // Computed in f32, each value rounded once.
+            let (s, d) = (s as f32, d as f32);
+            let v = (0..n).map(|k| s + k as f32 * d);
+            if dt == DType::F16 {
+                Const::from_slice(&[n], &v.map(half::f16::from_f32).collect::<Vec<_>>())?
+            } else {
+                Const::from_slice(&[n], &v.map(half::bf16::from_f32).collect::<Vec<_>>())?
+            }
         } else {
             Const::from_slice::<f64>(&[n], &(0..n).map(|k| s + k as f64 * d).collect::<Vec<_>>())?
         }

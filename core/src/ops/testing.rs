@@ -76,3 +76,79 @@ pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Runs `op_type` on `inputs` (shape, f32 values) as f32 and as f16, bf16
+/// and f64 (the values first rounded to f16 so all types see the same
+/// numbers) and checks the narrow results are the f32 result rounded once —
+/// exactly, since the narrow kernels accumulate in f32 — and the f64 result
+/// agrees within `f64_rtol`. Returns the f32 output.
+pub fn float_types_agree(
+    op_type: &str,
+    opset: i64,
+    attrs: Vec<(&str, AttrValue)>,
+    inputs: &[(&[usize], &[f32])],
+    f64_rtol: f64,
+) -> Vec<f32> {
+    use half::{bf16, f16};
+    let exact: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|(_, v)| v.iter().map(|&x| f16::from_f32(x).to_f32()).collect())
+        .collect();
+    type MakeConst<'a> = &'a dyn Fn(&[f32], &[usize]) -> Option<Const>;
+    let mk = |conv: MakeConst<'_>| -> Vec<Option<Const>> {
+        inputs
+            .iter()
+            .zip(&exact)
+            .map(|((s, _), v)| conv(v, s))
+            .collect()
+    };
+    let go = |ins: Vec<Option<Const>>| run(op_type, opset, attrs.clone(), &ins, 1).unwrap();
+    let y32 = go(mk(&|v, s| t(s, v)));
+    let want = vals::<f32>(&y32[0]);
+    let y16 = go(mk(&|v, s| {
+        t(s, &v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>())
+    }));
+    assert_eq!(y16[0].shape, y32[0].shape, "{op_type} f16 shape");
+    for (i, (g, w)) in vals::<f16>(&y16[0]).iter().zip(&want).enumerate() {
+        let w16 = f16::from_f32(*w);
+        assert!(
+            g.to_bits() == w16.to_bits() || (g.is_nan() && w16.is_nan()),
+            "{op_type} f16 element {i}: got {g}, want {w16} (f32 {w})"
+        );
+    }
+    // bf16 sees the values rounded to bf16 (f16 values may not be exact).
+    let yb = go(mk(&|v, s| {
+        t(s, &v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())
+    }));
+    let bexact: Vec<Option<Const>> = inputs
+        .iter()
+        .zip(&exact)
+        .map(|((s, _), v)| {
+            t(
+                s,
+                &v.iter()
+                    .map(|&x| bf16::from_f32(x).to_f32())
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let wantb = vals::<f32>(&go(bexact)[0]);
+    for (i, (g, w)) in vals::<bf16>(&yb[0]).iter().zip(&wantb).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            bf16::from_f32(*w).to_bits(),
+            "{op_type} bf16 element {i}: got {g}, want {w}"
+        );
+    }
+    let y64 = go(mk(&|v, s| {
+        t(s, &v.iter().map(|&x| x as f64).collect::<Vec<_>>())
+    }));
+    for (i, (g, w)) in vals::<f64>(&y64[0]).iter().zip(&want).enumerate() {
+        let w = *w as f64;
+        assert!(
+            (g - w).abs() <= f64_rtol * w.abs() + 1e-6,
+            "{op_type} f64 element {i}: got {g}, want {w}"
+        );
+    }
+    want
+}
