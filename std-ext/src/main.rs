@@ -280,8 +280,8 @@ fn quantize(
     output: &Path,
     out: &mut Out,
 ) -> Result<()> {
-    use mote_std::quantize as q;
     use mote_proto::Message as _;
+    use mote_std::quantize as q;
     let float_bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
     let proto = q::read_model_proto(path)?;
     let model = load_model(path)?;

@@ -235,7 +235,7 @@ fn make_plan(m: &ModelProto, opt: &Options) -> Result<Plan> {
         folded: BTreeMap::new(),
         quantized: BTreeSet::new(),
     };
-    let mut add = |plan: &mut Plan, t: &str| {
+    let add = |plan: &mut Plan, t: &str| {
         if !t.is_empty() && !inits.contains(t) && !plan.acts.iter().any(|a| a == t) {
             plan.acts.push(t.to_string());
         }
@@ -312,10 +312,23 @@ fn make_plan(m: &ModelProto, opt: &Options) -> Result<Plan> {
 struct Stat {
     min: f32,
     max: f32,
+    count: u64,
     hist: Vec<u64>,
 }
 
 const BINS: usize = 2048;
+/// Levels of the quantized histogram in the entropy search (8-bit |x|).
+const QBINS: usize = 128;
+
+/// Histogram bins: 2048 for percentile; for entropy 2048 only with enough
+/// values (about 16 per bin, in steps of 128), since a sparse histogram
+/// makes the KL search pick a far too small threshold.
+fn bins(method: Method, count: u64) -> usize {
+    match method {
+        Method::Entropy => ((count / 16) as usize / QBINS * QBINS).clamp(QBINS, BINS),
+        _ => BINS,
+    }
+}
 
 fn progress(n: usize, what: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(n as u64);
@@ -357,10 +370,12 @@ fn calibrate(
             });
         }
     }
-    let model = Arc::new(
-        Model::from_onnx(&m.encode_to_vec())
-            .map_err(|e| Error::Model(format!("calibration model: {}", Model::default().explain(&e))))?,
-    );
+    let model = Arc::new(Model::from_onnx(&m.encode_to_vec()).map_err(|e| {
+        Error::Model(format!(
+            "calibration model: {}",
+            Model::default().explain(&e)
+        ))
+    })?);
     let out_names: Vec<String> = model.output_names().map(String::from).collect();
     let mut stats: BTreeMap<String, Stat> = names
         .iter()
@@ -370,6 +385,7 @@ fn calibrate(
                 Stat {
                     min: f32::INFINITY,
                     max: f32::NEG_INFINITY,
+                    count: 0,
                     hist: Vec::new(),
                 },
             )
@@ -379,7 +395,11 @@ fn calibrate(
     for pass in 0..passes {
         let pb = progress(
             samples.len(),
-            if pass == 0 { "calibrating" } else { "histograms" },
+            if pass == 0 {
+                "calibrating"
+            } else {
+                "histograms"
+            },
         );
         let mut session = None::<(Vec<Vec<usize>>, crate::Session)>;
         for sample in samples {
@@ -394,8 +414,10 @@ fn calibrate(
             let Some((_, sess)) = session.as_mut() else {
                 continue;
             };
-            let args: Vec<(&str, Tensor)> =
-                sample.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            let args: Vec<(&str, Tensor)> = sample
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.clone()))
+                .collect();
             let outs = sess.run(&args)?;
             let mut values: Vec<(&str, Vec<f32>)> = out_names
                 .iter()
@@ -412,18 +434,20 @@ fn calibrate(
                         if x.is_finite() {
                             st.min = st.min.min(x);
                             st.max = st.max.max(x);
+                            st.count += 1;
                         }
                     }
                 } else {
                     let amax = st.min.abs().max(st.max.abs());
                     if st.hist.is_empty() {
-                        st.hist = vec![0; BINS];
+                        st.hist = vec![0; bins(method, st.count)];
                     }
+                    let nb = st.hist.len();
                     if amax > 0.0 {
                         for &x in &v {
                             if x.is_finite() {
-                                let b = ((x.abs() / amax) * BINS as f32) as usize;
-                                st.hist[b.min(BINS - 1)] += 1;
+                                let b = ((x.abs() / amax) * nb as f32) as usize;
+                                st.hist[b.min(nb - 1)] += 1;
                             }
                         }
                     }
@@ -450,7 +474,8 @@ fn threshold(st: &Stat, method: Method) -> f32 {
     if method == Method::MinMax || total == 0 || amax == 0.0 {
         return amax;
     }
-    let width = amax / BINS as f32;
+    let nb = st.hist.len();
+    let width = amax / nb as f32;
     match method {
         Method::MinMax => amax,
         Method::Percentile => {
@@ -465,9 +490,9 @@ fn threshold(st: &Stat, method: Method) -> f32 {
             amax
         }
         Method::Entropy => {
-            const Q: usize = 128;
-            let mut best = (f64::INFINITY, BINS);
-            for i in Q..=BINS {
+            const Q: usize = QBINS;
+            let mut best = (f64::INFINITY, nb);
+            for i in Q..=nb {
                 // Reference: the first i bins, outliers folded into the last.
                 let mut p: Vec<f64> = st.hist[..i].iter().map(|&c| c as f64).collect();
                 p[i - 1] += st.hist[i..].iter().sum::<u64>() as f64;
@@ -526,7 +551,12 @@ fn f32_tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(1),
-        raw_data: Some(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into()),
+        raw_data: Some(
+            v.iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        ),
         ..Default::default()
     }
 }
@@ -546,7 +576,12 @@ fn i32_tensor(name: &str, dims: &[i64], v: &[i32]) -> TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(6),
-        raw_data: Some(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into()),
+        raw_data: Some(
+            v.iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        ),
         ..Default::default()
     }
 }
@@ -577,7 +612,13 @@ fn quantize_weight(w: &[f32], dims: &[i64], axis: Option<usize>) -> (Vec<i8>, Ve
         Some(a) if a < du.len() => (du[a], du[a + 1..].iter().product::<usize>()),
         _ => (1, w.len().max(1)),
     };
-    let ch_of = |i: usize| if channels == 1 { 0 } else { (i / inner) % channels };
+    let ch_of = |i: usize| {
+        if channels == 1 {
+            0
+        } else {
+            (i / inner) % channels
+        }
+    };
     let mut amax = vec![0f32; channels];
     for (i, &x) in w.iter().enumerate() {
         amax[ch_of(i)] = amax[ch_of(i)].max(x.abs());
@@ -653,18 +694,34 @@ pub fn quantize(m: &ModelProto, samples: &[Sample], opt: &Options) -> Result<(Mo
     let mut dq_name: BTreeMap<String, String> = BTreeMap::new();
     let mut nodes: Vec<NodeProto> = Vec::new();
     let emit_act = |a: &str,
-                        nodes: &mut Vec<NodeProto>,
-                        new_inits: &mut Vec<TensorProto>,
-                        dq_name: &mut BTreeMap<String, String>,
-                        src: &str| {
+                    nodes: &mut Vec<NodeProto>,
+                    new_inits: &mut Vec<TensorProto>,
+                    dq_name: &mut BTreeMap<String, String>,
+                    src: &str| {
         let (scale, zp) = params[a];
         let (sn, zn) = (format!("{a}_scale"), format!("{a}_zero_point"));
         new_inits.push(f32_tensor(&sn, &[], &[scale]));
         new_inits.push(i8_tensor(&zn, &[], &[zp]));
         let qn = format!("{a}_QuantizeLinear_Output");
-        nodes.push(qdq_node("QuantizeLinear", format!("{a}_QuantizeLinear"), [src, &sn, &zn], &qn, None));
-        let dn = if src != a { a.to_string() } else { format!("{a}_DequantizeLinear_Output") };
-        nodes.push(qdq_node("DequantizeLinear", format!("{a}_DequantizeLinear"), [&qn, &sn, &zn], &dn, None));
+        nodes.push(qdq_node(
+            "QuantizeLinear",
+            format!("{a}_QuantizeLinear"),
+            [src, &sn, &zn],
+            &qn,
+            None,
+        ));
+        let dn = if src != a {
+            a.to_string()
+        } else {
+            format!("{a}_DequantizeLinear_Output")
+        };
+        nodes.push(qdq_node(
+            "DequantizeLinear",
+            format!("{a}_DequantizeLinear"),
+            [&qn, &sn, &zn],
+            &dn,
+            None,
+        ));
         dq_name.insert(a.to_string(), dn);
     };
     let graph_inputs: Vec<String> = g.input.iter().map(|i| s(&i.name).to_string()).collect();
@@ -673,6 +730,13 @@ pub fn quantize(m: &ModelProto, samples: &[Sample], opt: &Options) -> Result<(Mo
             emit_act(gi, &mut nodes, &mut new_inits, &mut dq_name, gi);
         }
     }
+    // Clip bounds of folded nodes, dropped below when nothing else reads them.
+    let folded_extra: BTreeSet<String> = plan
+        .folded
+        .keys()
+        .filter_map(|&k| g.node.get(k))
+        .flat_map(|n| n.input.iter().skip(1).cloned())
+        .collect();
     let old_nodes = std::mem::take(&mut g.node);
     let folded_up: BTreeMap<String, String> = plan.folded.values().cloned().collect();
     for (k, mut n) in old_nodes.into_iter().enumerate() {
@@ -688,7 +752,11 @@ pub fn quantize(m: &ModelProto, samples: &[Sample], opt: &Options) -> Result<(Mo
         let op = s(&n.op_type).to_string();
         if plan.quantized.contains(&k) {
             *report.quantized_nodes.entry(op.clone()).or_default() += 1;
-            let node_name = if s(&n.name).is_empty() { format!("node{k}") } else { s(&n.name).to_string() };
+            let node_name = if s(&n.name).is_empty() {
+                format!("node{k}")
+            } else {
+                s(&n.name).to_string()
+            };
             // Weights and biases.
             let weight_axis = match op.as_str() {
                 "Conv" => Some(0),
@@ -717,7 +785,11 @@ pub fn quantize(m: &ModelProto, samples: &[Sample], opt: &Options) -> Result<(Mo
                 if removed_inits.insert(name.clone()) {
                     let qn = format!("{name}_quantized");
                     let (sn, zn) = (format!("{name}_scale"), format!("{name}_zero_point"));
-                    let sd: Vec<i64> = if axis.is_some() { vec![scales.len() as i64] } else { vec![] };
+                    let sd: Vec<i64> = if axis.is_some() {
+                        vec![scales.len() as i64]
+                    } else {
+                        vec![]
+                    };
                     new_inits.push(i8_tensor(&qn, &t.dims, &q));
                     new_inits.push(f32_tensor(&sn, &sd, &scales));
                     new_inits.push(i8_tensor(&zn, &sd, &vec![0; scales.len()]));
@@ -758,7 +830,11 @@ pub fn quantize(m: &ModelProto, samples: &[Sample], opt: &Options) -> Result<(Mo
                             format!("{base}_scale"),
                             format!("{base}_zero_point"),
                         );
-                        let sd: Vec<i64> = if per { vec![scales.len() as i64] } else { vec![] };
+                        let sd: Vec<i64> = if per {
+                            vec![scales.len() as i64]
+                        } else {
+                            vec![]
+                        };
                         new_inits.push(i32_tensor(&qn, &t.dims, &q));
                         new_inits.push(f32_tensor(&sn, &sd, &scales));
                         new_inits.push(i32_tensor(&zn, &sd, &vec![0; scales.len()]));
@@ -810,10 +886,15 @@ pub fn quantize(m: &ModelProto, samples: &[Sample], opt: &Options) -> Result<(Mo
         .iter()
         .flat_map(|n| n.input.iter().cloned())
         .collect();
-    let produced: BTreeSet<String> = g.node.iter().flat_map(|n| n.output.iter().cloned()).collect();
+    let produced: BTreeSet<String> = g
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter().cloned())
+        .collect();
     g.initializer.retain(|t| {
         let n = s(&t.name);
-        !(removed_inits.contains(n) && (produced.contains(n) || !still_used.contains(n)))
+        let gone = removed_inits.contains(n) || folded_extra.contains(n);
+        !(gone && (produced.contains(n) || !still_used.contains(n)))
     });
     g.input
         .retain(|i| !(removed_inits.contains(s(&i.name)) && produced.contains(s(&i.name))));
@@ -824,8 +905,12 @@ pub fn quantize(m: &ModelProto, samples: &[Sample], opt: &Options) -> Result<(Mo
 /// Decodes an ONNX file.
 pub fn read_model_proto(path: &Path) -> Result<ModelProto> {
     let buf = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    mote_proto::decode_model(buf.into())
-        .map_err(|_| Error::Model(format!("not an ONNX model or truncated: {}", path.display())))
+    mote_proto::decode_model(buf.into()).map_err(|_| {
+        Error::Model(format!(
+            "not an ONNX model or truncated: {}",
+            path.display()
+        ))
+    })
 }
 
 /// Accuracy figures of a quantized model against its float model.
@@ -849,7 +934,8 @@ pub fn compare(float: &[u8], quant: &[u8], samples: &[Sample]) -> Result<Agreeme
             .map_err(|e| Error::Model(format!("{what} model: {}", Model::default().explain(&e))))
     };
     let (fm, qm) = (load(float, "float")?, load(quant, "quantized")?);
-    let (mut agree, mut rows, mut max_abs, mut sum_abs, mut count) = (0usize, 0usize, 0f64, 0f64, 0usize);
+    let (mut agree, mut rows, mut max_abs, mut sum_abs, mut count) =
+        (0usize, 0usize, 0f64, 0f64, 0usize);
     let pb = progress(samples.len(), "comparing");
     for sample in samples {
         let mut outs = Vec::new();
@@ -859,8 +945,10 @@ pub fn compare(float: &[u8], quant: &[u8], samples: &[Sample]) -> Result<Agreeme
                 b = b.input_shape(n, t.shape());
             }
             let mut sess = b.build()?;
-            let args: Vec<(&str, Tensor)> =
-                sample.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            let args: Vec<(&str, Tensor)> = sample
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.clone()))
+                .collect();
             let o = sess.run(&args)?;
             let first = o
                 .into_iter()
@@ -880,7 +968,10 @@ pub fn compare(float: &[u8], quant: &[u8], samples: &[Sample]) -> Result<Agreeme
             let am = |r: &[f64]| {
                 r.iter()
                     .enumerate()
-                    .fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+                    .fold(
+                        (0, f64::NEG_INFINITY),
+                        |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                    )
                     .0
             };
             agree += usize::from(am(rf) == am(rq));

@@ -9,7 +9,10 @@ use mote_proto::Message;
 use mote_std::{read_npy, Session, Tensor};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn python() -> String {
@@ -49,7 +52,10 @@ fn argmax_accuracy(logits: &[f32], labels: &[i64]) -> f64 {
             let best = r
                 .iter()
                 .enumerate()
-                .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                )
                 .0;
             best as i64 == y
         })
@@ -75,7 +81,11 @@ fn ort_logits(model: &Path, x: &Path, out: &Path) -> Vec<f32> {
         .arg("-q")
         .status()
         .unwrap();
-    assert!(st.success(), "onnxruntime could not run {}", model.display());
+    assert!(
+        st.success(),
+        "onnxruntime could not run {}",
+        model.display()
+    );
     read_npy(out.join("OUT_0.npy")).unwrap().to_f32_vec()
 }
 
@@ -102,7 +112,11 @@ fn check(method: &str, flags: &[&str]) {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(stdout.contains("top-1 agreement"), "{stdout}");
 
     // A standard QDQ model: int8 weights behind DequantizeLinear, Q/DQ on
@@ -121,7 +135,10 @@ fn check(method: &str, flags: &[&str]) {
     let init = |n: &str| g.initializer.iter().find(|t| t.name.as_deref() == Some(n));
     assert!(init("fc1.weight").is_none() && init("fc2.weight").is_none());
     assert_eq!(init("fc1.weight_quantized").unwrap().data_type, Some(3));
-    assert_eq!(init("fc2.bias_fc2_gemm_quantized").unwrap().data_type, Some(6));
+    assert_eq!(
+        init("fc2.bias_fc2_gemm_quantized").unwrap().data_type,
+        Some(6)
+    );
     let scale_len = init("fc1.weight_scale").unwrap().dims.clone();
     if flags.contains(&"--per-channel") {
         assert_eq!(scale_len, vec![32]);
@@ -129,6 +146,8 @@ fn check(method: &str, flags: &[&str]) {
         assert!(scale_len.is_empty());
     }
 
+    let raw = init("logits_scale").unwrap().raw_data.clone().unwrap();
+    let logits_step = f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
     let xp = d.join("test_x.npy");
     let x = read_npy(&xp).unwrap();
     let y: Vec<i64> = read_npy(d.join("test_y.npy"))
@@ -153,10 +172,20 @@ fn check(method: &str, flags: &[&str]) {
         stdout.lines().last().unwrap_or("")
     );
     assert!(f32_acc > 0.95, "float accuracy {f32_acc}");
-    assert!(mote_acc >= f32_acc - 0.02, "{tag}: int8 {mote_acc} vs f32 {f32_acc}");
-    assert!(ort_acc >= f32_acc - 0.02, "{tag}: ort int8 {ort_acc} vs f32 {f32_acc}");
-    // Same QDQ arithmetic in both runtimes, up to float rounding.
-    assert!(max_diff < 1e-2, "{tag}: mote vs onnxruntime {max_diff}");
+    assert!(
+        mote_acc >= f32_acc - 0.02,
+        "{tag}: int8 {mote_acc} vs f32 {f32_acc}"
+    );
+    assert!(
+        ort_acc >= f32_acc - 0.02,
+        "{tag}: ort int8 {ort_acc} vs f32 {f32_acc}"
+    );
+    // Same QDQ arithmetic in both runtimes: float rounding may move a value
+    // across a rounding boundary of the last QuantizeLinear, one step at most.
+    assert!(
+        max_diff <= logits_step * 1.01,
+        "{tag}: mote vs onnxruntime {max_diff} (logits step {logits_step})"
+    );
     let _ = std::fs::remove_dir_all(&work);
 }
 
