@@ -16,6 +16,7 @@
 pub mod conformance;
 mod error;
 mod npy;
+pub mod quantize;
 mod session;
 mod tensor;
 
