@@ -34,6 +34,7 @@ pub mod matmul;
 pub mod norm;
 pub mod pool;
 pub mod qlinear;
+pub mod qoperator;
 pub mod quant;
 pub mod reduce;
 pub mod requant;
@@ -70,6 +71,20 @@ impl OpDef {
             prepare,
         }
     }
+    /// An entry of another domain (e.g. `"com.microsoft"`).
+    pub const fn new(
+        domain: &'static str,
+        op_type: &'static str,
+        since: i64,
+        prepare: PrepareFn,
+    ) -> Self {
+        OpDef {
+            op_type,
+            domain,
+            since,
+            prepare,
+        }
+    }
 }
 
 /// Every family's table, in one list.
@@ -96,6 +111,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     quant::OPS,
     sequence_models::OPS,
     qlinear::OPS,
+    qoperator::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with
