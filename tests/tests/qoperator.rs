@@ -71,18 +71,29 @@ fn qoperator_matches_onnxruntime() {
                     "{name}[{k}]: got {a}, onnxruntime {b}"
                 );
             } else {
-                assert!((a - b).abs() <= 1.0, "{name}[{k}]: got {a}, onnxruntime {b} (> 1 LSB)");
+                assert!(
+                    (a - b).abs() <= 1.0,
+                    "{name}[{k}]: got {a}, onnxruntime {b} (> 1 LSB)"
+                );
             }
         }
     }
     let mut bad = Vec::new();
     for (op, (n, exact, cases)) in &per {
         let f = *exact as f64 / (*n).max(1) as f64;
-        println!("{op}: {cases} cases, {n} elements, exact {exact} ({:.4}%)", 100.0 * f);
+        println!(
+            "{op}: {cases} cases, {n} elements, exact {exact} ({:.4}%)",
+            100.0 * f
+        );
         if f < 0.999 {
             bad.push(op.clone());
         }
     }
-    assert_eq!(per.len(), 8, "ops covered: {:?}", per.keys().collect::<Vec<_>>());
+    assert_eq!(
+        per.len(),
+        8,
+        "ops covered: {:?}",
+        per.keys().collect::<Vec<_>>()
+    );
     assert!(bad.is_empty(), "below 99.9% exact: {bad:?}");
 }

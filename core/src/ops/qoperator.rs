@@ -766,8 +766,7 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         check_zp(ctx, base + 2, dt)?;
         param_idx.extend([base + 1, base + 2]);
         if x.shape.len() != rank
-            || x
-                .shape
+            || x.shape
                 .iter()
                 .zip(x0.shape)
                 .enumerate()
@@ -860,7 +859,13 @@ fn per_col(ctx: &PrepareCtx<'_>, i: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
-fn gemm_params(get: Get<'_, '_>, alpha: f32, dta: DType, dtb: DType, quant_out: bool) -> Result<GemmParams> {
+fn gemm_params(
+    get: Get<'_, '_>,
+    alpha: f32,
+    dta: DType,
+    dtb: DType,
+    quant_out: bool,
+) -> Result<GemmParams> {
     let sa = scale(get, 1)?;
     let za = zero_point(get, 2, dta)?;
     let bs = get(4)?.ok_or(Error::new(ErrorKind::MissingInput { index: 4 }))?;
