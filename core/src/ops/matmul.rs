@@ -208,6 +208,84 @@ pub fn gemm<A: Float, B: Float<Acc = A::Acc>>(
     Ok(())
 }
 
+/// Geometry of a Gemm-style product `A' · B'` (+ C broadcast to (M, N)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmGeom {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Row strides of A and B as stored.
+    pub lda: usize,
+    pub ldb: usize,
+    pub transa: bool,
+    pub transb: bool,
+    /// Element strides (row, col) into C, when C is given.
+    pub c: Option<(usize, usize)>,
+}
+
+/// Validates the shapes of a Gemm (rank-2 A and B, `transA` / `transB`
+/// attributes, C unidirectionally broadcastable to (M, N)); dtypes are the
+/// caller's.
+pub(crate) fn gemm_geom(
+    ctx: &PrepareCtx<'_>,
+    a: &[usize],
+    b: &[usize],
+    c: Option<&[usize]>,
+) -> Result<GemmGeom> {
+    for s in [a, b] {
+        if s.len() != 2 {
+            return Err(Error::new(ErrorKind::Rank {
+                expected: 2,
+                got: s.len(),
+            }));
+        }
+    }
+    let transa = ctx.attr_int("transA", 0)? != 0;
+    let transb = ctx.attr_int("transB", 0)? != 0;
+    let (m, k) = if transa { (a[1], a[0]) } else { (a[0], a[1]) };
+    let (kb, n) = if transb { (b[1], b[0]) } else { (b[0], b[1]) };
+    if k != kb {
+        return Err(Error::new(ErrorKind::Dim {
+            axis: if transb { 1 } else { 0 },
+            expected: k as u64,
+            got: kb as u64,
+        }));
+    }
+    // C: unidirectional broadcast to (M, N); strides (row, col) into C.
+    let c = match c {
+        None => None,
+        Some(cs) => {
+            if cs.len() > 2 {
+                return Err(Error::new(ErrorKind::Rank {
+                    expected: 2,
+                    got: cs.len(),
+                }));
+            }
+            let out = [m, n];
+            let off = 2 - cs.len();
+            for (i, &d) in cs.iter().enumerate() {
+                if d != 1 && d != out[i + off] {
+                    return Err(Error::new(ErrorKind::Shape(
+                        "Gemm C does not broadcast to (M, N)",
+                    )));
+                }
+            }
+            let s = broadcast_strides(cs, &out);
+            Some((s[0], s[1]))
+        }
+    };
+    Ok(GemmGeom {
+        m,
+        n,
+        k,
+        lda: a[1],
+        ldb: b[1],
+        transa,
+        transb,
+        c,
+    })
+}
+
 fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let a = ctx.input(0)?;
     let b = ctx.input(1)?;
@@ -221,70 +299,27 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             got: b.dtype,
         }));
     }
-    if a.shape.len() != 2 {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 2,
-            got: a.shape.len(),
-        }));
+    let c = ctx.opt_input(2);
+    if let Some(c) = c {
+        if c.dtype != dt {
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: dt,
+                got: c.dtype,
+            }));
+        }
     }
-    if b.shape.len() != 2 {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 2,
-            got: b.shape.len(),
-        }));
-    }
-    let transa = ctx.attr_int("transA", 0)? != 0;
-    let transb = ctx.attr_int("transB", 0)? != 0;
     let alpha = ctx.attr_float("alpha", 1.0)?;
     let beta = ctx.attr_float("beta", 1.0)?;
-    let (m, k) = if transa {
-        (a.shape[1], a.shape[0])
-    } else {
-        (a.shape[0], a.shape[1])
-    };
-    let (kb, n) = if transb {
-        (b.shape[1], b.shape[0])
-    } else {
-        (b.shape[0], b.shape[1])
-    };
-    if k != kb {
-        return Err(Error::new(ErrorKind::Dim {
-            axis: if transb { 1 } else { 0 },
-            expected: k as u64,
-            got: kb as u64,
-        }));
-    }
-    let lda = a.shape[1];
-    let ldb = b.shape[1];
-    // C: unidirectional broadcast to (M, N); strides (row, col) into C.
-    let c_strides = match ctx.opt_input(2) {
-        None => None,
-        Some(c) => {
-            if c.dtype != dt {
-                return Err(Error::new(ErrorKind::DTypeMismatch {
-                    expected: dt,
-                    got: c.dtype,
-                }));
-            }
-            if c.shape.len() > 2 {
-                return Err(Error::new(ErrorKind::Rank {
-                    expected: 2,
-                    got: c.shape.len(),
-                }));
-            }
-            let out = [m, n];
-            let off = 2 - c.shape.len();
-            for (i, &d) in c.shape.iter().enumerate() {
-                if d != 1 && d != out[i + off] {
-                    return Err(Error::new(ErrorKind::Shape(
-                        "Gemm C does not broadcast to (M, N)",
-                    )));
-                }
-            }
-            let s = broadcast_strides(c.shape, &out);
-            Some((s[0], s[1]))
-        }
-    };
+    let GemmGeom {
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        transa,
+        transb,
+        c: c_strides,
+    } = gemm_geom(ctx, a.shape, b.shape, c.map(|c| c.shape))?;
     let g = GemmParams {
         m,
         n,

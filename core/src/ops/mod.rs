@@ -35,6 +35,7 @@ pub mod norm;
 pub mod pool;
 pub mod qdq;
 pub mod qlinear;
+pub mod qoperator;
 pub mod quant;
 pub mod reduce;
 pub mod requant;
@@ -112,6 +113,7 @@ pub const FAMILIES: &[&[OpDef]] = &[
     sequence_models::OPS,
     qlinear::OPS,
     qdq::OPS,
+    qoperator::OPS,
 ];
 
 /// The entry for `op_type` in `domain` that applies at `opset`: the one with

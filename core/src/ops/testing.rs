@@ -39,6 +39,21 @@ pub fn run(
     crate::plan::eval_const(&n, opset, &refs)
 }
 
+/// Runs `op_type` of `domain` at `opset` on `inputs` (None = omitted input).
+pub fn run_in(
+    domain: &str,
+    op_type: &str,
+    opset: i64,
+    attrs: Vec<(&str, AttrValue)>,
+    inputs: &[Option<Const>],
+    n_out: usize,
+) -> Result<Vec<Const>> {
+    let mut n = node(op_type, inputs.len(), n_out, attrs);
+    n.domain = domain.into();
+    let refs: Vec<Option<&Const>> = inputs.iter().map(|c| c.as_ref()).collect();
+    crate::plan::eval_const(&n, opset, &refs)
+}
+
 /// A constant of typed values.
 pub fn t<T: Element>(shape: &[usize], v: &[T]) -> Option<Const> {
     Some(Const::from_slice(shape, v).unwrap())

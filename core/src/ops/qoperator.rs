@@ -1,0 +1,1046 @@
+//! onnxruntime's `com.microsoft` quantized operators (the QOperator format
+//! of its quantizer): QLinearAdd, QLinearMul, QLinearSigmoid,
+//! QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearAveragePool,
+//! QLinearConcat and QGemm, over int8 / uint8 data.
+//!
+//! Arithmetic is integer with the fixed-point [`requant`](crate::ops::requant)
+//! module (round half to even, saturating):
+//! - Add: `Requant2` over `(a - za, b - zb)` with multipliers `sa/sc`,
+//!   `sb/sc`; Mul: `Requant` of `(a - za)(b - zb)` by `sa·sb/sc`;
+//!   both broadcast numpy-style;
+//! - the average pools sum `x - zx` exactly and divide with
+//!   [`Requant::apply_div`] (`sx/sy`); QLinearAveragePool counts the full
+//!   kernel when `count_include_pad` is set, the in-bounds taps otherwise, as
+//!   onnxruntime does (no dilations);
+//! - QGemm accumulates `Σ (a - za)(b - zb) + C` in i32 and requantizes by
+//!   `alpha·sa·sb[j]/sy` (per-column `b_scale` / `b_zero_point` allowed);
+//!   without `y_scale` the output is f32 `acc · (alpha·sa·sb[j])`;
+//! - Sigmoid, LeakyRelu and Concat map each input value through a 256-entry
+//!   table built like onnxruntime's: dequantize in f32, apply the function,
+//!   quantize with `rint(v / sy) + zy`. With constant scales / zero points
+//!   (the usual case) the tables and multipliers are built at prepare;
+//!   otherwise the kernel builds them from the inputs at each run, on the
+//!   stack.
+//!
+//! Scales are f32 and per tensor (one element), except QGemm's `b_scale`;
+//! a missing zero point is 0.
+
+use alloc::vec::Vec;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::ops::conv::{forward_geom, valid_range, Geom};
+use crate::ops::matmul::gemm_geom;
+use crate::ops::requant::{clamp, Requant, Requant2};
+use crate::ops::{util, Kernel, KernelIo, OpDef, PrepareCtx, Prepared};
+use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, TensorView, MAX_RANK};
+use crate::{DType, Element};
+
+/// Domain of this family.
+const MS: &str = "com.microsoft";
+
+/// Operators of this family.
+pub const OPS: &[OpDef] = &[
+    OpDef::domain(MS, "QLinearAdd", 1, prepare_add),
+    OpDef::domain(MS, "QLinearMul", 1, prepare_mul),
+    OpDef::domain(MS, "QLinearSigmoid", 1, prepare_sigmoid),
+    OpDef::domain(MS, "QLinearLeakyRelu", 1, prepare_leaky_relu),
+    OpDef::domain(MS, "QLinearGlobalAveragePool", 1, prepare_global_avg),
+    OpDef::domain(MS, "QLinearAveragePool", 1, prepare_avg_pool),
+    OpDef::domain(MS, "QLinearConcat", 1, prepare_concat),
+    OpDef::domain(MS, "QGemm", 1, prepare_qgemm),
+];
+
+/// An 8-bit quantized element type.
+trait Q8: Element + Copy + Default {
+    const LO: i32;
+    const HI: i32;
+    /// The value widened.
+    fn get(self) -> i32;
+    /// The byte pattern (table index).
+    fn bits(self) -> u8;
+    /// From a byte pattern.
+    fn from_bits(b: u8) -> Self;
+    /// From a value already saturated to `[LO, HI]`.
+    fn from_sat(v: i32) -> Self;
+}
+
+impl Q8 for u8 {
+    const LO: i32 = 0;
+    const HI: i32 = 255;
+    #[inline]
+    fn get(self) -> i32 {
+        self as i32
+    }
+    #[inline]
+    fn bits(self) -> u8 {
+        self
+    }
+    #[inline]
+    fn from_bits(b: u8) -> Self {
+        b
+    }
+    #[inline]
+    fn from_sat(v: i32) -> Self {
+        v as u8
+    }
+}
+
+impl Q8 for i8 {
+    const LO: i32 = -128;
+    const HI: i32 = 127;
+    #[inline]
+    fn get(self) -> i32 {
+        self as i32
+    }
+    #[inline]
+    fn bits(self) -> u8 {
+        self as u8
+    }
+    #[inline]
+    fn from_bits(b: u8) -> Self {
+        b as i8
+    }
+    #[inline]
+    fn from_sat(v: i32) -> Self {
+        v as i8
+    }
+}
+
+/// `match` on an 8-bit dtype, binding the type alias `$t` in `$body`.
+macro_rules! with_q8 {
+    ($dt:expr, $what:expr, $t:ident => $body:expr) => {
+        match $dt {
+            DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            dt => Err(Error::new(ErrorKind::UnsupportedDType {
+                what: $what,
+                code: dt.onnx_code(),
+            })),
+        }
+    };
+}
+
+fn len_err(expected: usize, got: usize) -> Error {
+    Error::new(ErrorKind::Len {
+        expected: expected as u64,
+        got: got as u64,
+    })
+}
+
+fn check_len(got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(len_err(want, got));
+    }
+    Ok(())
+}
+
+fn shape_err(what: &'static str) -> Error {
+    Error::new(ErrorKind::Shape(what))
+}
+
+/// `v` quantized like onnxruntime's `MlasQuantizeLinear`: `rint(v / s) + z`,
+/// saturated (NaN gives the zero point).
+#[inline]
+fn quantize<T: Q8>(v: f32, s: f32, z: i32) -> T {
+    let q = libm::rintf(v / s);
+    let q = if q.is_nan() {
+        0
+    } else {
+        q.clamp(-1.0e9, 1.0e9) as i64
+    };
+    T::from_sat(clamp(q, z, T::LO, T::HI))
+}
+
+// ---------------------------------------------------------------------------
+// Scales and zero points
+// ---------------------------------------------------------------------------
+
+/// Reads optional input `i` (a constant at prepare, the live tensor at run).
+type Get<'g, 'a> = &'g dyn Fn(usize) -> Result<Option<TensorView<'a>>>;
+
+/// Checks at prepare that input `i` is a per-tensor f32 scale.
+fn check_scale(ctx: &PrepareCtx<'_>, i: usize) -> Result<()> {
+    let s = ctx.input_of(i, DType::F32)?;
+    check_len(s.numel(), 1)
+}
+
+/// Checks at prepare that optional input `i` is a per-tensor zero point of
+/// dtype `dt`.
+fn check_zp(ctx: &PrepareCtx<'_>, i: usize, dt: DType) -> Result<()> {
+    if ctx.opt_input(i).is_some() {
+        let z = ctx.input_of(i, dt)?;
+        check_len(z.numel(), 1)?;
+    }
+    Ok(())
+}
+
+/// Whether every present input among `idx` is known at build time.
+fn all_const(ctx: &PrepareCtx<'_>, idx: &[usize]) -> bool {
+    idx.iter()
+        .all(|&i| ctx.opt_input(i).is_none_or(|x| x.value.is_some()))
+}
+
+/// Getter over the constant inputs of prepare.
+fn const_get<'a>(ctx: &'a PrepareCtx<'a>) -> impl Fn(usize) -> Result<Option<TensorView<'a>>> + 'a {
+    move |i| Ok(ctx.opt_input(i).and_then(|x| x.value))
+}
+
+/// A per-tensor scale: one finite f32 > 0.
+fn scale(get: Get<'_, '_>, i: usize) -> Result<f32> {
+    let v = get(i)?.ok_or(Error::new(ErrorKind::MissingInput { index: i }))?;
+    if v.dtype() != DType::F32 {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: DType::F32,
+            got: v.dtype(),
+        }));
+    }
+    check_len(v.numel(), 1)?;
+    let s = v.f64_at(0).ok_or(len_err(1, 0))? as f32;
+    if !(s.is_finite() && s > 0.0) {
+        return Err(Error::new(ErrorKind::Invalid(
+            "quantization scale must be finite and > 0",
+        )));
+    }
+    Ok(s)
+}
+
+/// A per-tensor zero point of dtype `dt` (0 when absent).
+fn zero_point(get: Get<'_, '_>, i: usize, dt: DType) -> Result<i32> {
+    let Some(v) = get(i)? else {
+        return Ok(0);
+    };
+    if v.dtype() != dt {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: dt,
+            got: v.dtype(),
+        }));
+    }
+    check_len(v.numel(), 1)?;
+    Ok(v.int_at(0).ok_or(len_err(1, 0))? as i32)
+}
+
+/// A kernel whose parameters `P` come from scale / zero-point inputs:
+/// computed at prepare when those are constant, else at each run.
+struct ParamKernel<P, F> {
+    name: &'static str,
+    pre: Option<P>,
+    make: fn(Get<'_, '_>, DType) -> Result<P>,
+    dt: DType,
+    run: F,
+}
+
+impl<P, F> core::fmt::Debug for ParamKernel<P, F> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.name)
+    }
+}
+
+impl<P, F> Kernel for ParamKernel<P, F>
+where
+    P: Send + Sync,
+    F: Fn(&mut KernelIo<'_>, &P) -> Result<()> + Send + Sync,
+{
+    fn run(&self, io: &mut KernelIo<'_>) -> Result<()> {
+        match &self.pre {
+            Some(p) => (self.run)(io, p),
+            None => {
+                let p = {
+                    let get = |i: usize| io.opt_input(i);
+                    (self.make)(&get, self.dt)?
+                };
+                (self.run)(io, &p)
+            }
+        }
+    }
+}
+
+/// Builds a [`ParamKernel`], precomputing `P` when inputs `params` are
+/// constant.
+fn param_kernel<P, F>(
+    ctx: &PrepareCtx<'_>,
+    name: &'static str,
+    params: &[usize],
+    dt: DType,
+    make: fn(Get<'_, '_>, DType) -> Result<P>,
+    run: F,
+) -> Result<ParamKernel<P, F>>
+where
+    F: Fn(&mut KernelIo<'_>, &P) -> Result<()>,
+{
+    let pre = if all_const(ctx, params) {
+        let get = const_get(ctx);
+        Some(make(&get, dt)?)
+    } else {
+        None
+    };
+    Ok(ParamKernel {
+        name,
+        pre,
+        make,
+        dt,
+        run,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// QLinearAdd, QLinearMul
+// ---------------------------------------------------------------------------
+
+/// Inputs: A, A_scale, A_zero_point?, B, B_scale, B_zero_point?, C_scale,
+/// C_zero_point?.
+#[derive(Clone, Copy, Debug)]
+struct BinParams {
+    za: i32,
+    zb: i32,
+    zc: i32,
+    add: Requant2,
+    mul: Requant,
+}
+
+fn bin_params(get: Get<'_, '_>, dt: DType, is_add: bool) -> Result<BinParams> {
+    let (sa, sb, sc) = (scale(get, 1)?, scale(get, 4)?, scale(get, 6)?);
+    let (sa, sb, sc) = (sa as f64, sb as f64, sc as f64);
+    // Only the one the op uses is validated (the other is a placeholder).
+    let (add, mul) = if is_add {
+        (Requant2::new(sa / sc, sb / sc)?, Requant::new(1.0)?)
+    } else {
+        (Requant2::new(1.0, 1.0)?, Requant::new(sa * sb / sc)?)
+    };
+    Ok(BinParams {
+        za: zero_point(get, 2, dt)?,
+        zb: zero_point(get, 5, dt)?,
+        zc: zero_point(get, 7, dt)?,
+        add,
+        mul,
+    })
+}
+
+fn add_params(get: Get<'_, '_>, dt: DType) -> Result<BinParams> {
+    bin_params(get, dt, true)
+}
+
+fn mul_params(get: Get<'_, '_>, dt: DType) -> Result<BinParams> {
+    bin_params(get, dt, false)
+}
+
+fn prepare_add(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_binary(ctx, "QLinearAdd", add_params, true)
+}
+
+fn prepare_mul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_binary(ctx, "QLinearMul", mul_params, false)
+}
+
+fn prepare_binary(
+    ctx: &PrepareCtx<'_>,
+    name: &'static str,
+    make: fn(Get<'_, '_>, DType) -> Result<BinParams>,
+    is_add: bool,
+) -> Result<Prepared> {
+    let a = ctx.input(0)?;
+    let dt = a.dtype;
+    util::dtype_in(dt, &[DType::U8, DType::I8], "QLinearAdd / QLinearMul A")?;
+    let b = ctx.input_of(3, dt)?;
+    for i in [1, 4, 6] {
+        check_scale(ctx, i)?;
+    }
+    for i in [2, 5, 7] {
+        check_zp(ctx, i, dt)?;
+    }
+    let mut os = [0usize; MAX_RANK];
+    let r = broadcast_shapes(a.shape, b.shape, &mut os)?;
+    let shape: Vec<usize> = os[..r].to_vec();
+    let strides = [
+        broadcast_strides(a.shape, &shape),
+        broadcast_strides(b.shape, &shape),
+    ];
+    let (na, nb) = (a.numel(), b.numel());
+    let n: usize = shape.iter().product();
+    let out = shape.clone();
+    with_q8!(dt, name, T => {
+        let k = param_kernel(ctx, name, &[1, 2, 4, 5, 6, 7], dt, make, move |io, p: &BinParams| {
+            let a = io.input_slice::<T>(0)?;
+            let b = io.input_slice::<T>(3)?;
+            check_len(a.len(), na)?;
+            check_len(b.len(), nb)?;
+            let y = io.output_slice::<T>(0)?;
+            check_len(y.len(), n)?;
+            if n == 0 {
+                return Ok(());
+            }
+            for (o, [ia, ib]) in y.iter_mut().zip(StridedIter::new(&shape, strides)) {
+                let (da, db) = (a[ia].get() - p.za, b[ib].get() - p.zb);
+                let v = if is_add {
+                    p.add.apply(da, db)
+                } else {
+                    p.mul.apply(da * db)
+                };
+                *o = T::from_sat(clamp(v, p.zc, T::LO, T::HI));
+            }
+            Ok(())
+        })?;
+        Ok(Prepared::single(dt, &out, k))
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Lookup-table ops: QLinearSigmoid, QLinearLeakyRelu
+// ---------------------------------------------------------------------------
+
+/// Maps byte patterns of the input type to byte patterns of the output.
+type Table = [u8; 256];
+
+/// `table[x] = quantize(f(sx · (x - zx)), sy, zy)` over all 256 values.
+fn build_table<T: Q8>(sx: f32, zx: i32, sy: f32, zy: i32, f: impl Fn(f32) -> f32) -> Table {
+    let mut t = [0u8; 256];
+    for (i, e) in t.iter_mut().enumerate() {
+        let x = T::from_bits(i as u8);
+        let v = sx * (x.get() - zx) as f32;
+        *e = quantize::<T>(f(v), sy, zy).bits();
+    }
+    t
+}
+
+/// Inputs X, X_scale, X_zero_point?, Y_scale, Y_zero_point?; the f32
+/// function is `f(v, alpha)`.
+fn prepare_lookup(
+    ctx: &PrepareCtx<'_>,
+    name: &'static str,
+    make: fn(Get<'_, '_>, DType) -> Result<Table>,
+) -> Result<Prepared> {
+    let x = ctx.input(0)?;
+    let dt = x.dtype;
+    util::dtype_in(dt, &[DType::U8, DType::I8], name)?;
+    check_scale(ctx, 1)?;
+    check_scale(ctx, 3)?;
+    check_zp(ctx, 2, dt)?;
+    check_zp(ctx, 4, dt)?;
+    let n = x.numel();
+    with_q8!(dt, name, T => {
+        let k = param_kernel(ctx, name, &[1, 2, 3, 4], dt, make, move |io, t: &Table| {
+            if !io.is_inplace() {
+                check_len(io.input(0)?.numel(), n)?;
+            }
+            io.unary::<T>()?.map(|v| T::from_bits(t[v.bits() as usize]));
+            Ok(())
+        })?;
+        Ok(Prepared::single(dt, x.shape, k).in_place())
+    })
+}
+
+fn lookup_table(get: Get<'_, '_>, dt: DType, f: impl Fn(f32) -> f32) -> Result<Table> {
+    let (sx, sy) = (scale(get, 1)?, scale(get, 3)?);
+    let (zx, zy) = (zero_point(get, 2, dt)?, zero_point(get, 4, dt)?);
+    with_q8!(dt, "quantized lookup", T => Ok(build_table::<T>(sx, zx, sy, zy, &f)))
+}
+
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + libm::expf(-v))
+}
+
+fn sigmoid_table(get: Get<'_, '_>, dt: DType) -> Result<Table> {
+    lookup_table(get, dt, sigmoid)
+}
+
+fn prepare_sigmoid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_lookup(ctx, "QLinearSigmoid", sigmoid_table)
+}
+
+/// QLinearLeakyRelu: the table of `v >= 0 ? v : alpha · v` (attribute
+/// `alpha`, default 0.01).
+fn prepare_leaky_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let alpha = ctx.attr_float("alpha", 0.01)?;
+    let name = "QLinearLeakyRelu";
+    let x = ctx.input(0)?;
+    let dt = x.dtype;
+    util::dtype_in(dt, &[DType::U8, DType::I8], name)?;
+    check_scale(ctx, 1)?;
+    check_scale(ctx, 3)?;
+    check_zp(ctx, 2, dt)?;
+    check_zp(ctx, 4, dt)?;
+    let n = x.numel();
+    let f = move |v: f32| if v >= 0.0 { v } else { v * alpha };
+    let pre = if all_const(ctx, &[1, 2, 3, 4]) {
+        let get = const_get(ctx);
+        Some(lookup_table(&get, dt, f)?)
+    } else {
+        None
+    };
+    with_q8!(dt, name, T => {
+        let k = crate::ops::kernel(name, move |io| {
+            let t = match pre {
+                Some(t) => t,
+                None => {
+                    let get = |i: usize| io.opt_input(i);
+                    lookup_table(&get, dt, f)?
+                }
+            };
+            if !io.is_inplace() {
+                check_len(io.input(0)?.numel(), n)?;
+            }
+            io.unary::<T>()?.map(|v| T::from_bits(t[v.bits() as usize]));
+            Ok(())
+        });
+        Ok(Prepared::single(dt, x.shape, k).in_place())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Average pools
+// ---------------------------------------------------------------------------
+
+/// Inputs X, x_scale, x_zero_point?, y_scale, y_zero_point?: `zx`, `zy`
+/// and the multiplier `sx / sy`.
+#[derive(Clone, Copy, Debug)]
+struct PoolParams {
+    zx: i32,
+    zy: i32,
+    r: Requant,
+}
+
+fn pool_params(get: Get<'_, '_>, dt: DType) -> Result<PoolParams> {
+    let (sx, sy) = (scale(get, 1)?, scale(get, 3)?);
+    Ok(PoolParams {
+        zx: zero_point(get, 2, dt)?,
+        zy: zero_point(get, 4, dt)?,
+        r: Requant::new(sx as f64 / sy as f64)?,
+    })
+}
+
+/// Validates X and the parameter inputs of a pool; returns X's dtype and
+/// shape and `channels_last`.
+fn pool_input<'a>(ctx: &PrepareCtx<'a>, name: &'static str) -> Result<(DType, &'a [usize], bool)> {
+    let x = ctx.input(0)?;
+    util::dtype_in(x.dtype, &[DType::U8, DType::I8], name)?;
+    if x.shape.len() < 3 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 3,
+            got: x.shape.len(),
+        }));
+    }
+    check_scale(ctx, 1)?;
+    check_scale(ctx, 3)?;
+    check_zp(ctx, 2, x.dtype)?;
+    check_zp(ctx, 4, x.dtype)?;
+    let cl = ctx.attr_int("channels_last", 0)? != 0;
+    Ok((x.dtype, x.shape, cl))
+}
+
+/// `(batch, channels, spatial dims)` of an NCHW or NHWC shape.
+fn split_nc(xs: &[usize], channels_last: bool) -> (usize, usize, &[usize]) {
+    let r = xs.len();
+    if channels_last {
+        (xs[0], xs[r - 1], &xs[1..r - 1])
+    } else {
+        (xs[0], xs[1], &xs[2..])
+    }
+}
+
+/// `[n, c, spatial...]` or `[n, spatial..., c]`.
+fn join_nc(n: usize, c: usize, sp: &[usize], channels_last: bool) -> Vec<usize> {
+    let mut v = alloc::vec![n];
+    if !channels_last {
+        v.push(c);
+    }
+    v.extend_from_slice(sp);
+    if channels_last {
+        v.push(c);
+    }
+    v
+}
+
+fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let name = "QLinearGlobalAveragePool";
+    let (dt, xs, cl) = pool_input(ctx, name)?;
+    let (n, c, sp) = split_nc(xs, cl);
+    let img: usize = sp.iter().product();
+    let ones = alloc::vec![1usize; sp.len()];
+    let out = join_nc(n, c, &ones, cl);
+    let total = n * c * img;
+    with_q8!(dt, name, T => {
+        let k = param_kernel(ctx, name, &[1, 2, 3, 4], dt, pool_params, move |io, p: &PoolParams| {
+            let x = io.input_slice::<T>(0)?;
+            check_len(x.len(), total)?;
+            let y = io.output_slice::<T>(0)?;
+            check_len(y.len(), n * c)?;
+            // Element (b, ch, s) sits at b·img·c + ch·cs + s·ss.
+            let (cs, ss) = if cl { (1, c) } else { (img, 1) };
+            for b in 0..n {
+                let xb = &x[b * img * c..][..img * c];
+                for ch in 0..c {
+                    let mut sum = 0i64;
+                    for s in 0..img {
+                        sum += xb[ch * cs + s * ss].get() as i64;
+                    }
+                    let sum = sum - p.zx as i64 * img as i64;
+                    let v = p.r.apply_div(sum, img as i64);
+                    y[b * c + ch] = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(Prepared::single(dt, &out, k))
+    })
+}
+
+fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let name = "QLinearAveragePool";
+    let (dt, xs, cl) = pool_input(ctx, name)?;
+    let (n, c, sp) = split_nc(xs, cl);
+    let k: Vec<usize> = match ctx.attr_ints("kernel_shape")? {
+        None => {
+            return Err(Error::new(ErrorKind::Attribute {
+                name: "kernel_shape",
+                problem: "required",
+            }))
+        }
+        Some(v) => v
+            .iter()
+            .map(|&x| {
+                usize::try_from(x)
+                    .ok()
+                    .filter(|&x| x >= 1)
+                    .ok_or(Error::new(ErrorKind::Attribute {
+                        name: "kernel_shape",
+                        problem: "must be positive",
+                    }))
+            })
+            .collect::<Result<_>>()?,
+    };
+    if let Some(d) = ctx.attr_ints("dilations")? {
+        if d.iter().any(|&d| d != 1) {
+            return Err(Error::new(ErrorKind::Unsupported(
+                "QLinearAveragePool with dilations",
+            )));
+        }
+    }
+    let ceil_mode = ctx.attr_int("ceil_mode", 0)? != 0;
+    let include = ctx.attr_int("count_include_pad", 0)? != 0;
+    let g = forward_geom(ctx, sp, &k, ceil_mode)?;
+    let osp = &g.out[g.out.len() - sp.len()..];
+    let out = join_nc(n, c, osp, cl);
+    with_q8!(dt, name, T => {
+        let kern = param_kernel(ctx, name, &[1, 2, 3, 4], dt, pool_params, move |io, p: &PoolParams| {
+            let x = io.input_slice::<T>(0)?;
+            let y = io.output_slice::<T>(0)?;
+            avg_pool(x, y, n, c, cl, &g, include, p)
+        })?;
+        Ok(Prepared::single(dt, &out, kern))
+    })
+}
+
+/// Windowed average over `n · c` planes of geometry `g`; NHWC when `cl`.
+#[allow(clippy::too_many_arguments)]
+fn avg_pool<T: Q8>(
+    x: &[T],
+    y: &mut [T],
+    n: usize,
+    c: usize,
+    cl: bool,
+    g: &Geom,
+    include: bool,
+    p: &PoolParams,
+) -> Result<()> {
+    let (in_sz, out_sz) = (g.in_size(), g.out_size());
+    check_len(x.len(), n * c * in_sz)?;
+    check_len(y.len(), n * c * out_sz)?;
+    let [o0, o1, o2] = g.out;
+    let [i0, i1, i2] = g.inp;
+    let [k0, k1, k2] = g.k;
+    let [s0, s1, s2] = g.s;
+    let [p0, p1, p2] = g.pb;
+    let full = (k0 * k1 * k2) as i64;
+    // Spatial element stride and channel stride.
+    let (es, cs_in, cs_out) = if cl { (c, 1, 1) } else { (1, in_sz, out_sz) };
+    for b in 0..n {
+        for ch in 0..c {
+            let xb = b * c * in_sz + ch * cs_in;
+            let yb = b * c * out_sz + ch * cs_out;
+            for od in 0..o0 {
+                let (ad, bd) = valid_range(k0, 1, od * s0, p0, i0);
+                for oh in 0..o1 {
+                    let (ah, bh) = valid_range(k1, 1, oh * s1, p1, i1);
+                    for ow in 0..o2 {
+                        let (aw, bw) = valid_range(k2, 1, ow * s2, p2, i2);
+                        let mut sum = 0i64;
+                        for kd in ad..bd {
+                            let id = od * s0 + kd - p0;
+                            for kh in ah..bh {
+                                let ih = oh * s1 + kh - p1;
+                                let row = (id * i1 + ih) * i2;
+                                for kw in aw..bw {
+                                    let iw = ow * s2 + kw - p2;
+                                    sum += (x[xb + (row + iw) * es].get() - p.zx) as i64;
+                                }
+                            }
+                        }
+                        let taps = ((bd - ad) * (bh - ah) * (bw - aw)) as i64;
+                        let cnt = if include { full } else { taps };
+                        let v = p.r.apply_div(sum, cnt);
+                        let o = (od * o1 + oh) * o2 + ow;
+                        y[yb + o * es] = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// QLinearConcat
+// ---------------------------------------------------------------------------
+
+/// How one input's values become output values.
+#[derive(Clone, Copy, Debug)]
+enum Map {
+    /// Same scale and zero point: copy.
+    Copy,
+    /// Requantize through a table.
+    Table(Table),
+}
+
+/// Inputs Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) triples.
+fn concat_map(get: Get<'_, '_>, dt: DType, j: usize) -> Result<Map> {
+    let (sy, zy) = (scale(get, 0)?, zero_point(get, 1, dt)?);
+    let base = 2 + 3 * j;
+    let (sx, zx) = (scale(get, base + 1)?, zero_point(get, base + 2, dt)?);
+    if sx == sy && zx == zy {
+        return Ok(Map::Copy);
+    }
+    with_q8!(dt, "QLinearConcat", T => Ok(Map::Table(build_table::<T>(sx, zx, sy, zy, |v| v))))
+}
+
+fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let name = "QLinearConcat";
+    let ni = ctx.num_inputs();
+    if ni < 5 || (ni - 2) % 3 != 0 {
+        return Err(Error::new(ErrorKind::Invalid(
+            "QLinearConcat takes Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) triples",
+        )));
+    }
+    let parts = (ni - 2) / 3;
+    check_scale(ctx, 0)?;
+    let x0 = ctx.input(2)?;
+    let dt = match ctx.opt_input(1) {
+        Some(z) => z.dtype,
+        None => x0.dtype,
+    };
+    util::dtype_in(dt, &[DType::U8, DType::I8], name)?;
+    check_zp(ctx, 1, dt)?;
+    let rank = x0.shape.len();
+    if rank == 0 {
+        return Err(Error::new(ErrorKind::Rank {
+            expected: 1,
+            got: 0,
+        }));
+    }
+    let axis = util::axis(
+        ctx.attr_int("axis", i64::MIN).and_then(|a| {
+            if a == i64::MIN {
+                Err(Error::new(ErrorKind::Attribute {
+                    name: "axis",
+                    problem: "required",
+                }))
+            } else {
+                Ok(a)
+            }
+        })?,
+        rank,
+        "axis",
+    )?;
+    let mut out: Vec<usize> = x0.shape.to_vec();
+    out[axis] = 0;
+    let mut lens = Vec::with_capacity(parts);
+    let mut param_idx = alloc::vec![0usize, 1];
+    for j in 0..parts {
+        let base = 2 + 3 * j;
+        let x = ctx.input_of(base, dt)?;
+        check_scale(ctx, base + 1)?;
+        check_zp(ctx, base + 2, dt)?;
+        param_idx.extend([base + 1, base + 2]);
+        if x.shape.len() != rank
+            || x.shape
+                .iter()
+                .zip(x0.shape)
+                .enumerate()
+                .any(|(i, (&a, &b))| i != axis && a != b)
+        {
+            return Err(shape_err(
+                "QLinearConcat inputs must match except along axis",
+            ));
+        }
+        lens.push(x.shape[axis]);
+        out[axis] += x.shape[axis];
+    }
+    let outer: usize = out[..axis].iter().product();
+    let inner: usize = out[axis + 1..].iter().product();
+    let total_axis = out[axis];
+    let pre: Option<Vec<Map>> = if all_const(ctx, &param_idx) {
+        let get = const_get(ctx);
+        Some(
+            (0..parts)
+                .map(|j| concat_map(&get, dt, j))
+                .collect::<Result<_>>()?,
+        )
+    } else {
+        None
+    };
+    with_q8!(dt, name, T => {
+        let k = crate::ops::kernel(name, move |io| {
+            let mut off = 0usize;
+            for (j, &len) in lens.iter().enumerate() {
+                let map = match &pre {
+                    Some(m) => m[j],
+                    None => {
+                        let get = |i: usize| io.opt_input(i);
+                        concat_map(&get, dt, j)?
+                    }
+                };
+                let x = io.input_slice::<T>(2 + 3 * j)?;
+                let block = len * inner;
+                check_len(x.len(), outer * block)?;
+                let y = io.output_slice::<T>(0)?;
+                check_len(y.len(), outer * total_axis * inner)?;
+                for o in 0..outer {
+                    let src = &x[o * block..][..block];
+                    let dst = &mut y[(o * total_axis + off) * inner..][..block];
+                    match &map {
+                        Map::Copy => dst.copy_from_slice(src),
+                        Map::Table(t) => {
+                            for (d, &s) in dst.iter_mut().zip(src) {
+                                *d = T::from_bits(t[s.bits() as usize]);
+                            }
+                        }
+                    }
+                }
+                off += len;
+            }
+            Ok(())
+        });
+        Ok(Prepared::single(dt, &out, k))
+    })
+}
+
+// ---------------------------------------------------------------------------
+// QGemm
+// ---------------------------------------------------------------------------
+
+/// Inputs A, a_scale, a_zero_point?, B, b_scale, b_zero_point?, C?,
+/// y_scale?, y_zero_point?.
+#[derive(Clone, Debug)]
+struct GemmParams {
+    za: i32,
+    /// Per column of B (one entry when per tensor).
+    zb: Vec<i32>,
+    zy: i32,
+    /// Per column: `alpha·sa·sb[j]` (f32 output) ...
+    fscale: Vec<f32>,
+    /// ... or the requantizer of `alpha·sa·sb[j]/sy`.
+    req: Vec<Requant>,
+}
+
+/// Elements of a per-column parameter (`1` or `n`).
+fn per_col(ctx: &PrepareCtx<'_>, i: usize, n: usize) -> Result<()> {
+    if let Some(x) = ctx.opt_input(i) {
+        let k = x.numel();
+        if x.shape.len() > 1 || (k != 1 && k != n) {
+            return Err(shape_err(
+                "QGemm b_scale / b_zero_point must be a scalar or a 1-D vector of N",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn gemm_params(
+    get: Get<'_, '_>,
+    alpha: f32,
+    dta: DType,
+    dtb: DType,
+    quant_out: bool,
+) -> Result<GemmParams> {
+    let sa = scale(get, 1)?;
+    let za = zero_point(get, 2, dta)?;
+    let bs = get(4)?.ok_or(Error::new(ErrorKind::MissingInput { index: 4 }))?;
+    if bs.dtype() != DType::F32 {
+        return Err(Error::new(ErrorKind::DTypeMismatch {
+            expected: DType::F32,
+            got: bs.dtype(),
+        }));
+    }
+    let mut zb = Vec::new();
+    if let Some(z) = get(5)? {
+        if z.dtype() != dtb {
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: dtb,
+                got: z.dtype(),
+            }));
+        }
+        for i in 0..z.numel() {
+            zb.push(z.int_at(i).ok_or(len_err(i + 1, i))? as i32);
+        }
+    } else {
+        zb.push(0);
+    }
+    let (sy, zy) = if quant_out {
+        let sy = scale(get, 7)?;
+        let zdt = get(8)?.map_or(dta, |z| z.dtype());
+        (sy, zero_point(get, 8, zdt)?)
+    } else {
+        (1.0, 0)
+    };
+    let mut fscale = Vec::with_capacity(bs.numel());
+    let mut req = Vec::new();
+    for i in 0..bs.numel() {
+        let sb = bs.f64_at(i).ok_or(len_err(i + 1, i))? as f32;
+        if !(sb.is_finite() && sb > 0.0) {
+            return Err(Error::new(ErrorKind::Invalid(
+                "quantization scale must be finite and > 0",
+            )));
+        }
+        // onnxruntime's order: alpha · a_scale · b_scale[j] (/ y_scale).
+        let m = alpha * sa * sb;
+        fscale.push(m);
+        if quant_out {
+            req.push(Requant::new((m / sy) as f64)?);
+        }
+    }
+    Ok(GemmParams {
+        za,
+        zb,
+        zy,
+        fscale,
+        req,
+    })
+}
+
+fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let name = "QGemm";
+    let a = ctx.input(0)?;
+    let b = ctx.input(3)?;
+    util::dtype_in(a.dtype, &[DType::U8, DType::I8], "QGemm A")?;
+    util::dtype_in(b.dtype, &[DType::U8, DType::I8], "QGemm B")?;
+    check_scale(ctx, 1)?;
+    check_zp(ctx, 2, a.dtype)?;
+    ctx.input_of(4, DType::F32)?;
+    if let Some(z) = ctx.opt_input(5) {
+        if z.dtype != b.dtype {
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: b.dtype,
+                got: z.dtype,
+            }));
+        }
+    }
+    let c = ctx.opt_input(6);
+    if let Some(c) = c {
+        util::dtype_in(c.dtype, &[DType::I32], "QGemm C")?;
+    }
+    let g = gemm_geom(ctx, a.shape, b.shape, c.map(|c| c.shape))?;
+    per_col(ctx, 4, g.n)?;
+    per_col(ctx, 5, g.n)?;
+    let quant_out = ctx.opt_input(7).is_some();
+    let ydt = if quant_out {
+        check_scale(ctx, 7)?;
+        let ydt = ctx.opt_input(8).map_or(a.dtype, |z| z.dtype);
+        util::dtype_in(ydt, &[DType::U8, DType::I8], "QGemm y_zero_point")?;
+        check_zp(ctx, 8, ydt)?;
+        ydt
+    } else {
+        if ctx.opt_input(8).is_some() {
+            return Err(Error::new(ErrorKind::Invalid(
+                "QGemm y_zero_point without y_scale",
+            )));
+        }
+        DType::F32
+    };
+    let alpha = ctx.attr_float("alpha", 1.0)?;
+    if !(alpha.is_finite() && alpha > 0.0) {
+        return Err(Error::new(ErrorKind::Attribute {
+            name: "alpha",
+            problem: "must be finite and > 0",
+        }));
+    }
+    let (dta, dtb) = (a.dtype, b.dtype);
+    let make = move |get: Get<'_, '_>| gemm_params(get, alpha, dta, dtb, quant_out);
+    let pre = if all_const(ctx, &[1, 2, 4, 5, 7, 8]) {
+        let get = const_get(ctx);
+        Some(make(&get)?)
+    } else {
+        None
+    };
+    let (na, nb) = (a.numel(), b.numel());
+    let cn = c.map_or(0, |c| c.numel());
+    with_q8!(dta, name, A => {
+        with_q8!(dtb, name, B => {
+            let k = crate::ops::kernel(name, move |io| {
+                let owned;
+                let p = match &pre {
+                    Some(p) => p,
+                    None => {
+                        let get = |i: usize| io.opt_input(i);
+                        owned = make(&get)?;
+                        &owned
+                    }
+                };
+                let a = io.input_slice::<A>(0)?;
+                let b = io.input_slice::<B>(3)?;
+                check_len(a.len(), na)?;
+                check_len(b.len(), nb)?;
+                let c = match g.c {
+                    Some(s) => {
+                        let cv = io.input_slice::<i32>(6)?;
+                        check_len(cv.len(), cn)?;
+                        Some((cv, s))
+                    }
+                    None => None,
+                };
+                let acc = |i: usize, j: usize| -> i32 {
+                    let zb = p.zb[if p.zb.len() == 1 { 0 } else { j }];
+                    let mut s = 0i32;
+                    for kk in 0..g.k {
+                        let av = if g.transa { a[kk * g.lda + i] } else { a[i * g.lda + kk] };
+                        let bv = if g.transb { b[j * g.ldb + kk] } else { b[kk * g.ldb + j] };
+                        s = s.wrapping_add((av.get() - p.za) * (bv.get() - zb));
+                    }
+                    if let Some((cv, (r, q))) = c {
+                        s = s.wrapping_add(cv[i * r + j * q]);
+                    }
+                    s
+                };
+                if quant_out {
+                    with_q8!(ydt, name, Y => {
+                        let y = io.output_slice::<Y>(0)?;
+                        check_len(y.len(), g.m * g.n)?;
+                        for i in 0..g.m {
+                            for j in 0..g.n {
+                                let v = p.req[if p.req.len() == 1 { 0 } else { j }].apply(acc(i, j));
+                                y[i * g.n + j] = Y::from_sat(clamp(v, p.zy, Y::LO, Y::HI));
+                            }
+                        }
+                        Ok(())
+                    })
+                } else {
+                    let y = io.output_slice::<f32>(0)?;
+                    check_len(y.len(), g.m * g.n)?;
+                    for i in 0..g.m {
+                        for j in 0..g.n {
+                            y[i * g.n + j] = acc(i, j) as f32 * p.fscale[if p.fscale.len() == 1 { 0 } else { j }];
+                        }
+                    }
+                    Ok(())
+                }
+            });
+            Ok(Prepared::single(ydt, &[g.m, g.n], k))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests;
