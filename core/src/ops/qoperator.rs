@@ -698,6 +698,9 @@ fn avg_pool<T: Q8>(
 // ---------------------------------------------------------------------------
 
 /// How one input's values become output values.
+// Unboxed on purpose: with run-time scales the table is built on the stack
+// (a kernel must not allocate).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 enum Map {
     /// Same scale and zero point: copy.
