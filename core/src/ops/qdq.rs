@@ -507,11 +507,9 @@ fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     mult: multipliers(&s.acc, alpha, sy)?,
                     out,
                 };
-                let scratch = if trans_b { 0 } else { n * 4 };
                 Ok(Prepared::single(Y::DTYPE, &shape, kernel("QMatMul", move |io| {
                     qmatmul::<A, B, Y>(io, &q)
-                }))
-                .with_scratch(scratch))
+                })))
             })
         })
     })
@@ -543,32 +541,35 @@ fn qmatmul<A: QInt, B: QInt, Y: QInt>(io: &mut KernelIo<'_>, q: &QMmP) -> Result
         }
         return Ok(());
     }
-    // B is [K, N]: accumulate a row of N sums in scratch, walking B by rows.
-    let (mut y, scratch) = io.output_and_scratch(0)?;
-    let y = y.as_slice_mut::<Y>()?;
+    // B is [K, N]: accumulate a strip of up to STRIP sums on the stack,
+    // walking B by rows (contiguous reads, no arena scratch).
+    const STRIP: usize = 32;
+    let y = io.output_slice::<Y>(0)?;
     check_len(y.len(), q.rows * n)?;
-    let acc: &mut [i32] = bytemuck::try_cast_slice_mut(
-        scratch
-            .get_mut(..n * 4)
-            .ok_or(Error::new(ErrorKind::Internal("QMatMul scratch")))?,
-    )
-    .map_err(|_| Error::new(ErrorKind::Internal("QMatMul scratch alignment")))?;
+    let mut acc = [0i32; STRIP];
     for r in 0..q.rows {
-        acc.copy_from_slice(&q.bias);
         let arow = &a[r * k..][..k];
-        for (p, av) in arow.iter().enumerate() {
-            let av = av.get() - q.za;
-            if av == 0 {
-                continue;
+        let mut j0 = 0;
+        while j0 < n {
+            let w = STRIP.min(n - j0);
+            let acc = &mut acc[..w];
+            acc.copy_from_slice(&q.bias[j0..j0 + w]);
+            let zb = &q.zb[j0..j0 + w];
+            for (p, av) in arow.iter().enumerate() {
+                let av = av.get() - q.za;
+                if av == 0 {
+                    continue;
+                }
+                let brow = &b[p * n + j0..][..w];
+                for ((s, bv), z) in acc.iter_mut().zip(brow).zip(zb) {
+                    *s = s.wrapping_add(av * (bv.get() - z));
+                }
             }
-            let brow = &b[p * n..][..n];
-            for ((s, bv), zb) in acc.iter_mut().zip(brow).zip(&q.zb) {
-                *s = s.wrapping_add(av * (bv.get() - zb));
+            let yrow = &mut y[r * n + j0..][..w];
+            for ((yv, s), m) in yrow.iter_mut().zip(acc.iter()).zip(&q.mult[j0..j0 + w]) {
+                *yv = finish(*s, m, &q.out);
             }
-        }
-        let yrow = &mut y[r * n..][..n];
-        for ((yv, s), m) in yrow.iter_mut().zip(acc.iter()).zip(&q.mult) {
-            *yv = finish(*s, m, &q.out);
+            j0 += w;
         }
     }
     Ok(())
