@@ -30,6 +30,10 @@ enum Cmd {
         /// Binds a symbolic dimension: NAME=VALUE (repeatable).
         #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
         dims: Vec<(String, usize)>,
+        /// Plans with 8-bit graph inputs/outputs where the model quantizes
+        /// them at once (`optimize::int8_io`), and prints their scales.
+        #[arg(long)]
+        int8_io: bool,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -200,9 +204,14 @@ fn main() {
         json: false,
     };
     let r = match cli.cmd {
-        Cmd::Inspect { model, dims, json } => {
+        Cmd::Inspect {
+            model,
+            dims,
+            int8_io,
+            json,
+        } => {
             out.json = json;
-            inspect(&model, &dims, &mut out)
+            inspect(&model, &dims, int8_io, &mut out)
         }
         Cmd::Run {
             model,
@@ -414,8 +423,12 @@ fn declared_json(model: &Model, id: u32) -> Value {
     json!({"name": t.name, "dtype": dtype, "shape": shape})
 }
 
-fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
-    let model = Arc::new(load_model(path)?);
+fn inspect(path: &Path, dims: &[(String, usize)], int8_io: bool, out: &mut Out) -> Result<()> {
+    let mut model = load_model(path)?;
+    if int8_io {
+        mote_std::mote_core::optimize::int8_io(&mut model);
+    }
+    let model = Arc::new(model);
     let mut b = SessionBuilder::from_model(model.clone());
     for (n, v) in dims {
         b = b.dim(n, *v);
@@ -466,6 +479,10 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
             "steps": plan.map(|p| p.num_steps()),
             "folded_bytes": plan.map(|p| p.folded_bytes()),
             "defaulted_dims": plan.map_or(&[][..], |p| p.defaulted_dims()),
+            "io_quant": model.io_quant.iter().map(|q| json!({
+                "name": q.name, "input": q.input, "dtype": q.dtype.name(),
+                "scale": q.scale, "zero_point": q.zero_point,
+            })).collect::<Vec<_>>(),
             "qdq": model.fusions.iter().map(|f| json!({
                 "node": f.node, "op_type": f.op_type,
                 "integer": f.integer, "reason": f.reason,
@@ -531,6 +548,16 @@ fn inspect(path: &Path, dims: &[(String, usize)], out: &mut Out) -> Result<()> {
             "parameters: {params} ({})",
             human_bytes(param_bytes)
         ));
+        for q in &model.io_quant {
+            out.line(format!(
+                "{} '{}' is {}: real = (q - {}) * {:e}",
+                if q.input { "input" } else { "output" },
+                q.name,
+                q.dtype,
+                q.zero_point,
+                q.scale
+            ));
+        }
         if !model.fusions.is_empty() {
             let int = model.fusions.iter().filter(|f| f.integer.is_some()).count();
             out.line(format!(
