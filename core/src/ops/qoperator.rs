@@ -106,25 +106,7 @@ impl Q8 for i8 {
     }
 }
 
-/// `match` on an 8-bit dtype, binding the type alias `$t` in `$body`.
-macro_rules! with_q8 {
-    ($dt:expr, $what:expr, $t:ident => $body:expr) => {
-        match $dt {
-            DType::I8 => {
-                type $t = i8;
-                $body
-            }
-            DType::U8 => {
-                type $t = u8;
-                $body
-            }
-            dt => Err(Error::new(ErrorKind::UnsupportedDType {
-                what: $what,
-                code: dt.onnx_code(),
-            })),
-        }
-    };
-}
+use crate::ops::qlinear::with_qint as with_q8;
 
 fn len_err(expected: usize, got: usize) -> Error {
     Error::new(ErrorKind::Len {
