@@ -101,6 +101,15 @@ pub enum ErrorKind {
         /// Budget.
         budget: usize,
     },
+    /// A compiled model (`.mote`) is corrupt or malformed; the text says how.
+    BadFile(&'static str),
+    /// A compiled model was written for another format version.
+    Version {
+        /// The version this build reads.
+        supported: u16,
+        /// The file's version.
+        got: u16,
+    },
     /// A bug in mote: an internal invariant failed (please report).
     Internal(&'static str),
 }
@@ -202,6 +211,11 @@ impl core::fmt::Display for ErrorKind {
                     "memory budget exceeded: needs {needed} bytes, budget {budget}"
                 )
             }
+            ErrorKind::BadFile(s) => write!(f, "bad compiled model: {s}"),
+            ErrorKind::Version { supported, got } => write!(
+                f,
+                "compiled model format version {got}, this build reads version {supported} (recompile with `mote compile`)"
+            ),
             ErrorKind::Internal(s) => write!(f, "internal error (a bug in mote): {s}"),
         }
     }

@@ -11,8 +11,9 @@
 //! 3. **run** — [`Session`] pairs the plan with a caller-owned `&mut [u8]`
 //!    arena; [`Session::run`] performs no heap allocation.
 //!
-//! Without the `alloc` feature only the types, kernels' building blocks
-//! and the planner interface are built (compiled models come later).
+//! Without the `alloc` feature, the types, the integer kernels and
+//! [`compiled`] models (`.mote` files written by `mote compile`) are built:
+//! a firmware runs a model from flash with one static arena and no heap.
 #![no_std]
 #![deny(missing_docs)]
 #![cfg_attr(
@@ -23,8 +24,10 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
+pub mod compiled;
 mod dtype;
 mod error;
+mod kern;
 pub mod math;
 pub mod tensor;
 
@@ -43,6 +46,7 @@ pub mod planner;
 #[cfg(feature = "alloc")]
 mod session;
 
+pub use compiled::{CompiledModel, CompiledSession};
 pub use dtype::{DType, Element};
 pub use error::{checked_numel, Error, ErrorKind, NodeId, Result, TensorId};
 pub use tensor::{TensorMut, TensorView};

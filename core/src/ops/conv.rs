@@ -20,8 +20,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("ConvTranspose", 1, prepare_conv_transpose),
 ];
 
-/// Most spatial axes handled.
-pub(crate) const MAX_SPATIAL: usize = 3;
+pub(crate) use crate::kern::{valid_range, Geom, MAX_SPATIAL};
 
 fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
@@ -29,49 +28,6 @@ fn attr_err(name: &'static str, problem: &'static str) -> Error {
 
 fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
-}
-
-/// Window geometry over three spatial axes (unused leading axes have size 1,
-/// kernel 1, stride 1, dilation 1 and no padding).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Geom {
-    /// Input spatial sizes.
-    pub inp: [usize; MAX_SPATIAL],
-    /// Output spatial sizes.
-    pub out: [usize; MAX_SPATIAL],
-    /// Kernel sizes.
-    pub k: [usize; MAX_SPATIAL],
-    /// Strides.
-    pub s: [usize; MAX_SPATIAL],
-    /// Dilations.
-    pub d: [usize; MAX_SPATIAL],
-    /// Padding at the beginning.
-    pub pb: [usize; MAX_SPATIAL],
-    /// Padding at the end.
-    pub pe: [usize; MAX_SPATIAL],
-}
-
-impl Geom {
-    fn unit() -> Self {
-        Geom {
-            inp: [1; MAX_SPATIAL],
-            out: [1; MAX_SPATIAL],
-            k: [1; MAX_SPATIAL],
-            s: [1; MAX_SPATIAL],
-            d: [1; MAX_SPATIAL],
-            pb: [0; MAX_SPATIAL],
-            pe: [0; MAX_SPATIAL],
-        }
-    }
-    pub(crate) fn in_size(&self) -> usize {
-        self.inp.iter().product()
-    }
-    pub(crate) fn out_size(&self) -> usize {
-        self.out.iter().product()
-    }
-    pub(crate) fn k_size(&self) -> usize {
-        self.k.iter().product()
-    }
 }
 
 /// `auto_pad` attribute.
@@ -231,25 +187,6 @@ pub(crate) fn forward_geom(
         }
     }
     Ok(g)
-}
-
-/// The range `[lo, hi)` of `o` in `0..count` with `0 <= o*s + off - pb < limit`.
-#[inline]
-pub(crate) fn valid_range(
-    count: usize,
-    s: usize,
-    off: usize,
-    pb: usize,
-    limit: usize,
-) -> (usize, usize) {
-    let lo = if off >= pb { 0 } else { (pb - off).div_ceil(s) };
-    let hi = if limit + pb <= off {
-        0
-    } else {
-        (limit - 1 + pb - off) / s + 1
-    };
-    let hi = hi.min(count);
-    (lo.min(hi), hi)
 }
 
 /// Parameters of one Conv / ConvTranspose node.

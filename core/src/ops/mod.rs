@@ -38,7 +38,7 @@ pub mod qlinear;
 pub mod qoperator;
 pub mod quant;
 pub mod reduce;
-pub mod requant;
+pub use crate::kern::requant;
 pub mod resize;
 pub mod rnn;
 pub mod select;
@@ -261,6 +261,13 @@ impl Prepared {
 pub trait Kernel: Send + Sync + core::fmt::Debug {
     /// Computes the outputs. Must not allocate.
     fn run(&self, io: &mut KernelIo<'_>) -> Result<()>;
+
+    /// The kernel as `Any`, for kernels that a compiled model can carry
+    /// (`mote compile` looks for them); `None` for all others.
+    #[doc(hidden)]
+    fn as_any(&self) -> Option<&dyn core::any::Any> {
+        None
+    }
 }
 
 /// Wraps a closure as a [`Kernel`] (`Debug` prints the op name).

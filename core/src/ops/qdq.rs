@@ -24,10 +24,13 @@
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::ops::qlinear::{check_len, int_conv_geom, per_channel, with_qint, IntConv, QInt};
-use crate::ops::requant::{clamp, Requant};
-use crate::ops::{kernel, util, InputInfo, KernelIo, OpDef, PrepareCtx, Prepared};
-use crate::{DType, Element};
+use crate::compiled::export::{Export, Params};
+use crate::compiled::op::OpView;
+use crate::kern::qconv::OutQ;
+use crate::kern::requant::Requant;
+use crate::ops::qlinear::{int_conv_geom, per_channel, with_qint, QInt};
+use crate::ops::{util, InputInfo, OpDef, PrepareCtx, Prepared};
+use crate::DType;
 
 /// Domain of the fused kernels.
 pub const DOMAIN: &str = "mote";
@@ -85,14 +88,6 @@ fn per_ch(ctx: &PrepareCtx<'_>, i: usize, m: usize, what: &'static str) -> Resul
     } else {
         alloc::vec![v.first().copied().unwrap_or(0.0); m]
     })
-}
-
-/// Output zero point, type bounds and fused activation bounds.
-#[derive(Clone, Copy, Debug)]
-struct OutQ {
-    zy: i32,
-    lo: i32,
-    hi: i32,
 }
 
 fn out_q<Y: QInt>(ctx: &PrepareCtx<'_>, ys: usize, yz: usize) -> Result<(f64, OutQ)> {
@@ -226,16 +221,6 @@ fn multipliers(acc: &[f64], alpha: f64, sy: f64) -> Result<Vec<Requant>> {
 // QConv
 // ---------------------------------------------------------------------------
 
-#[derive(Debug)]
-struct QConvP {
-    p: IntConv,
-    zx: i32,
-    zw: Vec<i32>,
-    bias: Vec<i32>,
-    mult: Vec<Requant>,
-    out: OutQ,
-}
-
 fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let w = ctx.input(3)?;
@@ -246,210 +231,27 @@ fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (p, shape) = int_conv_geom(ctx, 0, 3)?;
     let s = in_scales(ctx, x.dtype, w.dtype, p.m)?;
     let bias = acc_bias(ctx, 8, &s.acc, 1.0)?.unwrap_or_else(|| alloc::vec![0; p.m]);
-    let depthwise = p.group == p.c && p.m == p.c;
-    with_qint!(x.dtype, "QConv x", X => {
-        with_qint!(w.dtype, "QConv w", W => {
-            with_qint!(yz.dtype, "QConv y", Y => {
-                let (sy, out) = out_q::<Y>(ctx, 6, 7)?;
-                let q = QConvP {
-                    p,
-                    zx: s.zx,
-                    zw: s.zw,
-                    bias,
-                    mult: multipliers(&s.acc, 1.0, sy)?,
-                    out,
-                };
-                Ok(if depthwise {
-                    Prepared::single(Y::DTYPE, &shape, kernel("QConv depthwise", move |io| {
-                        qconv_dw::<X, W, Y>(io, &q)
-                    }))
-                } else {
-                    Prepared::single(Y::DTYPE, &shape, kernel("QConv", move |io| {
-                        qconv::<X, W, Y>(io, &q)
-                    }))
-                })
-            })
-        })
+    let (xdt, wdt, ydt) = (x.dtype, w.dtype, yz.dtype);
+    let depthwise = p.is_depthwise();
+    with_qint!(ydt, "QConv y", Y => {
+        let (sy, out) = out_q::<Y>(ctx, 6, 7)?;
+        let params = Params::Conv {
+            dt: [xdt, wdt, ydt],
+            p,
+            zx: s.zx,
+            zw: s.zw,
+            bias,
+            mult: multipliers(&s.acc, 1.0, sy)?,
+            out,
+        };
+        let name = if depthwise { "QConv depthwise" } else { "QConv" };
+        Ok(Prepared::single(ydt, &shape, Export::new(name, [0, 3], params)))
     })
-}
-
-/// Kernel taps `[lo, hi)` of spatial axis `ax` that land inside the input
-/// for output position `o` (the rest read padding, whose `x - zx` is 0).
-#[inline]
-fn tap_range(g: &crate::ops::conv::Geom, ax: usize, o: usize) -> (usize, usize) {
-    let (s, d, pb, n, k) = (g.s[ax], g.d[ax], g.pb[ax], g.inp[ax], g.k[ax]);
-    let start = o * s; // input coordinate of tap 0, plus pb
-    let lo = if start >= pb {
-        0
-    } else {
-        (pb - start).div_ceil(d)
-    };
-    // tap t is inside when start + t·d - pb < n, i.e. t·d < n + pb - start.
-    let hi = match (n + pb).checked_sub(start) {
-        Some(room) => room.div_ceil(d).min(k),
-        None => 0,
-    };
-    (lo, hi.max(lo))
-}
-
-#[inline]
-fn finish<Y: QInt>(acc: i32, r: &Requant, o: &OutQ) -> Y {
-    Y::sat(clamp(r.apply(acc), o.zy, o.lo, o.hi) as f64)
-}
-
-/// `Σ (x - zx)(w - zw)` over one receptive field of `planes` input planes.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-fn field<X: QInt, W: QInt>(
-    xg: &[X],
-    wk: &[W],
-    zx: i32,
-    zw: i32,
-    g: &crate::ops::conv::Geom,
-    o: [usize; 3],
-    planes: usize,
-) -> i32 {
-    let (in_sz, k_sz) = (g.in_size(), g.k_size());
-    let r: [(usize, usize); 3] = [
-        tap_range(g, 0, o[0]),
-        tap_range(g, 1, o[1]),
-        tap_range(g, 2, o[2]),
-    ];
-    let base = [o[0] * g.s[0], o[1] * g.s[1], o[2] * g.s[2]];
-    let mut acc = 0i32;
-    for c in 0..planes {
-        let (xp, wp) = (
-            &xg[c * in_sz..(c + 1) * in_sz],
-            &wk[c * k_sz..(c + 1) * k_sz],
-        );
-        for kd in r[0].0..r[0].1 {
-            let id = base[0] + kd * g.d[0] - g.pb[0];
-            for kh in r[1].0..r[1].1 {
-                let ih = base[1] + kh * g.d[1] - g.pb[1];
-                let xrow = (id * g.inp[1] + ih) * g.inp[2];
-                let wrow = (kd * g.k[1] + kh) * g.k[2];
-                for kw in r[2].0..r[2].1 {
-                    let iw = base[2] + kw * g.d[2] - g.pb[2];
-                    let xv = xp[xrow + iw].get() - zx;
-                    let wv = wp[wrow + kw].get() - zw;
-                    acc = acc.wrapping_add(xv * wv);
-                }
-            }
-        }
-    }
-    acc
-}
-
-fn check_io<X: QInt, W: QInt>(x: &[X], w: &[W], q: &QConvP) -> Result<()> {
-    let p = &q.p;
-    let cg = p.c / p.group.max(1);
-    check_len(x.len(), p.batch * p.c * p.g.in_size())?;
-    check_len(w.len(), p.m * cg * p.g.k_size())?;
-    check_len(q.zw.len(), p.m)?;
-    check_len(q.bias.len(), p.m)?;
-    check_len(q.mult.len(), p.m)
-}
-
-fn qconv<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, q: &QConvP) -> Result<()> {
-    let x = io.input_slice::<X>(0)?;
-    let w = io.input_slice::<W>(3)?;
-    check_io(x, w, q)?;
-    let p = &q.p;
-    let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = p.c / p.group.max(1);
-    let mg = p.m / p.group.max(1);
-    let y = io.output_slice::<Y>(0)?;
-    check_len(y.len(), p.batch * p.m * out_sz)?;
-    let [o0, o1, o2] = g.out;
-    for ni in 0..p.batch {
-        for oc in 0..p.m {
-            let grp = oc / mg.max(1);
-            let xg = &x[(ni * p.c + grp * cg) * in_sz..][..cg * in_sz];
-            let wk = &w[oc * cg * k_sz..][..cg * k_sz];
-            let (zw, b, r) = (q.zw[oc], q.bias[oc], &q.mult[oc]);
-            let yo = &mut y[(ni * p.m + oc) * out_sz..][..out_sz];
-            let mut i = 0;
-            for od in 0..o0 {
-                for oh in 0..o1 {
-                    for ow in 0..o2 {
-                        let acc = field(xg, wk, q.zx, zw, g, [od, oh, ow], cg);
-                        yo[i] = finish(acc.wrapping_add(b), r, &q.out);
-                        i += 1;
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Depthwise convolution (one input plane per output channel): the taps
-/// of a row are found once per output row and column, and the weights of
-/// one channel stay hot across its whole plane.
-fn qconv_dw<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, q: &QConvP) -> Result<()> {
-    let x = io.input_slice::<X>(0)?;
-    let w = io.input_slice::<W>(3)?;
-    check_io(x, w, q)?;
-    let p = &q.p;
-    let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let y = io.output_slice::<Y>(0)?;
-    check_len(y.len(), p.batch * p.m * out_sz)?;
-    let [o0, o1, o2] = g.out;
-    for ni in 0..p.batch {
-        for c in 0..p.c {
-            let xp = &x[(ni * p.c + c) * in_sz..][..in_sz];
-            let wp = &w[c * k_sz..][..k_sz];
-            let (zw, b, r) = (q.zw[c], q.bias[c], &q.mult[c]);
-            let yo = &mut y[(ni * p.c + c) * out_sz..][..out_sz];
-            let mut i = 0;
-            for od in 0..o0 {
-                let rd = tap_range(g, 0, od);
-                for oh in 0..o1 {
-                    let rh = tap_range(g, 1, oh);
-                    for ow in 0..o2 {
-                        let rw = tap_range(g, 2, ow);
-                        let mut acc = b;
-                        for kd in rd.0..rd.1 {
-                            let id = od * g.s[0] + kd * g.d[0] - g.pb[0];
-                            for kh in rh.0..rh.1 {
-                                let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
-                                let xrow = &xp[(id * g.inp[1] + ih) * g.inp[2]..][..g.inp[2]];
-                                let wrow = &wp[(kd * g.k[1] + kh) * g.k[2]..][..g.k[2]];
-                                let iw0 = ow * g.s[2] + rw.0 * g.d[2] - g.pb[2];
-                                for (t, kw) in (rw.0..rw.1).enumerate() {
-                                    let xv = xrow[iw0 + t * g.d[2]].get() - q.zx;
-                                    acc = acc.wrapping_add(xv * (wrow[kw].get() - zw));
-                                }
-                            }
-                        }
-                        yo[i] = finish(acc, r, &q.out);
-                        i += 1;
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------
 // QMatMul (MatMul and Gemm with a constant 2-D B)
 // ---------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct QMmP {
-    rows: usize,
-    k: usize,
-    n: usize,
-    trans_b: bool,
-    za: i32,
-    zb: Vec<i32>,
-    bias: Vec<i32>,
-    mult: Vec<Requant>,
-    out: OutQ,
-}
 
 fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let a: &InputInfo<'_> = ctx.input(0)?;
@@ -492,87 +294,23 @@ fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "QMatMul alpha must be > 0",
         )));
     }
-    with_qint!(a.dtype, "QMatMul a", A => {
-        with_qint!(b.dtype, "QMatMul b", B => {
-            with_qint!(yz.dtype, "QMatMul y", Y => {
-                let (sy, out) = out_q::<Y>(ctx, 6, 7)?;
-                let q = QMmP {
-                    rows,
-                    k,
-                    n,
-                    trans_b,
-                    za: s.zx,
-                    zb: s.zw,
-                    bias,
-                    mult: multipliers(&s.acc, alpha, sy)?,
-                    out,
-                };
-                Ok(Prepared::single(Y::DTYPE, &shape, kernel("QMatMul", move |io| {
-                    qmatmul::<A, B, Y>(io, &q)
-                })))
-            })
-        })
+    let (adt, bdt, ydt) = (a.dtype, b.dtype, yz.dtype);
+    with_qint!(ydt, "QMatMul y", Y => {
+        let (sy, out) = out_q::<Y>(ctx, 6, 7)?;
+        let params = Params::MatMul {
+            dt: [adt, bdt, ydt],
+            rows,
+            k,
+            n,
+            trans_b,
+            za: s.zx,
+            zb: s.zw,
+            bias,
+            mult: multipliers(&s.acc, alpha, sy)?,
+            out,
+        };
+        Ok(Prepared::single(ydt, &shape, Export::new("QMatMul", [0, 3], params)))
     })
-}
-
-fn qmatmul<A: QInt, B: QInt, Y: QInt>(io: &mut KernelIo<'_>, q: &QMmP) -> Result<()> {
-    let (k, n) = (q.k, q.n);
-    let a = io.input_slice::<A>(0)?;
-    let b = io.input_slice::<B>(3)?;
-    check_len(a.len(), q.rows * k)?;
-    check_len(b.len(), k * n)?;
-    for v in [q.zb.len(), q.bias.len(), q.mult.len()] {
-        check_len(v, n)?;
-    }
-    if q.trans_b {
-        // B is [N, K]: each output is a contiguous dot product.
-        let y = io.output_slice::<Y>(0)?;
-        check_len(y.len(), q.rows * n)?;
-        for (arow, yrow) in a.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
-            for (j, yv) in yrow.iter_mut().enumerate() {
-                let brow = &b[j * k..][..k];
-                let zb = q.zb[j];
-                let mut acc = q.bias[j];
-                for (av, bv) in arow.iter().zip(brow) {
-                    acc = acc.wrapping_add((av.get() - q.za) * (bv.get() - zb));
-                }
-                *yv = finish(acc, &q.mult[j], &q.out);
-            }
-        }
-        return Ok(());
-    }
-    // B is [K, N]: accumulate a strip of up to STRIP sums on the stack,
-    // walking B by rows (contiguous reads, no arena scratch).
-    const STRIP: usize = 32;
-    let y = io.output_slice::<Y>(0)?;
-    check_len(y.len(), q.rows * n)?;
-    let mut acc = [0i32; STRIP];
-    for r in 0..q.rows {
-        let arow = &a[r * k..][..k];
-        let mut j0 = 0;
-        while j0 < n {
-            let w = STRIP.min(n - j0);
-            let acc = &mut acc[..w];
-            acc.copy_from_slice(&q.bias[j0..j0 + w]);
-            let zb = &q.zb[j0..j0 + w];
-            for (p, av) in arow.iter().enumerate() {
-                let av = av.get() - q.za;
-                if av == 0 {
-                    continue;
-                }
-                let brow = &b[p * n + j0..][..w];
-                for ((s, bv), z) in acc.iter_mut().zip(brow).zip(zb) {
-                    *s = s.wrapping_add(av * (bv.get() - z));
-                }
-            }
-            let yrow = &mut y[r * n + j0..][..w];
-            for ((yv, s), m) in yrow.iter_mut().zip(acc.iter()).zip(&q.mult[j0..j0 + w]) {
-                *yv = finish(*s, m, &q.out);
-            }
-            j0 += w;
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -595,33 +333,17 @@ fn prepare_qrequant(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(invalid("x_scale must be finite and > 0"));
     }
     let shape = x.shape;
-    with_qint!(x.dtype, "QRequant x", X => {
-        with_qint!(yz.dtype, "QRequant y", Y => {
-            let (sy, out) = out_q::<Y>(ctx, 3, 4)?;
-            let r = Requant::new(sx / sy)?;
-            let inplace = X::DTYPE == Y::DTYPE;
-            let p = Prepared::single(Y::DTYPE, shape, kernel("QRequant", move |io| {
-                qrequant::<X, Y>(io, zx, &r, &out)
-            }));
-            Ok(if inplace { p.in_place() } else { p })
-        })
+    let (xdt, ydt) = (x.dtype, yz.dtype);
+    with_qint!(ydt, "QRequant y", Y => {
+        let (sy, out) = out_q::<Y>(ctx, 3, 4)?;
+        let r = Requant::new(sx / sy)?;
+        let v = OpView::QRequant {
+            dt: [xdt, ydt],
+            zx,
+            r,
+            out,
+        };
+        let p = Prepared::single(ydt, shape, Export::new("QRequant", [0, 0], Params::Plain(v)));
+        Ok(if xdt == ydt { p.in_place() } else { p })
     })
-}
-
-fn qrequant<X: QInt, Y: QInt>(io: &mut KernelIo<'_>, zx: i32, r: &Requant, o: &OutQ) -> Result<()> {
-    if io.is_inplace() {
-        // Same dtype, same buffer (X == Y checked at prepare).
-        let y = io.output_slice::<Y>(0)?;
-        for v in y.iter_mut() {
-            *v = finish(v.get() - zx, r, o);
-        }
-        return Ok(());
-    }
-    let x = io.input_slice::<X>(0)?;
-    let y = io.output_slice::<Y>(0)?;
-    check_len(y.len(), x.len())?;
-    for (yv, xv) in y.iter_mut().zip(x) {
-        *yv = finish(xv.get() - zx, r, o);
-    }
-    Ok(())
 }

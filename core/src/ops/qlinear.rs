@@ -36,43 +36,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("QLinearConv", 10, prepare_qlinear_conv),
 ];
 
-/// An 8-bit quantized element type.
-pub(crate) trait QInt: Element + Copy {
-    /// Saturation bounds.
-    const MIN: f64;
-    const MAX: f64;
-    /// The value widened to i32.
-    fn get(self) -> i32;
-    /// Saturates an already rounded value (NaN becomes 0, like numpy's cast
-    /// in practice).
-    fn sat(v: f64) -> Self;
-}
-
-impl QInt for i8 {
-    const MIN: f64 = -128.0;
-    const MAX: f64 = 127.0;
-    #[inline]
-    fn get(self) -> i32 {
-        self as i32
-    }
-    #[inline]
-    fn sat(v: f64) -> Self {
-        v.clamp(<Self as QInt>::MIN, <Self as QInt>::MAX) as i8
-    }
-}
-
-impl QInt for u8 {
-    const MIN: f64 = 0.0;
-    const MAX: f64 = 255.0;
-    #[inline]
-    fn get(self) -> i32 {
-        self as i32
-    }
-    #[inline]
-    fn sat(v: f64) -> Self {
-        v.clamp(<Self as QInt>::MIN, <Self as QInt>::MAX) as u8
-    }
-}
+pub(crate) use crate::kern::qconv::IntConv;
+pub(crate) use crate::kern::{check_len, QInt};
 
 /// A scale element type (QLinearMatMul-21 allows f16 and bf16 scales).
 trait QScale: Element + Copy {
@@ -143,13 +108,6 @@ pub(crate) fn len_err(expected: usize, got: usize) -> Error {
         expected: expected as u64,
         got: got as u64,
     })
-}
-
-pub(crate) fn check_len(got: usize, want: usize) -> Result<()> {
-    if got != want {
-        return Err(len_err(want, got));
-    }
-    Ok(())
 }
 
 fn shape_err(what: &'static str) -> Error {
@@ -533,18 +491,6 @@ fn mmi_run<A: QInt, B: QInt>(io: &mut KernelIo<'_>, p: &MmiParams) -> Result<()>
 // ---------------------------------------------------------------------------
 // Convolutions
 // ---------------------------------------------------------------------------
-
-/// Geometry of one ConvInteger / QLinearConv node.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct IntConv {
-    pub batch: usize,
-    /// Input channels.
-    pub c: usize,
-    /// Output channels.
-    pub m: usize,
-    pub group: usize,
-    pub g: Geom,
-}
 
 /// Validates X (input `xi`) and W (input `wi`), group and kernel_shape;
 /// returns the geometry and the output shape.

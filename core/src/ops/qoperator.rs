@@ -28,12 +28,17 @@
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::ops::conv::{forward_geom, valid_range, Geom};
+use crate::compiled::export::{Export, Params};
+use crate::compiled::op::OpView;
+use crate::kern::check_len;
+use crate::kern::qbin::{qbinary, BinParams};
+use crate::kern::qpool::{avg_pool, global_avg, PoolParams};
+use crate::ops::conv::forward_geom;
 use crate::ops::matmul::gemm_geom;
 use crate::ops::requant::{clamp, Requant, Requant2};
 use crate::ops::{util, Kernel, KernelIo, OpDef, PrepareCtx, Prepared};
-use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, TensorView, MAX_RANK};
-use crate::{DType, Element};
+use crate::tensor::{broadcast_shapes, broadcast_strides, TensorView, MAX_RANK};
+use crate::DType;
 
 /// Domain of this family.
 const MS: &str = "com.microsoft";
@@ -50,62 +55,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::domain(MS, "QGemm", 1, prepare_qgemm),
 ];
 
-/// An 8-bit quantized element type.
-trait Q8: Element + Copy + Default {
-    const LO: i32;
-    const HI: i32;
-    /// The value widened.
-    fn get(self) -> i32;
-    /// The byte pattern (table index).
-    fn bits(self) -> u8;
-    /// From a byte pattern.
-    fn from_bits(b: u8) -> Self;
-    /// From a value already saturated to `[LO, HI]`.
-    fn from_sat(v: i32) -> Self;
-}
-
-impl Q8 for u8 {
-    const LO: i32 = 0;
-    const HI: i32 = 255;
-    #[inline]
-    fn get(self) -> i32 {
-        self as i32
-    }
-    #[inline]
-    fn bits(self) -> u8 {
-        self
-    }
-    #[inline]
-    fn from_bits(b: u8) -> Self {
-        b
-    }
-    #[inline]
-    fn from_sat(v: i32) -> Self {
-        v as u8
-    }
-}
-
-impl Q8 for i8 {
-    const LO: i32 = -128;
-    const HI: i32 = 127;
-    #[inline]
-    fn get(self) -> i32 {
-        self as i32
-    }
-    #[inline]
-    fn bits(self) -> u8 {
-        self as u8
-    }
-    #[inline]
-    fn from_bits(b: u8) -> Self {
-        b as i8
-    }
-    #[inline]
-    fn from_sat(v: i32) -> Self {
-        v as i8
-    }
-}
-
+use crate::kern::QInt as Q8;
 use crate::ops::qlinear::with_qint as with_q8;
 
 fn len_err(expected: usize, got: usize) -> Error {
@@ -113,13 +63,6 @@ fn len_err(expected: usize, got: usize) -> Error {
         expected: expected as u64,
         got: got as u64,
     })
-}
-
-fn check_len(got: usize, want: usize) -> Result<()> {
-    if got != want {
-        return Err(len_err(want, got));
-    }
-    Ok(())
 }
 
 fn shape_err(what: &'static str) -> Error {
@@ -274,17 +217,8 @@ where
 // QLinearAdd, QLinearMul
 // ---------------------------------------------------------------------------
 
-/// Inputs: A, A_scale, A_zero_point?, B, B_scale, B_zero_point?, C_scale,
-/// C_zero_point?.
-#[derive(Clone, Copy, Debug)]
-struct BinParams {
-    za: i32,
-    zb: i32,
-    zc: i32,
-    add: Requant2,
-    mul: Requant,
-}
-
+// Inputs: A, A_scale, A_zero_point?, B, B_scale, B_zero_point?, C_scale,
+// C_zero_point?.
 fn bin_params(get: Get<'_, '_>, dt: DType, is_add: bool) -> Result<BinParams> {
     let (sa, sb, sc) = (scale(get, 1)?, scale(get, 4)?, scale(get, 6)?);
     let (sa, sb, sc) = (sa as f64, sb as f64, sc as f64);
@@ -343,29 +277,28 @@ fn prepare_binary(
         broadcast_strides(b.shape, &shape),
     ];
     let (na, nb) = (a.numel(), b.numel());
-    let n: usize = shape.iter().product();
     let out = shape.clone();
+    if all_const(ctx, &[1, 2, 4, 5, 6, 7]) {
+        let get = const_get(ctx);
+        let mut sh = [0usize; MAX_RANK];
+        sh[..r].copy_from_slice(&shape);
+        let v = OpView::QBinary {
+            dt,
+            is_add,
+            rank: r,
+            shape: sh,
+            strides,
+            p: make(&get, dt)?,
+        };
+        return Ok(Prepared::single(dt, &out, Export::new(name, [0, 3], Params::Plain(v))));
+    }
     with_q8!(dt, name, T => {
         let k = param_kernel(ctx, name, &[1, 2, 4, 5, 6, 7], dt, make, move |io, p: &BinParams| {
             let a = io.input_slice::<T>(0)?;
             let b = io.input_slice::<T>(3)?;
             check_len(a.len(), na)?;
             check_len(b.len(), nb)?;
-            let y = io.output_slice::<T>(0)?;
-            check_len(y.len(), n)?;
-            if n == 0 {
-                return Ok(());
-            }
-            for (o, [ia, ib]) in y.iter_mut().zip(StridedIter::new(&shape, strides)) {
-                let (da, db) = (a[ia].get() - p.za, b[ib].get() - p.zb);
-                let v = if is_add {
-                    p.add.apply(da, db)
-                } else {
-                    p.mul.apply(da * db)
-                };
-                *o = T::from_sat(clamp(v, p.zc, T::LO, T::HI));
-            }
-            Ok(())
+            qbinary(a, b, io.output_slice::<T>(0)?, &shape, strides, is_add, p)
         })?;
         Ok(Prepared::single(dt, &out, k))
     })
@@ -477,15 +410,7 @@ fn prepare_leaky_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 // Average pools
 // ---------------------------------------------------------------------------
 
-/// Inputs X, x_scale, x_zero_point?, y_scale, y_zero_point?: `zx`, `zy`
-/// and the multiplier `sx / sy`.
-#[derive(Clone, Copy, Debug)]
-struct PoolParams {
-    zx: i32,
-    zy: i32,
-    r: Requant,
-}
-
+// Inputs X, x_scale, x_zero_point?, y_scale, y_zero_point?.
 fn pool_params(get: Get<'_, '_>, dt: DType) -> Result<PoolParams> {
     let (sx, sy) = (scale(get, 1)?, scale(get, 3)?);
     Ok(PoolParams {
@@ -544,28 +469,22 @@ fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let img: usize = sp.iter().product();
     let ones = alloc::vec![1usize; sp.len()];
     let out = join_nc(n, c, &ones, cl);
-    let total = n * c * img;
+    if all_const(ctx, &[1, 2, 3, 4]) {
+        let get = const_get(ctx);
+        let v = OpView::QGlobalAvg {
+            dt,
+            n,
+            c,
+            img,
+            cl,
+            p: pool_params(&get, dt)?,
+        };
+        return Ok(Prepared::single(dt, &out, Export::new(name, [0, 0], Params::Plain(v))));
+    }
     with_q8!(dt, name, T => {
         let k = param_kernel(ctx, name, &[1, 2, 3, 4], dt, pool_params, move |io, p: &PoolParams| {
             let x = io.input_slice::<T>(0)?;
-            check_len(x.len(), total)?;
-            let y = io.output_slice::<T>(0)?;
-            check_len(y.len(), n * c)?;
-            // Element (b, ch, s) sits at b·img·c + ch·cs + s·ss.
-            let (cs, ss) = if cl { (1, c) } else { (img, 1) };
-            for b in 0..n {
-                let xb = &x[b * img * c..][..img * c];
-                for ch in 0..c {
-                    let mut sum = 0i64;
-                    for s in 0..img {
-                        sum += xb[ch * cs + s * ss].get() as i64;
-                    }
-                    let sum = sum - p.zx as i64 * img as i64;
-                    let v = p.r.apply_div(sum, img as i64);
-                    y[b * c + ch] = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
-                }
-            }
-            Ok(())
+            global_avg(x, io.output_slice::<T>(0)?, n, c, img, cl, p)
         })?;
         Ok(Prepared::single(dt, &out, k))
     })
@@ -607,6 +526,19 @@ fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let g = forward_geom(ctx, sp, &k, ceil_mode)?;
     let osp = &g.out[g.out.len() - sp.len()..];
     let out = join_nc(n, c, osp, cl);
+    if all_const(ctx, &[1, 2, 3, 4]) {
+        let get = const_get(ctx);
+        let v = OpView::QAvgPool {
+            dt,
+            n,
+            c,
+            cl,
+            include,
+            g,
+            p: pool_params(&get, dt)?,
+        };
+        return Ok(Prepared::single(dt, &out, Export::new(name, [0, 0], Params::Plain(v))));
+    }
     with_q8!(dt, name, T => {
         let kern = param_kernel(ctx, name, &[1, 2, 3, 4], dt, pool_params, move |io, p: &PoolParams| {
             let x = io.input_slice::<T>(0)?;
@@ -615,64 +547,6 @@ fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         })?;
         Ok(Prepared::single(dt, &out, kern))
     })
-}
-
-/// Windowed average over `n · c` planes of geometry `g`; NHWC when `cl`.
-#[allow(clippy::too_many_arguments)]
-fn avg_pool<T: Q8>(
-    x: &[T],
-    y: &mut [T],
-    n: usize,
-    c: usize,
-    cl: bool,
-    g: &Geom,
-    include: bool,
-    p: &PoolParams,
-) -> Result<()> {
-    let (in_sz, out_sz) = (g.in_size(), g.out_size());
-    check_len(x.len(), n * c * in_sz)?;
-    check_len(y.len(), n * c * out_sz)?;
-    let [o0, o1, o2] = g.out;
-    let [i0, i1, i2] = g.inp;
-    let [k0, k1, k2] = g.k;
-    let [s0, s1, s2] = g.s;
-    let [p0, p1, p2] = g.pb;
-    let full = (k0 * k1 * k2) as i64;
-    // Spatial element stride and channel stride.
-    let (es, cs_in, cs_out) = if cl { (c, 1, 1) } else { (1, in_sz, out_sz) };
-    for b in 0..n {
-        for ch in 0..c {
-            let xb = b * c * in_sz + ch * cs_in;
-            let yb = b * c * out_sz + ch * cs_out;
-            for od in 0..o0 {
-                let (ad, bd) = valid_range(k0, 1, od * s0, p0, i0);
-                for oh in 0..o1 {
-                    let (ah, bh) = valid_range(k1, 1, oh * s1, p1, i1);
-                    for ow in 0..o2 {
-                        let (aw, bw) = valid_range(k2, 1, ow * s2, p2, i2);
-                        let mut sum = 0i64;
-                        for kd in ad..bd {
-                            let id = od * s0 + kd - p0;
-                            for kh in ah..bh {
-                                let ih = oh * s1 + kh - p1;
-                                let row = (id * i1 + ih) * i2;
-                                for kw in aw..bw {
-                                    let iw = ow * s2 + kw - p2;
-                                    sum += (x[xb + (row + iw) * es].get() - p.zx) as i64;
-                                }
-                            }
-                        }
-                        let taps = ((bd - ad) * (bh - ah) * (bw - aw)) as i64;
-                        let cnt = if include { full } else { taps };
-                        let v = p.r.apply_div(sum, cnt);
-                        let o = (od * o1 + oh) * o2 + ow;
-                        y[yb + o * es] = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -17,11 +17,21 @@
 use crate::error::{Error, ErrorKind, Result};
 
 /// A real multiplier `m > 0` as `mult · 2^-shift`.
+///
+/// `repr(C)` of two `i32` so that per-channel arrays of them are read in
+/// place from a compiled model (see [`Requant::is_valid`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct Requant {
-    mult: i64,
-    shift: u32,
+    mult: i32,
+    shift: i32,
 }
+
+// SAFETY: two i32 fields, `repr(C)`, no padding; every bit pattern is an
+// i32 pair. Values read from a file are checked with `is_valid` before use.
+unsafe impl bytemuck::Zeroable for Requant {}
+// SAFETY: as above (Copy, 'static, no padding, no invalid bit patterns).
+unsafe impl bytemuck::Pod for Requant {}
 
 /// Frexp for positive finite doubles: `m = f · 2^e`, `f` in `[0.5, 1)`.
 fn frexp(m: f64) -> (f64, i32) {
@@ -49,6 +59,7 @@ impl Requant {
         let (f, e) = frexp(m);
         // f in [0.5, 1): mult = round(f · 2^31) in [2^30, 2^31].
         let mut mult = libm::round(f * (1u64 << 31) as f64) as i64;
+        // mult in [2^30, 2^31]; 2^31 is renormalized below, so it fits i32.
         let mut e = e;
         if mult == 1i64 << 31 {
             mult >>= 1;
@@ -64,15 +75,23 @@ impl Requant {
             return Ok(Requant { mult: 0, shift: 0 });
         }
         Ok(Requant {
-            mult,
-            shift: shift as u32,
+            mult: mult as i32,
+            shift,
         })
+    }
+
+    /// Whether the fields are in the range [`Requant::new`] produces
+    /// (`mult` in `[0, 2^31)`, `shift` in `[0, 62]`): checked on every
+    /// multiplier read from a compiled model, so `apply` cannot overflow a
+    /// shift.
+    pub fn is_valid(&self) -> bool {
+        self.mult >= 0 && (0..=62).contains(&self.shift)
     }
 
     /// `round_half_even(acc · m)`.
     #[inline]
     pub fn apply(&self, acc: i32) -> i64 {
-        round_shift(acc as i64 * self.mult, self.shift)
+        round_shift(acc as i64 * self.mult as i64, self.shift as u32)
     }
 
     /// `round_half_even(sum · m / count)` for averages (`count > 0`;
@@ -83,7 +102,7 @@ impl Requant {
             return 0;
         }
         let num = sum as i128 * self.mult as i128;
-        let den = (count as i128) << self.shift;
+        let den = (count as i128) << (self.shift as u32);
         div_round_half_even(num, den)
     }
 }
@@ -95,6 +114,20 @@ pub struct Requant2 {
     ma: i64,
     mb: i64,
     shift: u32,
+}
+
+impl Requant2 {
+    /// The raw fields `(ma, mb, shift)`, for serialization.
+    pub(crate) fn to_parts(self) -> (i64, i64, u32) {
+        (self.ma, self.mb, self.shift)
+    }
+
+    /// From raw fields; `None` unless they are in the range
+    /// [`Requant2::new`] produces (`|m| <= 2^32`, `shift <= 62`).
+    pub(crate) fn from_parts(ma: i64, mb: i64, shift: u32) -> Option<Self> {
+        let ok = |m: i64| (0..=1i64 << 32).contains(&m);
+        (ok(ma) && ok(mb) && shift <= 62).then_some(Requant2 { ma, mb, shift })
+    }
 }
 
 impl Requant2 {

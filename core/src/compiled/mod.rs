@@ -1,0 +1,608 @@
+//! Compiled models (`.mote` files): a model imported, optimized,
+//! quantize-fused and planned once on the host (`mote compile`), run on a
+//! device **without any allocator** (this module builds with feature
+//! `alloc` off).
+//!
+//! ```ignore
+//! static MODEL: &[u8] = ...; // the .mote bytes, 4-byte aligned, in flash
+//! static mut ARENA: [u8; ARENA_BYTES] = [0; ARENA_BYTES];
+//! let model = CompiledModel::from_bytes(MODEL)?;    // checks everything once
+//! let mut s = CompiledSession::new(&model, unsafe { &mut *addr_of_mut!(ARENA) })?;
+//! s.input_mut(0)?.copy_from_slice(&features);        // int8 bytes
+//! s.invoke()?;
+//! let logits = s.output(0)?;
+//! ```
+//!
+//! # Format, version 1
+//! All integers little-endian; every section starts at a multiple of 16.
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic `MOTE` |
+//! | 4 | `u16` format version (1), `u16` flags (0) |
+//! | 8 | `u32` total length in bytes |
+//! | 12 | `u32` CRC-32 (IEEE) of bytes `16..total` |
+//! | 16 | `u32` arena bytes |
+//! | 20 | `u32` arena lower bound (informative) |
+//! | 24 | `u32` tensors, steps, inputs, outputs (4 counts) |
+//! | 40 | `u32` offsets of the tensor, step and IO tables |
+//! | 52 | `u32` offset, length of the params, strings and data sections |
+//! | 76 | `u32` reserved (0); header is 80 bytes |
+//!
+//! - **tensor** (48 B): `u8` ONNX dtype, `u8` rank (≤ 8), `u8` kind (0:
+//!   arena, 1: constant in the data section), `u8` 0, `u32` offset, `u32`
+//!   byte length, `u32` 0, `u32 × 8` dims.
+//! - **step** (24 B): `u32` kernel id, input 0, input 1 (`u32::MAX`: none),
+//!   output tensor, params offset, params length (bytes, a multiple of 4).
+//! - **io** (24 B): `u32` tensor, name offset, name length (UTF-8 in the
+//!   strings section), `u32` flags (bit 0: quantized), `f32` scale, `i32`
+//!   zero point (`real = (q - zero_point) · scale`).
+//! - **params**: per kernel, the words [`op::decode`] reads; per-channel
+//!   arrays are `(offset, count)` into the data section, used in place.
+//! - **data**: weights (16-aligned) and parameter arrays (4-aligned).
+//!
+//! [`CompiledModel::from_bytes`] validates the checksum, the version and
+//! every record (bounds, dtypes, lengths, kernel parameters, that no step's
+//! output overlaps its inputs unless it is exactly in place), so
+//! [`CompiledSession::invoke`] can only fail on a kernel's own checks.
+
+pub(crate) mod op;
+#[cfg(feature = "alloc")]
+pub(crate) mod export;
+#[cfg(feature = "alloc")]
+mod writer;
+
+#[cfg(feature = "alloc")]
+pub use writer::{compile, report, CompileReport, StepReport};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::MAX_RANK;
+use crate::{DType, Element};
+use op::{OpView, Words};
+
+/// The format version this build reads and writes.
+pub const FORMAT_VERSION: u16 = 1;
+/// Bytes of the header.
+pub(crate) const HEADER: usize = 80;
+pub(crate) const TENSOR_REC: usize = 48;
+pub(crate) const STEP_REC: usize = 24;
+pub(crate) const IO_REC: usize = 24;
+pub(crate) const NONE: u32 = u32::MAX;
+pub(crate) const KIND_ARENA: u8 = 0;
+pub(crate) const KIND_CONST: u8 = 1;
+
+fn bad(what: &'static str) -> Error {
+    Error::new(ErrorKind::BadFile(what))
+}
+
+/// CRC-32 (IEEE 802.3, reflected, as zlib's `crc32`), four bits at a time
+/// (a 64-byte table: small in flash).
+pub fn crc32(bytes: &[u8]) -> u32 {
+    const T: [u32; 16] = {
+        let mut t = [0u32; 16];
+        let mut i = 0;
+        while i < 16 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 4 {
+                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+                k += 1;
+            }
+            t[i] = c;
+            i += 1;
+        }
+        t
+    };
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= b as u32;
+        c = T[(c & 15) as usize] ^ (c >> 4);
+        c = T[(c & 15) as usize] ^ (c >> 4);
+    }
+    !c
+}
+
+fn rd32(b: &[u8], at: usize) -> Result<u32> {
+    let s = b
+        .get(at..at.checked_add(4).ok_or(bad("offset overflow"))?)
+        .ok_or(bad("truncated"))?;
+    Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
+
+fn rdu(b: &[u8], at: usize) -> Result<usize> {
+    usize::try_from(rd32(b, at)?).map_err(|_| Error::new(ErrorKind::Overflow))
+}
+
+/// `b[off..off+len]`.
+fn section(b: &[u8], off: usize, len: usize) -> Result<&[u8]> {
+    let end = off.checked_add(len).ok_or(bad("section overflow"))?;
+    b.get(off..end).ok_or(bad("section outside the file"))
+}
+
+/// Where a tensor lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    /// `len` bytes at `offset` in the arena.
+    Arena,
+    /// In the model's data section (weights, read in place).
+    Const,
+}
+
+/// One tensor of a compiled model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// Element type.
+    pub dtype: DType,
+    /// Rank (dims past it are 0).
+    pub rank: usize,
+    /// Dimensions.
+    pub dims: [usize; MAX_RANK],
+    /// Arena or constant.
+    pub storage: Storage,
+    /// Byte offset (in the arena or the data section).
+    pub offset: usize,
+    /// Byte length.
+    pub len: usize,
+}
+
+impl TensorDesc {
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.dims[..self.rank.min(MAX_RANK)]
+    }
+
+    fn end(&self) -> usize {
+        // Checked at load: offset + len does not overflow.
+        self.offset.saturating_add(self.len)
+    }
+}
+
+/// A graph input or output of a compiled model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IoDesc<'m> {
+    /// Tensor name in the source model.
+    pub name: &'m str,
+    /// Its tensor (dtype, shape, arena place).
+    pub tensor: TensorDesc,
+    /// `(scale, zero_point)` of an 8-bit input or output standing for a
+    /// float one: `real = (q - zero_point) · scale`.
+    pub quant: Option<(f32, i32)>,
+}
+
+impl IoDesc<'_> {
+    /// Quantizes a float value for this input (round half to even,
+    /// saturating), as QuantizeLinear does; `None` if not quantized.
+    pub fn quantize(&self, v: f32) -> Option<i32> {
+        let (s, z) = self.quant?;
+        let (lo, hi) = match self.tensor.dtype {
+            DType::U8 => (0.0, 255.0),
+            _ => (-128.0, 127.0),
+        };
+        let q = libm::rintf(v / s) + z as f32;
+        Some(q.clamp(lo, hi) as i32)
+    }
+
+    /// Dequantizes an 8-bit value of this output; `None` if not quantized.
+    pub fn dequantize(&self, q: i32) -> Option<f32> {
+        let (s, z) = self.quant?;
+        Some((q - z) as f32 * s)
+    }
+}
+
+/// A validated `.mote` file, borrowed (from flash, or a host buffer).
+#[derive(Clone, Copy, Debug)]
+pub struct CompiledModel<'m> {
+    arena_bytes: usize,
+    lower_bound: usize,
+    counts: [usize; 4],
+    tensors: &'m [u8],
+    steps: &'m [u8],
+    io: &'m [u8],
+    params: &'m [u8],
+    strings: &'m [u8],
+    data: &'m [u8],
+}
+
+/// Decoded step record.
+#[derive(Clone, Copy, Debug)]
+struct StepRec {
+    kid: u32,
+    ins: [u32; 2],
+    out: u32,
+    params: (usize, usize),
+}
+
+impl<'m> CompiledModel<'m> {
+    /// Checks and wraps a `.mote` file. `bytes` must start on a 4-byte
+    /// boundary (weights and parameter arrays are used in place).
+    pub fn from_bytes(bytes: &'m [u8]) -> Result<Self> {
+        if bytes.len() < HEADER || &bytes[..4] != b"MOTE" {
+            return Err(bad("not a .mote file (no MOTE magic)"));
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if version != FORMAT_VERSION {
+            return Err(Error::new(ErrorKind::Version {
+                supported: FORMAT_VERSION,
+                got: version,
+            }));
+        }
+        if u16::from_le_bytes([bytes[6], bytes[7]]) != 0 {
+            return Err(bad("unknown flags"));
+        }
+        if (bytes.as_ptr() as usize) % 4 != 0 {
+            return Err(bad("model bytes must start on a 4-byte boundary"));
+        }
+        let total = rdu(bytes, 8)?;
+        if total != bytes.len() {
+            return Err(bad("length in the header differs from the file's"));
+        }
+        if crc32(&bytes[16..]) != rd32(bytes, 12)? {
+            return Err(bad("checksum mismatch (corrupt file)"));
+        }
+        let h = |i: usize| rdu(bytes, 16 + 4 * i);
+        let arena_bytes = h(0)?;
+        let lower_bound = h(1)?;
+        let counts = [h(2)?, h(3)?, h(4)?, h(5)?];
+        let table = |off: usize, n: usize, rec: usize| -> Result<&'m [u8]> {
+            section(bytes, off, n.checked_mul(rec).ok_or(bad("count overflow"))?)
+        };
+        let m = CompiledModel {
+            arena_bytes,
+            lower_bound,
+            counts,
+            tensors: table(h(6)?, counts[0], TENSOR_REC)?,
+            steps: table(h(7)?, counts[1], STEP_REC)?,
+            io: table(h(8)?, counts[2] + counts[3], IO_REC)?,
+            params: section(bytes, h(9)?, h(10)?)?,
+            strings: section(bytes, h(11)?, h(12)?)?,
+            data: section(bytes, h(13)?, h(14)?)?,
+        };
+        if (m.data.as_ptr() as usize) % 16 != 0 {
+            return Err(bad("data section not 16-aligned"));
+        }
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Arena bytes a session needs.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
+    /// The planner's lower bound on the arena (largest set of tensors live
+    /// at once), for reports.
+    pub fn arena_lower_bound(&self) -> usize {
+        self.lower_bound
+    }
+
+    /// Number of tensors.
+    pub fn num_tensors(&self) -> usize {
+        self.counts[0]
+    }
+
+    /// Number of steps (kernel invocations per inference).
+    pub fn num_steps(&self) -> usize {
+        self.counts[1]
+    }
+
+    /// Number of graph inputs.
+    pub fn num_inputs(&self) -> usize {
+        self.counts[2]
+    }
+
+    /// Number of graph outputs.
+    pub fn num_outputs(&self) -> usize {
+        self.counts[3]
+    }
+
+    /// Bytes of weights and parameter arrays.
+    pub fn data_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Tensor `i`.
+    pub fn tensor(&self, i: usize) -> Result<TensorDesc> {
+        let at = i.checked_mul(TENSOR_REC).ok_or(bad("tensor index"))?;
+        let r = self
+            .tensors
+            .get(at..at + TENSOR_REC)
+            .ok_or(Error::new(ErrorKind::UnknownName))?;
+        let dtype = DType::from_onnx(r[0] as i32).ok_or(bad("unknown tensor dtype"))?;
+        let rank = r[1] as usize;
+        if rank > MAX_RANK {
+            return Err(bad("tensor rank above 8"));
+        }
+        let storage = match r[2] {
+            KIND_ARENA => Storage::Arena,
+            KIND_CONST => Storage::Const,
+            _ => return Err(bad("unknown tensor storage kind")),
+        };
+        let mut dims = [0usize; MAX_RANK];
+        for (k, d) in dims.iter_mut().enumerate().take(rank) {
+            *d = rdu(r, 16 + 4 * k)?;
+        }
+        Ok(TensorDesc {
+            dtype,
+            rank,
+            dims,
+            storage,
+            offset: rdu(r, 4)?,
+            len: rdu(r, 8)?,
+        })
+    }
+
+    fn step(&self, i: usize) -> Result<StepRec> {
+        let at = i.checked_mul(STEP_REC).ok_or(bad("step index"))?;
+        let r = self
+            .steps
+            .get(at..at + STEP_REC)
+            .ok_or(bad("step index"))?;
+        Ok(StepRec {
+            kid: rd32(r, 0)?,
+            ins: [rd32(r, 4)?, rd32(r, 8)?],
+            out: rd32(r, 12)?,
+            params: (rdu(r, 16)?, rdu(r, 20)?),
+        })
+    }
+
+    fn op(&self, s: &StepRec) -> Result<OpView<'m>> {
+        let p = section(self.params, s.params.0, s.params.1)?;
+        op::decode(s.kid, &mut Words::new(p, self.data))
+    }
+
+    fn io_desc(&self, i: usize) -> Result<IoDesc<'m>> {
+        let at = i.checked_mul(IO_REC).ok_or(bad("io index"))?;
+        let r = self
+            .io
+            .get(at..at + IO_REC)
+            .ok_or(Error::new(ErrorKind::UnknownName))?;
+        let tensor = self.tensor(rdu(r, 0)?)?;
+        let name = section(self.strings, rdu(r, 4)?, rdu(r, 8)?)?;
+        let name = core::str::from_utf8(name).map_err(|_| bad("IO name not UTF-8"))?;
+        let quant = match rd32(r, 12)? {
+            0 => None,
+            1 => Some((f32::from_bits(rd32(r, 16)?), rd32(r, 20)? as i32)),
+            _ => return Err(bad("unknown IO flags")),
+        };
+        Ok(IoDesc {
+            name,
+            tensor,
+            quant,
+        })
+    }
+
+    /// Graph input `i`.
+    pub fn input(&self, i: usize) -> Result<IoDesc<'m>> {
+        if i >= self.counts[2] {
+            return Err(Error::new(ErrorKind::UnknownName));
+        }
+        self.io_desc(i)
+    }
+
+    /// Graph output `i`.
+    pub fn output(&self, i: usize) -> Result<IoDesc<'m>> {
+        if i >= self.counts[3] {
+            return Err(Error::new(ErrorKind::UnknownName));
+        }
+        self.io_desc(self.counts[2] + i)
+    }
+
+    /// The bytes of a constant tensor.
+    fn const_bytes(&self, t: &TensorDesc) -> Result<&'m [u8]> {
+        section(self.data, t.offset, t.len)
+    }
+
+    fn validate(&self) -> Result<()> {
+        for i in 0..self.counts[0] {
+            let t = self.tensor(i).map_err(|e| e.at_tensor(i as u32))?;
+            let at = |e: Error| e.at_tensor(i as u32);
+            let n = crate::checked_numel(t.shape()).map_err(at)?;
+            let want = n
+                .checked_mul(t.dtype.size())
+                .ok_or(at(Error::new(ErrorKind::Overflow)))?;
+            if t.len != want {
+                return Err(at(bad("tensor byte length differs from its shape")));
+            }
+            let end = t
+                .offset
+                .checked_add(t.len)
+                .ok_or(at(bad("tensor range overflow")))?;
+            let limit = match t.storage {
+                Storage::Arena => self.arena_bytes,
+                Storage::Const => {
+                    if t.offset % 16 != 0 {
+                        return Err(at(bad("constant not 16-aligned")));
+                    }
+                    self.data.len()
+                }
+            };
+            if end > limit {
+                return Err(at(bad("tensor outside the arena or data section")));
+            }
+        }
+        for i in 0..self.counts[1] {
+            self.validate_step(i).map_err(|e| e.at_node(i as u32))?;
+        }
+        for i in 0..self.counts[2] + self.counts[3] {
+            let d = self.io_desc(i)?;
+            if d.tensor.storage != Storage::Arena {
+                return Err(bad("graph inputs and outputs must be in the arena"));
+            }
+            if let Some((s, _)) = d.quant {
+                if !(s.is_finite() && s > 0.0) {
+                    return Err(bad("IO scale must be finite and > 0"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_step(&self, i: usize) -> Result<()> {
+        let s = self.step(i)?;
+        let op = self.op(&s)?;
+        let out = self.tensor(s.out as usize)?;
+        if out.storage != Storage::Arena {
+            return Err(bad("step output must be in the arena"));
+        }
+        let (in_dt, out_dt) = op.dtypes();
+        if out.dtype != out_dt {
+            return Err(bad("step output dtype differs from its kernel's"));
+        }
+        for k in 0..2 {
+            let id = s.ins[k];
+            if k >= op.arity() {
+                if id != NONE {
+                    return Err(bad("input given to a kernel that takes none there"));
+                }
+                continue;
+            }
+            let t = self.tensor(id as usize)?;
+            if t.dtype != in_dt[k] {
+                return Err(bad("step input dtype differs from its kernel's"));
+            }
+            if t.storage == Storage::Arena && t.offset < out.end() && out.offset < t.end() {
+                let in_place = k == 0 && t.offset == out.offset && t.len == out.len;
+                if !in_place || !op.can_run_in_place() {
+                    return Err(bad("step output overlaps an input"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A compiled model bound to a caller-owned arena. No allocation, ever.
+#[derive(Debug)]
+pub struct CompiledSession<'m, 'a> {
+    model: CompiledModel<'m>,
+    arena: &'a mut [u8],
+}
+
+impl<'m, 'a> CompiledSession<'m, 'a> {
+    /// Binds `model` to `arena` (at least [`CompiledModel::arena_bytes`];
+    /// any alignment: version-1 kernels read and write bytes).
+    pub fn new(model: &CompiledModel<'m>, arena: &'a mut [u8]) -> Result<Self> {
+        if arena.len() < model.arena_bytes {
+            return Err(Error::new(ErrorKind::ArenaTooSmall {
+                needed: model.arena_bytes,
+                got: arena.len(),
+            }));
+        }
+        Ok(CompiledSession {
+            model: *model,
+            arena,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &CompiledModel<'m> {
+        &self.model
+    }
+
+    fn io_bytes(&self, d: &IoDesc<'_>) -> Result<&[u8]> {
+        section(self.arena, d.tensor.offset, d.tensor.len)
+    }
+
+    /// The bytes of graph input `i`, to fill before [`Self::invoke`].
+    pub fn input_bytes_mut(&mut self, i: usize) -> Result<&mut [u8]> {
+        let d = self.model.input(i)?;
+        let end = d.tensor.end();
+        self.arena
+            .get_mut(d.tensor.offset..end)
+            .ok_or(bad("input outside the arena"))
+    }
+
+    /// Graph input `i` as elements of `T` (its dtype must be `T`).
+    pub fn input_mut<T: Element>(&mut self, i: usize) -> Result<&mut [T]> {
+        let dt = self.model.input(i)?.tensor.dtype;
+        if dt != T::DTYPE {
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: dt,
+                got: T::DTYPE,
+            }));
+        }
+        bytemuck::try_cast_slice_mut(self.input_bytes_mut(i)?)
+            .map_err(|_| bad("arena not aligned for this input's type"))
+    }
+
+    /// The bytes of graph output `i` (valid after [`Self::invoke`]).
+    pub fn output_bytes(&self, i: usize) -> Result<&[u8]> {
+        let d = self.model.output(i)?;
+        self.io_bytes(&d)
+    }
+
+    /// Graph output `i` as elements of `T`.
+    pub fn output<T: Element>(&self, i: usize) -> Result<&[T]> {
+        let dt = self.model.output(i)?.tensor.dtype;
+        if dt != T::DTYPE {
+            return Err(Error::new(ErrorKind::DTypeMismatch {
+                expected: dt,
+                got: T::DTYPE,
+            }));
+        }
+        bytemuck::try_cast_slice(self.output_bytes(i)?)
+            .map_err(|_| bad("arena not aligned for this output's type"))
+    }
+
+    /// Runs every step once, in order.
+    pub fn invoke(&mut self) -> Result<()> {
+        for i in 0..self.model.num_steps() {
+            self.run_step(i).map_err(|e| e.at_node(i as u32))?;
+        }
+        Ok(())
+    }
+
+    /// Runs step `i` (for per-step timing on a board).
+    pub fn run_step(&mut self, i: usize) -> Result<()> {
+        let m = self.model;
+        let s = m.step(i)?;
+        let op = m.op(&s)?;
+        let out = m.tensor(s.out as usize)?;
+        // Split the arena around the output: inputs come from the parts
+        // before and after it (checked at load never to overlap it, except
+        // input 0 exactly in place).
+        let (head, rest) = self
+            .arena
+            .split_at_mut_checked(out.offset)
+            .ok_or(bad("output outside the arena"))?;
+        let (y, tail) = rest
+            .split_at_mut_checked(out.len)
+            .ok_or(bad("output outside the arena"))?;
+        let (head, tail): (&[u8], &[u8]) = (head, tail);
+        let mut ins: [Option<&[u8]>; 2] = [None, None];
+        for k in 0..op.arity() {
+            let t = m.tensor(s.ins[k] as usize)?;
+            ins[k] = match t.storage {
+                Storage::Const => Some(m.const_bytes(&t)?),
+                Storage::Arena if t.offset == out.offset && k == 0 => None,
+                Storage::Arena if t.end() <= out.offset => Some(section(head, t.offset, t.len)?),
+                Storage::Arena => {
+                    let off = t
+                        .offset
+                        .checked_sub(out.end())
+                        .ok_or(bad("step output overlaps an input"))?;
+                    Some(section(tail, off, t.len)?)
+                }
+            };
+        }
+        op.run(ins, y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+    }
+
+    #[test]
+    fn short_or_foreign_bytes_are_errors() {
+        for b in [&b""[..], b"MOTE", b"ONNX and more bytes than a header but not a mote file at all, surely not"] {
+            assert!(CompiledModel::from_bytes(b).is_err());
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Integer kernels and their building blocks that need no allocator.
+//!
+//! The planned session ([`crate::ops`], feature `alloc`) and compiled
+//! models ([`crate::compiled`], any build) run the same code: each kernel
+//! here works on plain slices and a parameter *view* whose per-channel
+//! arrays are borrowed — from the `Vec`s an op's prepare built, or straight
+//! from the bytes of a `.mote` file in flash.
+
+pub mod requant;
+pub(crate) mod qbin;
+pub(crate) mod qconv;
+pub(crate) mod qpool;
+
+use crate::Element;
+
+/// Most spatial axes handled.
+pub(crate) const MAX_SPATIAL: usize = 3;
+
+/// Window geometry over three spatial axes (unused leading axes have size 1,
+/// kernel 1, stride 1, dilation 1 and no padding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geom {
+    /// Input spatial sizes.
+    pub inp: [usize; MAX_SPATIAL],
+    /// Output spatial sizes.
+    pub out: [usize; MAX_SPATIAL],
+    /// Kernel sizes.
+    pub k: [usize; MAX_SPATIAL],
+    /// Strides.
+    pub s: [usize; MAX_SPATIAL],
+    /// Dilations.
+    pub d: [usize; MAX_SPATIAL],
+    /// Padding at the beginning.
+    pub pb: [usize; MAX_SPATIAL],
+    /// Padding at the end.
+    pub pe: [usize; MAX_SPATIAL],
+}
+
+impl Geom {
+    pub(crate) fn unit() -> Self {
+        Geom {
+            inp: [1; MAX_SPATIAL],
+            out: [1; MAX_SPATIAL],
+            k: [1; MAX_SPATIAL],
+            s: [1; MAX_SPATIAL],
+            d: [1; MAX_SPATIAL],
+            pb: [0; MAX_SPATIAL],
+            pe: [0; MAX_SPATIAL],
+        }
+    }
+    pub(crate) fn in_size(&self) -> usize {
+        self.inp.iter().product()
+    }
+    pub(crate) fn out_size(&self) -> usize {
+        self.out.iter().product()
+    }
+    pub(crate) fn k_size(&self) -> usize {
+        self.k.iter().product()
+    }
+}
+
+
+/// The range `[lo, hi)` of `o` in `0..count` with `0 <= o*s + off - pb < limit`.
+#[inline]
+pub(crate) fn valid_range(
+    count: usize,
+    s: usize,
+    off: usize,
+    pb: usize,
+    limit: usize,
+) -> (usize, usize) {
+    let lo = if off >= pb { 0 } else { (pb - off).div_ceil(s) };
+    let hi = if limit + pb <= off {
+        0
+    } else {
+        (limit - 1 + pb - off) / s + 1
+    };
+    let hi = hi.min(count);
+    (lo.min(hi), hi)
+}
+
+
+/// An 8-bit quantized element type (int8 / uint8).
+pub(crate) trait QInt: Element + Copy + Default {
+    /// Saturation bounds, as f64 (for float requantization paths).
+    const MIN: f64;
+    /// Upper saturation bound, as f64.
+    const MAX: f64;
+    /// Lower bound, as i32.
+    const LO: i32;
+    /// Upper bound, as i32.
+    const HI: i32;
+    /// The value widened to i32.
+    fn get(self) -> i32;
+    /// Saturates an already rounded value (NaN becomes 0, like numpy's cast
+    /// in practice).
+    fn sat(v: f64) -> Self;
+    /// The byte pattern (table index).
+    fn bits(self) -> u8;
+    /// From a byte pattern.
+    fn from_bits(b: u8) -> Self;
+    /// From a value already saturated to `[LO, HI]`.
+    fn from_sat(v: i32) -> Self;
+}
+
+macro_rules! qint {
+    ($t:ty, $lo:expr, $hi:expr) => {
+        impl QInt for $t {
+            const MIN: f64 = $lo as f64;
+            const MAX: f64 = $hi as f64;
+            const LO: i32 = $lo;
+            const HI: i32 = $hi;
+            #[inline]
+            fn get(self) -> i32 {
+                self as i32
+            }
+            #[inline]
+            fn sat(v: f64) -> Self {
+                v.clamp(<Self as QInt>::MIN, <Self as QInt>::MAX) as $t
+            }
+            #[inline]
+            fn bits(self) -> u8 {
+                self as u8
+            }
+            #[inline]
+            fn from_bits(b: u8) -> Self {
+                b as $t
+            }
+            #[inline]
+            fn from_sat(v: i32) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+qint!(i8, -128, 127);
+qint!(u8, 0, 255);
+
+/// `Err(Len)` unless `got == want`.
+#[inline]
+pub(crate) fn check_len(got: usize, want: usize) -> crate::Result<()> {
+    if got != want {
+        return Err(crate::Error::new(crate::ErrorKind::Len {
+            expected: want as u64,
+            got: got as u64,
+        }));
+    }
+    Ok(())
+}

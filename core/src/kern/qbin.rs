@@ -1,0 +1,58 @@
+//! Integer QLinearAdd / QLinearMul with numpy broadcasting.
+
+use super::requant::{clamp, Requant, Requant2};
+use super::{check_len, QInt};
+use crate::error::Result;
+use crate::tensor::{StridedIter, MAX_RANK};
+
+/// Zero points and multipliers of `c = a ⊕ b` (only the one the op uses is
+/// meaningful: `add` for QLinearAdd, `mul` for QLinearMul).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BinParams {
+    pub za: i32,
+    pub zb: i32,
+    pub zc: i32,
+    pub add: Requant2,
+    pub mul: Requant,
+}
+
+/// `y[i] = a[ia] ⊕ b[ib]` over the broadcast `shape`, with element strides
+/// `strides[0]` of a and `strides[1]` of b (0 on broadcast axes).
+pub(crate) fn qbinary<T: QInt>(
+    a: &[T],
+    b: &[T],
+    y: &mut [T],
+    shape: &[usize],
+    strides: [[usize; MAX_RANK]; 2],
+    is_add: bool,
+    p: &BinParams,
+) -> Result<()> {
+    let n: usize = shape.iter().product();
+    check_len(y.len(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    // The last element each operand reads must be in bounds.
+    let last = |s: &[usize; MAX_RANK]| -> usize {
+        shape
+            .iter()
+            .zip(s.iter())
+            .map(|(&d, &st)| d.saturating_sub(1).saturating_mul(st))
+            .fold(0usize, |acc, v| acc.saturating_add(v))
+    };
+    if last(&strides[0]) >= a.len() || last(&strides[1]) >= b.len() {
+        return Err(crate::Error::new(crate::ErrorKind::Shape(
+            "QLinearAdd / QLinearMul: broadcast reads past an input",
+        )));
+    }
+    for (o, [ia, ib]) in y.iter_mut().zip(StridedIter::new(shape, strides)) {
+        let (da, db) = (a[ia].get() - p.za, b[ib].get() - p.zb);
+        let v = if is_add {
+            p.add.apply(da, db)
+        } else {
+            p.mul.apply(da * db)
+        };
+        *o = T::from_sat(clamp(v, p.zc, T::LO, T::HI));
+    }
+    Ok(())
+}

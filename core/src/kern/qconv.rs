@@ -1,0 +1,332 @@
+//! Integer convolution, matrix product and requantize-and-clamp: the
+//! kernels of the fused QDQ nodes `mote.QConv`, `mote.QMatMul` and
+//! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
+
+use super::requant::{clamp, Requant};
+use super::{check_len, Geom, QInt};
+use crate::error::Result;
+
+/// Geometry of one integer convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IntConv {
+    pub batch: usize,
+    /// Input channels.
+    pub c: usize,
+    /// Output channels.
+    pub m: usize,
+    pub group: usize,
+    pub g: Geom,
+}
+
+impl IntConv {
+    /// One input plane per output channel.
+    pub(crate) fn is_depthwise(&self) -> bool {
+        self.group == self.c && self.m == self.c
+    }
+}
+
+/// Output zero point, type bounds and fused activation bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OutQ {
+    pub zy: i32,
+    pub lo: i32,
+    pub hi: i32,
+}
+
+/// Parameters of a QConv with borrowed per-channel arrays (`m` each).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QConvView<'a> {
+    pub p: IntConv,
+    pub zx: i32,
+    pub zw: &'a [i32],
+    pub bias: &'a [i32],
+    pub mult: &'a [Requant],
+    pub out: OutQ,
+}
+
+/// Parameters of a QMatMul (`y[rows, n] = a[rows, k] · b`), per-column
+/// arrays of `n` each.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QMmView<'a> {
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+    /// B is `[n, k]` (else `[k, n]`).
+    pub trans_b: bool,
+    pub za: i32,
+    pub zb: &'a [i32],
+    pub bias: &'a [i32],
+    pub mult: &'a [Requant],
+    pub out: OutQ,
+}
+
+/// Kernel taps `[lo, hi)` of spatial axis `ax` that land inside the input
+/// for output position `o` (the rest read padding, whose `x - zx` is 0).
+#[inline]
+fn tap_range(g: &Geom, ax: usize, o: usize) -> (usize, usize) {
+    let (s, d, pb, n, k) = (g.s[ax], g.d[ax], g.pb[ax], g.inp[ax], g.k[ax]);
+    let start = o * s; // input coordinate of tap 0, plus pb
+    let lo = if start >= pb {
+        0
+    } else {
+        (pb - start).div_ceil(d)
+    };
+    // tap t is inside when start + t·d - pb < n, i.e. t·d < n + pb - start.
+    let hi = match (n + pb).checked_sub(start) {
+        Some(room) => room.div_ceil(d).min(k),
+        None => 0,
+    };
+    (lo, hi.max(lo))
+}
+
+#[inline]
+fn finish<Y: QInt>(acc: i32, r: &Requant, o: &OutQ) -> Y {
+    Y::from_sat(clamp(r.apply(acc), o.zy, o.lo, o.hi))
+}
+
+/// `Σ (x - zx)(w - zw)` over one receptive field of `planes` input planes.
+#[inline]
+fn field<X: QInt, W: QInt>(
+    xg: &[X],
+    wk: &[W],
+    zx: i32,
+    zw: i32,
+    g: &Geom,
+    o: [usize; 3],
+    planes: usize,
+) -> i32 {
+    let (in_sz, k_sz) = (g.in_size(), g.k_size());
+    let r: [(usize, usize); 3] = [
+        tap_range(g, 0, o[0]),
+        tap_range(g, 1, o[1]),
+        tap_range(g, 2, o[2]),
+    ];
+    let base = [o[0] * g.s[0], o[1] * g.s[1], o[2] * g.s[2]];
+    let mut acc = 0i32;
+    for c in 0..planes {
+        let (xp, wp) = (
+            &xg[c * in_sz..(c + 1) * in_sz],
+            &wk[c * k_sz..(c + 1) * k_sz],
+        );
+        for kd in r[0].0..r[0].1 {
+            let id = base[0] + kd * g.d[0] - g.pb[0];
+            for kh in r[1].0..r[1].1 {
+                let ih = base[1] + kh * g.d[1] - g.pb[1];
+                let xrow = (id * g.inp[1] + ih) * g.inp[2];
+                let wrow = (kd * g.k[1] + kh) * g.k[2];
+                for kw in r[2].0..r[2].1 {
+                    let iw = base[2] + kw * g.d[2] - g.pb[2];
+                    let xv = xp[xrow + iw].get() - zx;
+                    let wv = wp[wrow + kw].get() - zw;
+                    acc = acc.wrapping_add(xv * wv);
+                }
+            }
+        }
+    }
+    acc
+}
+
+fn check_conv<X, W, Y>(x: &[X], w: &[W], y: &[Y], q: &QConvView<'_>) -> Result<()> {
+    let p = &q.p;
+    let cg = p.c / p.group.max(1);
+    check_len(x.len(), p.batch * p.c * p.g.in_size())?;
+    check_len(w.len(), p.m * cg * p.g.k_size())?;
+    check_len(y.len(), p.batch * p.m * p.g.out_size())?;
+    check_len(q.zw.len(), p.m)?;
+    check_len(q.bias.len(), p.m)?;
+    check_len(q.mult.len(), p.m)?;
+    if p.group == 0 || p.c % p.group != 0 || p.m % p.group != 0 {
+        return Err(crate::Error::new(crate::ErrorKind::Shape(
+            "QConv: channels must divide into groups",
+        )));
+    }
+    geom_ok(&p.g)
+}
+
+/// The kernels find in-bounds taps by division by the stride and the
+/// dilation: a geometry read from a file must have both nonzero.
+pub(crate) fn geom_ok(g: &Geom) -> Result<()> {
+    if g.s.iter().chain(&g.d).any(|&v| v == 0) {
+        return Err(crate::Error::new(crate::ErrorKind::Shape(
+            "window strides and dilations must be >= 1",
+        )));
+    }
+    Ok(())
+}
+
+/// Grouped integer convolution, one output element at a time.
+pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
+    x: &[X],
+    w: &[W],
+    y: &mut [Y],
+    q: &QConvView<'_>,
+) -> Result<()> {
+    check_conv(x, w, y, q)?;
+    let p = &q.p;
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let cg = p.c / p.group;
+    let mg = p.m / p.group;
+    let [o0, o1, o2] = g.out;
+    for ni in 0..p.batch {
+        for oc in 0..p.m {
+            let grp = oc / mg.max(1);
+            let xg = &x[(ni * p.c + grp * cg) * in_sz..][..cg * in_sz];
+            let wk = &w[oc * cg * k_sz..][..cg * k_sz];
+            let (zw, b, r) = (q.zw[oc], q.bias[oc], &q.mult[oc]);
+            let yo = &mut y[(ni * p.m + oc) * out_sz..][..out_sz];
+            let mut i = 0;
+            for od in 0..o0 {
+                for oh in 0..o1 {
+                    for ow in 0..o2 {
+                        let acc = field(xg, wk, q.zx, zw, g, [od, oh, ow], cg);
+                        yo[i] = finish(acc.wrapping_add(b), r, &q.out);
+                        i += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Depthwise convolution (one input plane per output channel): the taps
+/// of a row are found once per output row and column, and the weights of
+/// one channel stay hot across its whole plane.
+pub(crate) fn qconv_dw<X: QInt, W: QInt, Y: QInt>(
+    x: &[X],
+    w: &[W],
+    y: &mut [Y],
+    q: &QConvView<'_>,
+) -> Result<()> {
+    check_conv(x, w, y, q)?;
+    let p = &q.p;
+    if !p.is_depthwise() {
+        return Err(crate::Error::new(crate::ErrorKind::Internal(
+            "depthwise kernel on a grouped convolution",
+        )));
+    }
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let [o0, o1, o2] = g.out;
+    for ni in 0..p.batch {
+        for c in 0..p.c {
+            let xp = &x[(ni * p.c + c) * in_sz..][..in_sz];
+            let wp = &w[c * k_sz..][..k_sz];
+            let (zw, b, r) = (q.zw[c], q.bias[c], &q.mult[c]);
+            let yo = &mut y[(ni * p.c + c) * out_sz..][..out_sz];
+            let mut i = 0;
+            for od in 0..o0 {
+                let rd = tap_range(g, 0, od);
+                for oh in 0..o1 {
+                    let rh = tap_range(g, 1, oh);
+                    for ow in 0..o2 {
+                        let rw = tap_range(g, 2, ow);
+                        let mut acc = b;
+                        for kd in rd.0..rd.1 {
+                            let id = od * g.s[0] + kd * g.d[0] - g.pb[0];
+                            for kh in rh.0..rh.1 {
+                                let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
+                                let xrow = &xp[(id * g.inp[1] + ih) * g.inp[2]..][..g.inp[2]];
+                                let wrow = &wp[(kd * g.k[1] + kh) * g.k[2]..][..g.k[2]];
+                                let iw0 = ow * g.s[2] + rw.0 * g.d[2] - g.pb[2];
+                                for (t, kw) in (rw.0..rw.1).enumerate() {
+                                    let xv = xrow[iw0 + t * g.d[2]].get() - q.zx;
+                                    acc = acc.wrapping_add(xv * (wrow[kw].get() - zw));
+                                }
+                            }
+                        }
+                        yo[i] = finish(acc, r, &q.out);
+                        i += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Integer matrix product with per-column requantization.
+pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
+    a: &[A],
+    b: &[B],
+    y: &mut [Y],
+    q: &QMmView<'_>,
+) -> Result<()> {
+    let (k, n) = (q.k, q.n);
+    check_len(a.len(), q.rows * k)?;
+    check_len(b.len(), k * n)?;
+    check_len(y.len(), q.rows * n)?;
+    for v in [q.zb.len(), q.bias.len(), q.mult.len()] {
+        check_len(v, n)?;
+    }
+    if q.trans_b {
+        // B is [N, K]: each output is a contiguous dot product.
+        for (arow, yrow) in a.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
+            for (j, yv) in yrow.iter_mut().enumerate() {
+                let brow = &b[j * k..][..k];
+                let zb = q.zb[j];
+                let mut acc = q.bias[j];
+                for (av, bv) in arow.iter().zip(brow) {
+                    acc = acc.wrapping_add((av.get() - q.za) * (bv.get() - zb));
+                }
+                *yv = finish(acc, &q.mult[j], &q.out);
+            }
+        }
+        return Ok(());
+    }
+    // B is [K, N]: accumulate a strip of up to STRIP sums on the stack,
+    // walking B by rows (contiguous reads, no arena scratch).
+    const STRIP: usize = 32;
+    let mut acc = [0i32; STRIP];
+    for r in 0..q.rows {
+        let arow = &a[r * k..][..k];
+        let mut j0 = 0;
+        while j0 < n {
+            let w = STRIP.min(n - j0);
+            let acc = &mut acc[..w];
+            acc.copy_from_slice(&q.bias[j0..j0 + w]);
+            let zb = &q.zb[j0..j0 + w];
+            for (p, av) in arow.iter().enumerate() {
+                let av = av.get() - q.za;
+                if av == 0 {
+                    continue;
+                }
+                let brow = &b[p * n + j0..][..w];
+                for ((s, bv), z) in acc.iter_mut().zip(brow).zip(zb) {
+                    *s = s.wrapping_add(av * (bv.get() - z));
+                }
+            }
+            let yrow = &mut y[r * n + j0..][..w];
+            for ((yv, s), m) in yrow.iter_mut().zip(acc.iter()).zip(&q.mult[j0..j0 + w]) {
+                *yv = finish(*s, m, &q.out);
+            }
+            j0 += w;
+        }
+    }
+    Ok(())
+}
+
+/// `y = clamp(requant(x - zx))`; `x = None` runs in place on `y`.
+pub(crate) fn qrequant<X: QInt, Y: QInt>(
+    x: Option<&[X]>,
+    y: &mut [Y],
+    zx: i32,
+    r: &Requant,
+    o: &OutQ,
+) -> Result<()> {
+    match x {
+        None => {
+            for v in y.iter_mut() {
+                *v = finish(v.get() - zx, r, o);
+            }
+        }
+        Some(x) => {
+            check_len(y.len(), x.len())?;
+            for (yv, xv) in y.iter_mut().zip(x) {
+                *yv = finish(xv.get() - zx, r, o);
+            }
+        }
+    }
+    Ok(())
+}
