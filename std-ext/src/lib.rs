@@ -13,6 +13,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod compiled;
 pub mod conformance;
 mod error;
 mod npy;

@@ -40,7 +40,7 @@ enum Cmd {
     },
     /// Run a model once on npy inputs (or seeded random data) and summarize outputs.
     Run {
-        /// The .onnx file.
+        /// The .onnx file (or a .mote file from `mote compile`).
         model: PathBuf,
         /// Feeds an input from a .npy file: NAME=FILE (repeatable).
         #[arg(long = "input", value_name = "NAME=FILE", value_parser = parse_input)]
@@ -64,6 +64,27 @@ enum Cmd {
     },
     /// List the supported operators.
     Ops,
+    /// Compile an int8 model to a .mote file that mote-core runs with no
+    /// allocator (firmware): imported, optimized, quantize-fused and planned
+    /// here, with graph inputs/outputs made 8-bit where the model quantizes
+    /// them at once.
+    Compile {
+        /// The .onnx file.
+        model: PathBuf,
+        /// Binds a symbolic dimension: NAME=VALUE (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
+        dims: Vec<(String, usize)>,
+        /// Lists every step with its compiled kernel (or why it has none).
+        #[arg(long)]
+        ops_report: bool,
+        /// The .mote file to write.
+        #[arg(short, long, value_name = "OUT.mote")]
+        output: Option<PathBuf>,
+        /// Also writes a Rust module with ARENA_BYTES, the model bytes
+        /// (include_bytes! of the .mote file) and the IO shapes.
+        #[arg(long, value_name = "FILE.rs")]
+        emit_rust: Option<PathBuf>,
+    },
     /// Post-training static quantization to a QDQ model (int8).
     ///
     /// Calibration data in DIR, for every graph input NAME (file-safe form:
@@ -234,6 +255,20 @@ fn main() {
             )
         }
         Cmd::Ops => ops(&mut out),
+        Cmd::Compile {
+            model,
+            dims,
+            ops_report,
+            output,
+            emit_rust,
+        } => compile(
+            &model,
+            &dims,
+            ops_report,
+            output.as_deref(),
+            emit_rust.as_deref(),
+            &mut out,
+        ),
         Cmd::Quantize {
             model,
             calibration,
@@ -708,6 +743,12 @@ fn run(
     f16_weights: bool,
     out: &mut Out,
 ) -> Result<()> {
+    if is_mote(path) {
+        if f16_weights || !dims.is_empty() {
+            bail!("--f16-weights and --dim do not apply to a compiled model");
+        }
+        return run_mote(path, given, output_dir, seed, out);
+    }
     let mut model = load_model(path)?;
     if f16_weights {
         let (before, after) = model.weights_to_f16();
@@ -835,6 +876,170 @@ fn run(
             session.plan().lower_bound(),
             session.plan().num_steps()
         ));
+    }
+    Ok(())
+}
+
+fn is_mote(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"MOTE"
+}
+
+fn compile(
+    path: &Path,
+    dims: &[(String, usize)],
+    ops_report: bool,
+    output: Option<&Path>,
+    emit_rust: Option<&Path>,
+    out: &mut Out,
+) -> Result<()> {
+    if ops_report {
+        let r = mote_std::compiled::ops_report(path, dims)?;
+        for s in &r.steps {
+            out.line(format!(
+                "  {} ({}): {}",
+                if s.name.is_empty() { "-" } else { &s.name },
+                s.op,
+                s.kernel.unwrap_or("NOT COMPILABLE (no compiled kernel)")
+            ));
+        }
+        let bad = r.unsupported().count();
+        out.line(format!(
+            "{} of {} steps compile; arena {} bytes (lower bound {})",
+            r.steps.len() - bad,
+            r.steps.len(),
+            r.arena_bytes,
+            r.lower_bound
+        ));
+        if output.is_none() {
+            return Ok(());
+        }
+    }
+    let Some(output) = output else {
+        bail!("-o OUT.mote is required (or --ops-report alone)");
+    };
+    let c = mote_std::compiled::compile_onnx(path, dims)
+        .with_context(|| format!("cannot compile {}", path.display()))?;
+    std::fs::write(output, &c.bytes).with_context(|| format!("cannot write {}", output.display()))?;
+    let f = mote_std::compiled::MoteFile::from_bytes(&c.bytes)?;
+    let m = f.model()?;
+    out.line(format!(
+        "wrote {}: {} bytes ({} steps, {} tensors, weights and parameters {} bytes), arena {} bytes (lower bound {})",
+        output.display(),
+        c.bytes.len(),
+        m.num_steps(),
+        m.num_tensors(),
+        m.data_bytes(),
+        m.arena_bytes(),
+        m.arena_lower_bound()
+    ));
+    for (kind, n) in [("input", m.num_inputs()), ("output", m.num_outputs())] {
+        for i in 0..n {
+            let d = if kind == "input" { m.input(i) } else { m.output(i) }
+                .map_err(|e| anyhow!("{e}"))?;
+            let q = match d.quant {
+                Some((s, z)) => format!(": real = (q - {z}) * {s:e}"),
+                None => String::new(),
+            };
+            out.line(format!(
+                "{kind} '{}': {} {}{q}",
+                d.name,
+                d.tensor.dtype,
+                fmt_shape(d.tensor.shape())
+            ));
+        }
+    }
+    if let Some(rs) = emit_rust {
+        // include_bytes! resolves relative to the module file.
+        let rel = relative_to(output, rs.parent().unwrap_or(Path::new(".")));
+        let text = mote_std::compiled::emit_rust(&m, &rel, &path.display().to_string())?;
+        std::fs::write(rs, text).with_context(|| format!("cannot write {}", rs.display()))?;
+        out.line(format!("wrote {}", rs.display()));
+    }
+    Ok(())
+}
+
+/// `file` as a path relative to `dir` when both are under a common
+/// directory, else absolute.
+fn relative_to(file: &Path, dir: &Path) -> String {
+    let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (f, d) = (abs(file), abs(dir));
+    if let Ok(r) = f.strip_prefix(&d) {
+        return r.display().to_string();
+    }
+    f.display().to_string()
+}
+
+fn run_mote(
+    path: &Path,
+    given: &[(String, PathBuf)],
+    output_dir: Option<&Path>,
+    seed: u64,
+    out: &mut Out,
+) -> Result<()> {
+    let f = mote_std::compiled::MoteFile::open(path)?;
+    let m = f.model()?;
+    let mut rng = Rng::new(seed);
+    let mut inputs = Vec::new();
+    for (name, _) in given {
+        if !(0..m.num_inputs()).any(|i| m.input(i).map(|d| d.name == name).unwrap_or(false)) {
+            bail!("the compiled model has no input '{name}'");
+        }
+    }
+    for i in 0..m.num_inputs() {
+        let d = m.input(i).map_err(|e| anyhow!("{e}"))?;
+        let t = match given.iter().find(|(n, _)| n == d.name) {
+            Some((_, file)) => {
+                out.note(format!("input '{}': from {}", d.name, file.display()));
+                mote_std::read_npy(file)?
+            }
+            None => {
+                out.note(format!("input '{}': random (seed {seed}) {} {}", d.name, d.tensor.dtype, fmt_shape(d.tensor.shape())));
+                random_tensor(d.tensor.dtype, d.tensor.shape(), &mut rng)?
+            }
+        };
+        inputs.push(t);
+    }
+    let outputs = f.run(&inputs)?;
+    if let Some(dir) = output_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut outputs_json = Vec::new();
+    for (i, t) in outputs.iter().enumerate() {
+        let d = m.output(i).map_err(|e| anyhow!("{e}"))?;
+        if let Some(dir) = output_dir {
+            let p = dir.join(format!("{}.npy", safe_name(d.name)));
+            mote_std::write_npy(&p, &t.view())?;
+            out.note(format!("output '{}' -> {}", d.name, p.display()));
+        }
+        let s = stats(t);
+        let deq = mote_std::compiled::dequantize(&d, t);
+        if out.json {
+            outputs_json.push(json!({
+                "name": d.name, "dtype": t.dtype().name(), "shape": t.shape(),
+                "values": t.to_f64_vec(), "dequantized": deq,
+            }));
+        } else {
+            out.line(format!(
+                "output '{}': {} {}  min {} max {} mean {:.4}",
+                d.name, t.dtype(), fmt_shape(t.shape()), s.min, s.max, s.mean
+            ));
+            let vals: Vec<String> = t.to_f64_vec().iter().take(16).map(|v| v.to_string()).collect();
+            out.line(format!("  values: {}{}", vals.join(" "), if t.numel() > 16 { " ..." } else { "" }));
+            if let Some(v) = deq {
+                let top = v.iter().enumerate().fold((0, f32::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a });
+                out.line(format!("  dequantized: top1 {} ({:.4})", top.0, top.1));
+            }
+        }
+    }
+    if out.json {
+        out.line(json!({"outputs": outputs_json, "arena_bytes": m.arena_bytes()}).to_string());
+    } else {
+        out.line(format!("arena: {} bytes (lower bound {} bytes), {} steps (compiled)", m.arena_bytes(), m.arena_lower_bound(), m.num_steps()));
     }
     Ok(())
 }
