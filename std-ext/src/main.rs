@@ -924,7 +924,8 @@ fn compile(
     };
     let c = mote_std::compiled::compile_onnx(path, dims)
         .with_context(|| format!("cannot compile {}", path.display()))?;
-    std::fs::write(output, &c.bytes).with_context(|| format!("cannot write {}", output.display()))?;
+    std::fs::write(output, &c.bytes)
+        .with_context(|| format!("cannot write {}", output.display()))?;
     let f = mote_std::compiled::MoteFile::from_bytes(&c.bytes)?;
     let m = f.model()?;
     out.line(format!(
@@ -939,8 +940,12 @@ fn compile(
     ));
     for (kind, n) in [("input", m.num_inputs()), ("output", m.num_outputs())] {
         for i in 0..n {
-            let d = if kind == "input" { m.input(i) } else { m.output(i) }
-                .map_err(|e| anyhow!("{e}"))?;
+            let d = if kind == "input" {
+                m.input(i)
+            } else {
+                m.output(i)
+            }
+            .map_err(|e| anyhow!("{e}"))?;
             let q = match d.quant {
                 Some((s, z)) => format!(": real = (q - {z}) * {s:e}"),
                 None => String::new(),
@@ -998,7 +1003,12 @@ fn run_mote(
                 mote_std::read_npy(file)?
             }
             None => {
-                out.note(format!("input '{}': random (seed {seed}) {} {}", d.name, d.tensor.dtype, fmt_shape(d.tensor.shape())));
+                out.note(format!(
+                    "input '{}': random (seed {seed}) {} {}",
+                    d.name,
+                    d.tensor.dtype,
+                    fmt_shape(d.tensor.shape())
+                ));
                 random_tensor(d.tensor.dtype, d.tensor.shape(), &mut rng)?
             }
         };
@@ -1026,12 +1036,32 @@ fn run_mote(
         } else {
             out.line(format!(
                 "output '{}': {} {}  min {} max {} mean {:.4}",
-                d.name, t.dtype(), fmt_shape(t.shape()), s.min, s.max, s.mean
+                d.name,
+                t.dtype(),
+                fmt_shape(t.shape()),
+                s.min,
+                s.max,
+                s.mean
             ));
-            let vals: Vec<String> = t.to_f64_vec().iter().take(16).map(|v| v.to_string()).collect();
-            out.line(format!("  values: {}{}", vals.join(" "), if t.numel() > 16 { " ..." } else { "" }));
+            let vals: Vec<String> = t
+                .to_f64_vec()
+                .iter()
+                .take(16)
+                .map(|v| v.to_string())
+                .collect();
+            out.line(format!(
+                "  values: {}{}",
+                vals.join(" "),
+                if t.numel() > 16 { " ..." } else { "" }
+            ));
             if let Some(v) = deq {
-                let top = v.iter().enumerate().fold((0, f32::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a });
+                let top = v
+                    .iter()
+                    .enumerate()
+                    .fold(
+                        (0, f32::NEG_INFINITY),
+                        |a, (i, &x)| if x > a.1 { (i, x) } else { a },
+                    );
                 out.line(format!("  dequantized: top1 {} ({:.4})", top.0, top.1));
             }
         }
@@ -1039,7 +1069,12 @@ fn run_mote(
     if out.json {
         out.line(json!({"outputs": outputs_json, "arena_bytes": m.arena_bytes()}).to_string());
     } else {
-        out.line(format!("arena: {} bytes (lower bound {} bytes), {} steps (compiled)", m.arena_bytes(), m.arena_lower_bound(), m.num_steps()));
+        out.line(format!(
+            "arena: {} bytes (lower bound {} bytes), {} steps (compiled)",
+            m.arena_bytes(),
+            m.arena_lower_bound(),
+            m.num_steps()
+        ));
     }
     Ok(())
 }

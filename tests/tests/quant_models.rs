@@ -25,32 +25,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use mote_core::{Model, Session, SessionBuilder};
-use mote_tests::{python, repo};
 use serde_json::Value;
 
-/// Directory of the generated models (generated once per test process).
 fn quant_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::var_os("MOTE_QUANT_MODELS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join(".cache/quant-models"));
-        if !dir.join("manifest.json").exists() {
-            let py = python();
-            let st = Command::new(&py)
-                .arg(repo().join("scripts/make_quant_models.py"))
-                .arg(&dir)
-                .status()
-                .unwrap_or_else(|e| panic!("running {py}: {e}"));
-            assert!(st.success(), "scripts/make_quant_models.py failed");
-        }
-        dir
-    })
-    .clone()
+    mote_tests::quant_models_dir()
 }
 
 /// onnxruntime-optimized against `ref`, as recorded by the generator.

@@ -46,9 +46,9 @@
 //! output overlaps its inputs unless it is exactly in place), so
 //! [`CompiledSession::invoke`] can only fail on a kernel's own checks.
 
-pub(crate) mod op;
 #[cfg(feature = "alloc")]
 pub(crate) mod export;
+pub(crate) mod op;
 #[cfg(feature = "alloc")]
 mod writer;
 
@@ -85,7 +85,11 @@ pub fn crc32(bytes: &[u8]) -> u32 {
             let mut c = i as u32;
             let mut k = 0;
             while k < 4 {
-                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
                 k += 1;
             }
             t[i] = c;
@@ -333,10 +337,7 @@ impl<'m> CompiledModel<'m> {
 
     fn step(&self, i: usize) -> Result<StepRec> {
         let at = i.checked_mul(STEP_REC).ok_or(bad("step index"))?;
-        let r = self
-            .steps
-            .get(at..at + STEP_REC)
-            .ok_or(bad("step index"))?;
+        let r = self.steps.get(at..at + STEP_REC).ok_or(bad("step index"))?;
         Ok(StepRec {
             kid: rd32(r, 0)?,
             ins: [rd32(r, 4)?, rd32(r, 8)?],
@@ -601,7 +602,11 @@ mod tests {
 
     #[test]
     fn short_or_foreign_bytes_are_errors() {
-        for b in [&b""[..], b"MOTE", b"ONNX and more bytes than a header but not a mote file at all, surely not"] {
+        for b in [
+            &b""[..],
+            b"MOTE",
+            b"ONNX and more bytes than a header but not a mote file at all, surely not",
+        ] {
             assert!(CompiledModel::from_bytes(b).is_err());
         }
     }

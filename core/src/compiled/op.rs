@@ -6,9 +6,15 @@
 //! `(offset, count)` references into the file's data section, read in place
 //! (`&[i32]`, `&[Requant]`), never copied.
 
+// Without `alloc` only compiled models use these: parts serve the planned
+// session (prepare, float paths) alone.
+#![cfg_attr(not(feature = "alloc"), allow(dead_code))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::kern::qbin::{qbinary, BinParams};
-use crate::kern::qconv::{geom_ok, qconv, qconv_dw, qmatmul, qrequant, IntConv, OutQ, QConvView, QMmView};
+use crate::kern::qconv::{
+    geom_ok, qconv, qconv_dw, qmatmul, qrequant, IntConv, OutQ, QConvView, QMmView,
+};
 use crate::kern::qpool::{avg_pool, global_avg, PoolParams};
 use crate::kern::requant::{Requant, Requant2};
 use crate::kern::{Geom, QInt, MAX_SPATIAL};
@@ -26,6 +32,8 @@ pub(crate) mod id {
 }
 
 /// One compiled step's kernel and parameters.
+// Variant names are the ops' names (all quantized, hence all `Q...`).
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum OpView<'a> {
     /// `mote.QConv` (depthwise kernel when the geometry is depthwise).
@@ -141,17 +149,21 @@ impl OpView<'_> {
     pub(crate) fn run(&self, ins: [Option<&[u8]>; 2], y: &mut [u8]) -> Result<()> {
         let need = |i: usize| ins[i].ok_or(Error::new(ErrorKind::MissingInput { index: i }));
         match self {
-            OpView::QConv { dt, q } => q8_type!(dt[0], X => q8_type!(dt[1], W => q8_type!(dt[2], Y => {
-                let (x, w, y) = (q8::<X>(need(0)?)?, q8::<W>(need(1)?)?, q8_mut::<Y>(y)?);
-                if q.p.is_depthwise() {
-                    qconv_dw(x, w, y, q)
-                } else {
-                    qconv(x, w, y, q)
-                }
-            }))),
-            OpView::QMatMul { dt, q } => q8_type!(dt[0], A => q8_type!(dt[1], B => q8_type!(dt[2], Y => {
-                qmatmul(q8::<A>(need(0)?)?, q8::<B>(need(1)?)?, q8_mut::<Y>(y)?, q)
-            }))),
+            OpView::QConv { dt, q } => {
+                q8_type!(dt[0], X => q8_type!(dt[1], W => q8_type!(dt[2], Y => {
+                    let (x, w, y) = (q8::<X>(need(0)?)?, q8::<W>(need(1)?)?, q8_mut::<Y>(y)?);
+                    if q.p.is_depthwise() {
+                        qconv_dw(x, w, y, q)
+                    } else {
+                        qconv(x, w, y, q)
+                    }
+                })))
+            }
+            OpView::QMatMul { dt, q } => {
+                q8_type!(dt[0], A => q8_type!(dt[1], B => q8_type!(dt[2], Y => {
+                    qmatmul(q8::<A>(need(0)?)?, q8::<B>(need(1)?)?, q8_mut::<Y>(y)?, q)
+                })))
+            }
             OpView::QRequant { dt, zx, r, out } => q8_type!(dt[0], X => q8_type!(dt[1], Y => {
                 let x = match ins[0] {
                     Some(b) => Some(q8::<X>(b)?),
@@ -160,14 +172,36 @@ impl OpView<'_> {
                 };
                 qrequant(x, q8_mut::<Y>(y)?, *zx, r, out)
             })),
-            OpView::QBinary { dt, is_add, rank, shape, strides, p } => q8_type!(*dt, T => {
+            OpView::QBinary {
+                dt,
+                is_add,
+                rank,
+                shape,
+                strides,
+                p,
+            } => q8_type!(*dt, T => {
                 let sh = shape.get(..*rank).ok_or(bad("rank"))?;
                 qbinary(q8::<T>(need(0)?)?, q8::<T>(need(1)?)?, q8_mut::<T>(y)?, sh, *strides, *is_add, p)
             }),
-            OpView::QGlobalAvg { dt, n, c, img, cl, p } => q8_type!(*dt, T => {
+            OpView::QGlobalAvg {
+                dt,
+                n,
+                c,
+                img,
+                cl,
+                p,
+            } => q8_type!(*dt, T => {
                 global_avg(q8::<T>(need(0)?)?, q8_mut::<T>(y)?, *n, *c, *img, *cl, p)
             }),
-            OpView::QAvgPool { dt, n, c, cl, include, g, p } => q8_type!(*dt, T => {
+            OpView::QAvgPool {
+                dt,
+                n,
+                c,
+                cl,
+                include,
+                g,
+                p,
+            } => q8_type!(*dt, T => {
                 avg_pool(q8::<T>(need(0)?)?, q8_mut::<T>(y)?, *n, *c, *cl, g, *include, p)
             }),
         }
@@ -187,6 +221,20 @@ impl OpView<'_> {
             }
             Ok(())
         };
+        // Zero points inside their type keep every `(x - z)·(w - zw)`
+        // product within ±255², far from i32 overflow.
+        let zp_ok = |z: &[i32], dt: DType| -> Result<()> {
+            let (lo, hi) = match dt {
+                DType::I8 => (-128, 127),
+                DType::U8 => (0, 255),
+                _ => return Err(bad("compiled integer kernel on a non-8-bit type")),
+            };
+            if z.iter().all(|v| (lo..=hi).contains(v)) {
+                Ok(())
+            } else {
+                Err(bad("zero point outside its type"))
+            }
+        };
         let mults_ok = |m: &[Requant]| -> Result<()> {
             if m.iter().all(Requant::is_valid) {
                 Ok(())
@@ -198,6 +246,9 @@ impl OpView<'_> {
             OpView::QConv { dt, q } => {
                 out_ok(&q.out, dt[2])?;
                 mults_ok(q.mult)?;
+                zp_ok(&[q.zx], dt[0])?;
+                zp_ok(q.zw, dt[1])?;
+                zp_ok(&[q.out.zy], dt[2])?;
                 let p = &q.p;
                 geom_consistent(&p.g)?;
                 if p.group == 0 || p.c % p.group != 0 || p.m % p.group != 0 {
@@ -212,27 +263,39 @@ impl OpView<'_> {
             OpView::QMatMul { dt, q } => {
                 out_ok(&q.out, dt[2])?;
                 mults_ok(q.mult)?;
+                zp_ok(&[q.za], dt[0])?;
+                zp_ok(q.zb, dt[1])?;
+                zp_ok(&[q.out.zy], dt[2])?;
                 mul(&[q.rows, q.k])?;
                 mul(&[q.k, q.n])?;
                 mul(&[q.rows, q.n])?;
                 Ok(())
             }
-            OpView::QRequant { dt, r, out, .. } => {
+            OpView::QRequant { dt, zx, r, out } => {
                 out_ok(out, dt[1])?;
+                zp_ok(&[*zx], dt[0])?;
+                zp_ok(&[out.zy], dt[1])?;
                 mults_ok(core::slice::from_ref(r))
             }
-            OpView::QBinary { rank, shape, p, .. } => {
+            OpView::QBinary {
+                dt, rank, shape, p, ..
+            } => {
+                zp_ok(&[p.za, p.zb, p.zc], *dt)?;
                 if *rank > MAX_RANK {
                     return Err(bad("rank above 8"));
                 }
                 mul(&shape[..*rank])?;
                 mults_ok(core::slice::from_ref(&p.mul))
             }
-            OpView::QGlobalAvg { n, c, img, p, .. } => {
+            OpView::QGlobalAvg {
+                dt, n, c, img, p, ..
+            } => {
+                zp_ok(&[p.zx, p.zy], *dt)?;
                 mul(&[*n, *c, *img])?;
                 mults_ok(core::slice::from_ref(&p.r))
             }
-            OpView::QAvgPool { n, c, g, p, .. } => {
+            OpView::QAvgPool { dt, n, c, g, p, .. } => {
+                zp_ok(&[p.zx, p.zy], *dt)?;
                 mults_ok(core::slice::from_ref(&p.r))?;
                 geom_consistent(g)?;
                 if g.d != [1; MAX_SPATIAL] {
@@ -343,7 +406,9 @@ impl<'a> Words<'a> {
         let len = n
             .checked_mul(core::mem::size_of::<T>())
             .ok_or(Error::new(ErrorKind::Overflow))?;
-        let end = off.checked_add(len).ok_or(Error::new(ErrorKind::Overflow))?;
+        let end = off
+            .checked_add(len)
+            .ok_or(Error::new(ErrorKind::Overflow))?;
         let b = self
             .data
             .get(off..end)
@@ -497,7 +562,11 @@ pub(crate) fn decode<'a>(kid: u32, w: &mut Words<'a>) -> Result<OpView<'a>> {
             g: w.geom()?,
             p: w.pool()?,
         },
-        _ => return Err(Error::new(ErrorKind::Unsupported("unknown compiled kernel id"))),
+        _ => {
+            return Err(Error::new(ErrorKind::Unsupported(
+                "unknown compiled kernel id",
+            )))
+        }
     };
     if w.at != w.w.len() {
         return Err(bad("kernel parameters: trailing words"));

@@ -6,8 +6,8 @@ use alloc::vec::Vec;
 
 use super::export::{encode, Encoder, Export};
 use super::{
-    crc32, CompiledModel, FORMAT_VERSION, HEADER, IO_REC, KIND_ARENA, KIND_CONST, NONE,
-    STEP_REC, TENSOR_REC,
+    crc32, CompiledModel, FORMAT_VERSION, HEADER, IO_REC, KIND_ARENA, KIND_CONST, NONE, STEP_REC,
+    TENSOR_REC,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::Loc;
@@ -138,7 +138,12 @@ impl Tables<'_> {
         };
         let i = u32_of(self.tensors.len() / TENSOR_REC)?;
         let r = &mut self.tensors;
-        r.extend_from_slice(&[slot.dtype.onnx_code() as u8, slot.shape.len() as u8, kind, 0]);
+        r.extend_from_slice(&[
+            slot.dtype.onnx_code() as u8,
+            slot.shape.len() as u8,
+            kind,
+            0,
+        ]);
         for v in [offset, len, 0] {
             r.extend_from_slice(&u32_of(v)?.to_le_bytes());
         }
@@ -169,7 +174,7 @@ pub fn compile(model: &Model, plan: &Plan) -> Result<Vec<u8>> {
     for s in &plan.steps {
         let at = |e: Error| e.at_node(s.node);
         let ex = export_of(s).ok_or(at(Error::new(ErrorKind::Unsupported(
-            "no compiled kernel for this op (mote compile takes int8/uint8 QDQ and QOperator models; see --ops-report)",
+            "no compiled kernel for this op (mote compile takes int8/uint8 QDQ models; see --ops-report)",
         ))))?;
         if s.shapes.is_some() || s.scratch.1 != 0 {
             return Err(at(Error::new(ErrorKind::Internal(

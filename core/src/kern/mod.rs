@@ -6,10 +6,14 @@
 //! arrays are borrowed — from the `Vec`s an op's prepare built, or straight
 //! from the bytes of a `.mote` file in flash.
 
-pub mod requant;
+// Without `alloc` only compiled models use these: parts serve the planned
+// session (prepare, float paths) alone.
+#![cfg_attr(not(feature = "alloc"), allow(dead_code))]
+
 pub(crate) mod qbin;
 pub(crate) mod qconv;
 pub(crate) mod qpool;
+pub mod requant;
 
 use crate::Element;
 
@@ -59,7 +63,6 @@ impl Geom {
     }
 }
 
-
 /// The range `[lo, hi)` of `o` in `0..count` with `0 <= o*s + off - pb < limit`.
 #[inline]
 pub(crate) fn valid_range(
@@ -78,7 +81,6 @@ pub(crate) fn valid_range(
     let hi = hi.min(count);
     (lo.min(hi), hi)
 }
-
 
 /// An 8-bit quantized element type (int8 / uint8).
 pub(crate) trait QInt: Element + Copy + Default {

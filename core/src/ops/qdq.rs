@@ -23,9 +23,9 @@
 
 use alloc::vec::Vec;
 
-use crate::error::{Error, ErrorKind, Result};
 use crate::compiled::export::{Export, Params};
 use crate::compiled::op::OpView;
+use crate::error::{Error, ErrorKind, Result};
 use crate::kern::qconv::OutQ;
 use crate::kern::requant::Requant;
 use crate::ops::qlinear::{int_conv_geom, per_channel, with_qint, QInt};

@@ -27,9 +27,9 @@
 
 use alloc::vec::Vec;
 
-use crate::error::{Error, ErrorKind, Result};
 use crate::compiled::export::{Export, Params};
 use crate::compiled::op::OpView;
+use crate::error::{Error, ErrorKind, Result};
 use crate::kern::check_len;
 use crate::kern::qbin::{qbinary, BinParams};
 use crate::kern::qpool::{avg_pool, global_avg, PoolParams};
@@ -290,7 +290,11 @@ fn prepare_binary(
             strides,
             p: make(&get, dt)?,
         };
-        return Ok(Prepared::single(dt, &out, Export::new(name, [0, 3], Params::Plain(v))));
+        return Ok(Prepared::single(
+            dt,
+            &out,
+            Export::new(name, [0, 3], Params::Plain(v)),
+        ));
     }
     with_q8!(dt, name, T => {
         let k = param_kernel(ctx, name, &[1, 2, 4, 5, 6, 7], dt, make, move |io, p: &BinParams| {
@@ -479,7 +483,11 @@ fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             cl,
             p: pool_params(&get, dt)?,
         };
-        return Ok(Prepared::single(dt, &out, Export::new(name, [0, 0], Params::Plain(v))));
+        return Ok(Prepared::single(
+            dt,
+            &out,
+            Export::new(name, [0, 0], Params::Plain(v)),
+        ));
     }
     with_q8!(dt, name, T => {
         let k = param_kernel(ctx, name, &[1, 2, 3, 4], dt, pool_params, move |io, p: &PoolParams| {
@@ -537,7 +545,11 @@ fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             g,
             p: pool_params(&get, dt)?,
         };
-        return Ok(Prepared::single(dt, &out, Export::new(name, [0, 0], Params::Plain(v))));
+        return Ok(Prepared::single(
+            dt,
+            &out,
+            Export::new(name, [0, 0], Params::Plain(v)),
+        ));
     }
     with_q8!(dt, name, T => {
         let kern = param_kernel(ctx, name, &[1, 2, 3, 4], dt, pool_params, move |io, p: &PoolParams| {
