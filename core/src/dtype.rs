@@ -13,6 +13,7 @@ use half::{bf16, f16};
 
 /// Element type of a tensor. Codes follow `TensorProto.DataType` of ONNX.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum DType {
     /// 32-bit float.

@@ -13,6 +13,7 @@ pub type TensorId = u32;
 
 /// What went wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum ErrorKind {
     /// The bytes are not a valid ONNX protobuf (truncated or not ONNX).
@@ -116,6 +117,7 @@ pub enum ErrorKind {
 
 /// An error of mote-core: what, and where (node and tensor, by index).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Error {
     /// What went wrong.
     pub kind: ErrorKind,

@@ -13,7 +13,8 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::kern::qbin::{qbinary, BinParams};
 use crate::kern::qconv::{
-    geom_ok, qconv, qconv_dw, qmatmul, qrequant, IntConv, OutQ, QConvView, QMmView,
+    can_conv_in_place, geom_ok, qconv, qconv_dw, qconv_in_place, qmatmul, qrequant, IntConv, OutQ,
+    QConvView, QMmView,
 };
 use crate::kern::qpool::{avg_pool, global_avg, PoolParams};
 use crate::kern::requant::{Requant, Requant2};
@@ -141,7 +142,11 @@ impl OpView<'_> {
 
     /// Whether input 0 may share the output's bytes (`ins[0] = None`).
     pub(crate) fn can_run_in_place(&self) -> bool {
-        matches!(self, OpView::QRequant { dt, .. } if dt[0] == dt[1])
+        match self {
+            OpView::QRequant { dt, .. } => dt[0] == dt[1],
+            OpView::QConv { dt, q } => dt[0] == dt[2] && can_conv_in_place(&q.p),
+            _ => false,
+        }
     }
 
     /// Runs on the data inputs' bytes (`ins[0]` is `None` when the step is
@@ -149,6 +154,15 @@ impl OpView<'_> {
     pub(crate) fn run(&self, ins: [Option<&[u8]>; 2], y: &mut [u8]) -> Result<()> {
         let need = |i: usize| ins[i].ok_or(Error::new(ErrorKind::MissingInput { index: i }));
         match self {
+            OpView::QConv { dt, q } if ins[0].is_none() => {
+                // In place: the input is the output's bytes (same type).
+                if dt[0] != dt[2] {
+                    return Err(Error::new(ErrorKind::MissingInput { index: 0 }));
+                }
+                q8_type!(dt[1], W => q8_type!(dt[2], T => {
+                    qconv_in_place(q8::<W>(need(1)?)?, q8_mut::<T>(y)?, q)
+                }))
+            }
             OpView::QConv { dt, q } => {
                 q8_type!(dt[0], X => q8_type!(dt[1], W => q8_type!(dt[2], Y => {
                     let (x, w, y) = (q8::<X>(need(0)?)?, q8::<W>(need(1)?)?, q8_mut::<Y>(y)?);

@@ -208,38 +208,130 @@ pub(crate) fn qconv_dw<X: QInt, W: QInt, Y: QInt>(
     }
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let [o0, o1, o2] = g.out;
     for ni in 0..p.batch {
         for c in 0..p.c {
             let xp = &x[(ni * p.c + c) * in_sz..][..in_sz];
-            let wp = &w[c * k_sz..][..k_sz];
-            let (zw, b, r) = (q.zw[c], q.bias[c], &q.mult[c]);
             let yo = &mut y[(ni * p.c + c) * out_sz..][..out_sz];
-            let mut i = 0;
-            for od in 0..o0 {
-                let rd = tap_range(g, 0, od);
-                for oh in 0..o1 {
-                    let rh = tap_range(g, 1, oh);
-                    for ow in 0..o2 {
-                        let rw = tap_range(g, 2, ow);
-                        let mut acc = b;
-                        for kd in rd.0..rd.1 {
-                            let id = od * g.s[0] + kd * g.d[0] - g.pb[0];
-                            for kh in rh.0..rh.1 {
-                                let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
-                                let xrow = &xp[(id * g.inp[1] + ih) * g.inp[2]..][..g.inp[2]];
-                                let wrow = &wp[(kd * g.k[1] + kh) * g.k[2]..][..g.k[2]];
-                                let iw0 = ow * g.s[2] + rw.0 * g.d[2] - g.pb[2];
-                                for (t, kw) in (rw.0..rw.1).enumerate() {
-                                    let xv = xrow[iw0 + t * g.d[2]].get() - q.zx;
-                                    acc = acc.wrapping_add(xv * (wrow[kw].get() - zw));
-                                }
-                            }
+            dw_plane(xp, &w[c * k_sz..][..k_sz], yo, c, q);
+        }
+    }
+    Ok(())
+}
+
+/// One channel of a depthwise convolution.
+#[inline]
+fn dw_plane<X: QInt, W: QInt, Y: QInt>(
+    xp: &[X],
+    wp: &[W],
+    yo: &mut [Y],
+    c: usize,
+    q: &QConvView<'_>,
+) {
+    let g = &q.p.g;
+    let [o0, o1, o2] = g.out;
+    let (zw, b, r) = (q.zw[c], q.bias[c], &q.mult[c]);
+    let mut i = 0;
+    for od in 0..o0 {
+        let rd = tap_range(g, 0, od);
+        for oh in 0..o1 {
+            let rh = tap_range(g, 1, oh);
+            for ow in 0..o2 {
+                let rw = tap_range(g, 2, ow);
+                let mut acc = b;
+                for kd in rd.0..rd.1 {
+                    let id = od * g.s[0] + kd * g.d[0] - g.pb[0];
+                    for kh in rh.0..rh.1 {
+                        let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
+                        let xrow = &xp[(id * g.inp[1] + ih) * g.inp[2]..][..g.inp[2]];
+                        let wrow = &wp[(kd * g.k[1] + kh) * g.k[2]..][..g.k[2]];
+                        let iw0 = ow * g.s[2] + rw.0 * g.d[2] - g.pb[2];
+                        for (t, kw) in (rw.0..rw.1).enumerate() {
+                            let xv = xrow[iw0 + t * g.d[2]].get() - q.zx;
+                            acc = acc.wrapping_add(xv * (wrow[kw].get() - zw));
                         }
-                        yo[i] = finish(acc, r, &q.out);
-                        i += 1;
                     }
                 }
+                yo[i] = finish(acc, r, &q.out);
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Largest plane (elements) a depthwise convolution copies to the stack to
+/// run in place.
+pub(crate) const INPLACE_PLANE: usize = 1024;
+/// Most channels of an in-place pointwise convolution.
+pub(crate) const INPLACE_CHANNELS: usize = 256;
+
+/// Whether a convolution can write its output over its input (same
+/// bytes, same element type): a depthwise one that keeps the spatial size
+/// (each output plane needs only its own input plane, copied to the stack
+/// first), or a pointwise one with as many outputs as inputs (each pixel's
+/// outputs need only that pixel's inputs, gathered first) — what TinyEngine
+/// does to go below the two-buffer bound.
+pub(crate) fn can_conv_in_place(p: &IntConv) -> bool {
+    let g = &p.g;
+    let same = g.inp == g.out;
+    let dw = p.is_depthwise() && same && g.in_size() <= INPLACE_PLANE;
+    let pw = p.group == 1
+        && p.m == p.c
+        && p.c <= INPLACE_CHANNELS
+        && same
+        && g.k == [1; 3]
+        && g.s == [1; 3]
+        && g.pb == [0; 3]
+        && g.pe == [0; 3];
+    dw || pw
+}
+
+/// [`qconv`] / [`qconv_dw`] in place: `y` holds the input on entry (see
+/// [`can_conv_in_place`]). Uses at most 1 KB of stack.
+pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
+    w: &[W],
+    y: &mut [T],
+    q: &QConvView<'_>,
+) -> Result<()> {
+    let p = &q.p;
+    if !can_conv_in_place(p) {
+        return Err(crate::Error::new(crate::ErrorKind::Internal(
+            "convolution cannot run in place",
+        )));
+    }
+    // Lengths as in check_conv, with x = y (same size by can_conv_in_place).
+    check_len(y.len(), p.batch * p.m * p.g.out_size())?;
+    check_len(w.len(), p.m * (p.c / p.group.max(1)) * p.g.k_size())?;
+    for v in [q.zw.len(), q.bias.len(), q.mult.len()] {
+        check_len(v, p.m)?;
+    }
+    let sz = p.g.in_size();
+    let mut buf = [T::default(); INPLACE_PLANE];
+    if p.is_depthwise() && sz <= INPLACE_PLANE {
+        let k_sz = p.g.k_size();
+        for (c, plane) in y.chunks_exact_mut(sz.max(1)).enumerate() {
+            let c = c % p.c;
+            let saved = &mut buf[..sz];
+            saved.copy_from_slice(plane);
+            dw_plane(saved, &w[c * k_sz..][..k_sz], plane, c, q);
+        }
+        return Ok(());
+    }
+    // Pointwise, m == c: gather a pixel's channels, then write its outputs.
+    let c_n = p.c;
+    for img in y.chunks_exact_mut((c_n * sz).max(1)) {
+        for px in 0..sz {
+            let xs = &mut buf[..c_n];
+            for (ch, v) in xs.iter_mut().enumerate() {
+                *v = img[ch * sz + px];
+            }
+            for oc in 0..p.m {
+                let wr = &w[oc * c_n..][..c_n];
+                let zw = q.zw[oc];
+                let mut acc = q.bias[oc];
+                for (xv, wv) in xs.iter().zip(wr) {
+                    acc = acc.wrapping_add((xv.get() - q.zx) * (wv.get() - zw));
+                }
+                img[oc * sz + px] = finish(acc, &q.mult[oc], &q.out);
             }
         }
     }

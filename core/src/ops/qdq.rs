@@ -26,7 +26,7 @@ use alloc::vec::Vec;
 use crate::compiled::export::{Export, Params};
 use crate::compiled::op::OpView;
 use crate::error::{Error, ErrorKind, Result};
-use crate::kern::qconv::OutQ;
+use crate::kern::qconv::{can_conv_in_place, OutQ};
 use crate::kern::requant::Requant;
 use crate::ops::qlinear::{int_conv_geom, per_channel, with_qint, QInt};
 use crate::ops::{util, InputInfo, OpDef, PrepareCtx, Prepared};
@@ -245,7 +245,9 @@ fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             out,
         };
         let name = if depthwise { "QConv depthwise" } else { "QConv" };
-        Ok(Prepared::single(ydt, &shape, Export::new(name, [0, 3], params)))
+        let prep = Prepared::single(ydt, &shape, Export::new(name, [0, 3], params));
+        // Depthwise keeping the size, or pointwise C -> C: output over input.
+        Ok(if xdt == ydt && can_conv_in_place(&p) { prep.in_place() } else { prep })
     })
 }
 
