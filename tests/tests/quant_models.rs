@@ -24,34 +24,11 @@
 //!   at most 0.30 x the arena of its f32 model.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use mote_core::{Model, Session, SessionBuilder};
-use mote_tests::{python, repo};
+use mote_tests::quant_dir;
 use serde_json::Value;
-
-/// Directory of the generated models (generated once per test process).
-fn quant_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::var_os("MOTE_QUANT_MODELS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join(".cache/quant-models"));
-        if !dir.join("manifest.json").exists() {
-            let py = python();
-            let st = Command::new(&py)
-                .arg(repo().join("scripts/make_quant_models.py"))
-                .arg(&dir)
-                .status()
-                .unwrap_or_else(|e| panic!("running {py}: {e}"));
-            assert!(st.success(), "scripts/make_quant_models.py failed");
-        }
-        dir
-    })
-    .clone()
-}
 
 /// onnxruntime-optimized against `ref`, as recorded by the generator.
 #[derive(Clone, Debug)]
