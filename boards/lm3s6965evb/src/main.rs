@@ -17,22 +17,12 @@ mod model {
 static INPUT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/input.bin"));
 static mut ARENA: [u8; model::ARENA_BYTES] = [0; model::ARENA_BYTES];
 
-/// An address no memory or device answers on this machine.
-#[cfg(feature = "fault")]
-const UNMAPPED: usize = 0x3000_0000;
-
 #[entry]
 fn main() -> ! {
     let Some(p) = cortex_m::Peripherals::take() else {
         fw_support::println!("MOTE error: peripherals taken");
         fw_support::exit(1)
     };
-    #[cfg(feature = "fault")]
-    {
-        // SAFETY: deliberately faults; the HardFault handler reports it.
-        let v = unsafe { (UNMAPPED as *const u32).read_volatile() };
-        fw_support::println!("MOTE read 0x{:08x} = {}", UNMAPPED, v);
-    }
     // SAFETY: the only reference to ARENA, taken once.
     let arena = unsafe { &mut *addr_of_mut!(ARENA) };
     fw_support::main(p.SYST, model::MODEL, INPUT, arena)

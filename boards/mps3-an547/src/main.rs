@@ -19,7 +19,7 @@ static mut ARENA: [u8; model::ARENA_BYTES] = [0; model::ARENA_BYTES];
 
 /// An address no memory or device answers on this machine.
 #[cfg(feature = "fault")]
-const UNMAPPED: usize = 0x4800_0000;
+const UNMAPPED: usize = 0x2C00_0000;
 
 #[entry]
 fn main() -> ! {
