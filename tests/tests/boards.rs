@@ -80,6 +80,7 @@ const QEMU_TIMEOUT: Duration = Duration::from_secs(120);
 struct Prepared {
     dir: PathBuf,
     mote_bytes: usize,
+    input_bytes: usize,
     arena: usize,
     /// Host outputs (`MoteFile::run`), as integers.
     host: Vec<Vec<i64>>,
@@ -141,6 +142,7 @@ fn prepare(model: &str, tag: &str) -> Prepared {
     Prepared {
         dir,
         mote_bytes: c.bytes.len(),
+        input_bytes: bytes.len(),
         arena: m.arena_bytes(),
         host,
     }
@@ -432,8 +434,8 @@ fn mps3_an547_fault_is_reported_with_its_address() {
     fault_is_reported(MPS3_AN547);
 }
 
-/// `(symbol size, demangled name)` of every sized symbol in `elf`.
-fn symbols(elf: &Path) -> Vec<(u64, char, String)> {
+/// `(address, size, kind, demangled name)` of every sized symbol in `elf`.
+fn symbols(elf: &Path) -> Vec<(u64, u64, char, String)> {
     let out = Command::new("arm-none-eabi-nm")
         .args(["--size-sort", "-S", "-C"])
         .arg(elf)
@@ -444,12 +446,117 @@ fn symbols(elf: &Path) -> Vec<(u64, char, String)> {
         .lines()
         .filter_map(|l| {
             let mut w = l.splitn(4, ' ');
-            let _addr = w.next()?;
+            let addr = u64::from_str_radix(w.next()?, 16).ok()?;
             let size = u64::from_str_radix(w.next()?, 16).ok()?;
             let kind = w.next()?.chars().next()?;
-            Some((size, kind, w.next()?.to_string()))
+            Some((addr, size, kind, w.next()?.to_string()))
         })
         .collect()
+}
+
+/// Who a byte of code belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    Kernel,
+    Runtime,
+    Other,
+    /// The Rust library and mote-core's dependencies: to whoever inlined it.
+    Inherit,
+}
+
+fn owner_of_path(path: &str) -> Owner {
+    let core_src = repo().join("core/src");
+    let core_src = core_src.to_string_lossy();
+    if let Some(rest) = path.strip_prefix(core_src.as_ref()) {
+        return if rest.starts_with("/kern/") {
+            Owner::Kernel
+        } else {
+            Owner::Runtime
+        };
+    }
+    // The firmware's own files (relative: main.rs, src/lib.rs) and its
+    // support crates.
+    let firmware = ["main.rs", "src/main.rs", "lib.rs", "src/lib.rs"];
+    if firmware.contains(&path)
+        || ["cortex-m", "semihosting", "critical-section"]
+            .iter()
+            .any(|c| path.contains(&format!("/{c}-")))
+    {
+        return Owner::Other;
+    }
+    Owner::Inherit
+}
+
+fn owner_of_symbol(name: &str) -> Owner {
+    if name.contains("mote_core::kern::") {
+        Owner::Kernel
+    } else if name.contains("mote_core::") {
+        Owner::Runtime
+    } else {
+        Owner::Other
+    }
+}
+
+/// Code bytes per owner, from the DWARF line table: each instruction
+/// belongs to the source file of its line (so mote-core code that LTO
+/// inlined into the firmware still counts as mote-core); lines of the
+/// Rust library or of libm/bytemuck go to the code around them, starting
+/// from the owner the function's name gives.
+fn code_split(elf: &Path, syms: &[(u64, u64, char, String)]) -> BTreeMap<&'static str, u64> {
+    let out = Command::new("arm-none-eabi-objdump")
+        .arg("--dwarf=decodedline")
+        .arg(elf)
+        .output()
+        .unwrap_or_else(|e| panic!("running arm-none-eabi-objdump: {e}"));
+    assert!(out.status.success(), "arm-none-eabi-objdump failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows: Vec<(u64, Owner)> = Vec::new();
+    let mut file = Owner::Inherit;
+    for l in text.lines() {
+        let t = l.trim();
+        if let Some(h) = t.strip_suffix(':') {
+            if !h.contains(' ') {
+                file = owner_of_path(h);
+            }
+            continue;
+        }
+        let w: Vec<&str> = t.split_whitespace().collect();
+        if w.len() >= 3 {
+            if let Some(a) = w[2].strip_prefix("0x") {
+                if let Ok(a) = u64::from_str_radix(a, 16) {
+                    rows.push((a, file));
+                }
+            }
+        }
+    }
+    rows.sort_by_key(|r| r.0);
+    let mut split = BTreeMap::new();
+    for (addr, size, kind, name) in syms {
+        if !matches!(kind, 't' | 'T') {
+            continue;
+        }
+        let (lo, hi) = (addr & !1, (addr & !1) + size);
+        let mut owner = owner_of_symbol(name);
+        let mut at = lo;
+        let start = rows.partition_point(|r| r.0 < lo);
+        for &(a, o) in rows[start..].iter().take_while(|r| r.0 < hi) {
+            *split.entry(label(owner)).or_insert(0) += a - at;
+            at = a;
+            if o != Owner::Inherit {
+                owner = o;
+            }
+        }
+        *split.entry(label(owner)).or_insert(0) += hi - at;
+    }
+    split
+}
+
+fn label(o: Owner) -> &'static str {
+    match o {
+        Owner::Kernel => "kernels",
+        Owner::Runtime => "runtime",
+        _ => "other",
+    }
 }
 
 /// `(text, data, bss)` of `arm-none-eabi-size`.
@@ -476,46 +583,45 @@ fn sizes(elf: &Path) -> (u64, u64, u64) {
 #[ignore = "cost report: scripts/board-costs.sh"]
 fn cost_report() {
     println!(
-        "| board | model | flash | runtime (mote-core) | kernels | weights (.mote) | other | \
-         RAM statics | arena | other statics | stack HWM | instr/inference | ticks (x/tick) |"
+        "| board | model | flash | runtime (mote-core) | kernels | weights (.mote) | input | \
+         other code | other data | RAM statics | arena | stack HWM | instructions/inference | \
+         ticks (instr/tick) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (board, model) in PAIRS {
         let (p, elf, r) = check(board, model);
         let again = parse(&qemu(board, &elf).unwrap_or_else(|e| panic!("{e}")))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r, again, "{} {model}: two QEMU runs differ", board.dir);
         let (text, data, bss) = sizes(&elf);
-        let (mut kern, mut runtime, mut weights) = (0u64, 0u64, 0u64);
-        for (size, kind, name) in symbols(&elf) {
-            // Code and read-only data in flash (t/T text, r/R rodata).
-            if !matches!(kind, 't' | 'T' | 'r' | 'R') {
-                continue;
-            }
-            if name.contains("model::BYTES") {
-                weights += size;
-            } else if name.contains("mote_core::kern::") {
-                kern += size;
-            } else if name.contains("mote_core::") {
-                runtime += size;
+        let syms = symbols(&elf);
+        let code = code_split(&elf, &syms);
+        let (mut weights, mut rodata_core) = (0u64, 0u64);
+        for (_, size, kind, name) in &syms {
+            if matches!(kind, 'r' | 'R') {
+                if name.contains("model::BYTES") {
+                    weights += size;
+                } else if name.contains("mote_core::") {
+                    rodata_core += size;
+                }
             }
         }
+        assert_eq!(weights, p.mote_bytes as u64, "model bytes in flash");
+        let kern = code.get("kernels").copied().unwrap_or(0);
+        let runtime = code.get("runtime").copied().unwrap_or(0) + rodata_core;
+        let other_code = code.get("other").copied().unwrap_or(0);
+        let input = p.input_bytes as u64;
         let flash = text + data;
-        let other = flash.saturating_sub(kern + runtime + weights);
+        let other_data = flash.saturating_sub(kern + runtime + weights + input + other_code);
         let ram = data + bss;
         let per_tick = r.calib.0 as f64 / r.calib.1 as f64;
         println!(
-            "| {} | {model} | {flash} | {runtime} | {kern} | {weights} ({}) | {other} | {ram} | {} | {} | {} | {} | {} (x{per_tick:.2}) |",
-            board.dir,
-            p.mote_bytes,
-            p.arena,
-            ram.saturating_sub(p.arena as u64),
-            r.stack,
-            r.icount[0].1,
-            r.icount[0].0,
+            "| {} | {model} | {flash} | {runtime} | {kern} | {weights} | {input} | {other_code} | \
+             {other_data} | {ram} | {} | {} | {} | {} ({per_tick:.2}) |",
+            board.dir, p.arena, r.stack, r.icount[0].1, r.icount[0].0,
         );
         println!(
-            "<!-- {} {model}: runs 1,2 ticks {:?} / {:?} (two QEMU runs identical) -->",
+            "<!-- {} {model}: (ticks, instructions) of runs 0 and 1: {:?}; second QEMU run: {:?} -->",
             board.dir, r.icount, again.icount
         );
     }
