@@ -460,31 +460,6 @@ enum Owner {
     Kernel,
     Runtime,
     Other,
-    /// The Rust library and mote-core's dependencies: to whoever inlined it.
-    Inherit,
-}
-
-fn owner_of_path(path: &str) -> Owner {
-    let core_src = repo().join("core/src");
-    let core_src = core_src.to_string_lossy();
-    if let Some(rest) = path.strip_prefix(core_src.as_ref()) {
-        return if rest.starts_with("/kern/") {
-            Owner::Kernel
-        } else {
-            Owner::Runtime
-        };
-    }
-    // The firmware's own files (relative: main.rs, src/lib.rs) and its
-    // support crates.
-    let firmware = ["main.rs", "src/main.rs", "lib.rs", "src/lib.rs"];
-    if firmware.contains(&path)
-        || ["cortex-m", "semihosting", "critical-section"]
-            .iter()
-            .any(|c| path.contains(&format!("/{c}-")))
-    {
-        return Owner::Other;
-    }
-    Owner::Inherit
 }
 
 fn owner_of_symbol(name: &str) -> Owner {
@@ -497,11 +472,14 @@ fn owner_of_symbol(name: &str) -> Owner {
     }
 }
 
-/// Code bytes per owner, from the DWARF line table: each instruction
-/// belongs to the source file of its line (so mote-core code that LTO
-/// inlined into the firmware still counts as mote-core); lines of the
-/// Rust library or of libm/bytemuck go to the code around them, starting
-/// from the owner the function's name gives.
+/// Code bytes per owner. Each row of the DWARF line table (an address
+/// range of instructions) belongs to the innermost frame of its inline
+/// chain (`addr2line -i`) that is mote-core source: `core/src/kern/` is
+/// kernels, the rest of `core/src/` runtime; a chain with no mote-core
+/// frame is other. So mote-core code that LTO inlined into the firmware,
+/// and library code (`core::`, iterators, arithmetic) inlined into
+/// mote-core, count as mote-core. Functions called, not inlined, count by
+/// their symbol's name (`libm`, `compiler_builtins`: other).
 fn code_split(elf: &Path, syms: &[(u64, u64, char, String)]) -> BTreeMap<&'static str, u64> {
     let out = Command::new("arm-none-eabi-objdump")
         .arg("--dwarf=decodedline")
@@ -509,27 +487,50 @@ fn code_split(elf: &Path, syms: &[(u64, u64, char, String)]) -> BTreeMap<&'stati
         .output()
         .unwrap_or_else(|e| panic!("running arm-none-eabi-objdump: {e}"));
     assert!(out.status.success(), "arm-none-eabi-objdump failed");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let mut addrs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            u64::from_str_radix(w.get(2)?.strip_prefix("0x")?, 16).ok()
+        })
+        .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let mut child = Command::new("arm-none-eabi-addr2line")
+        .arg("-e")
+        .arg(elf)
+        .args(["-i", "-a"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running arm-none-eabi-addr2line: {e}"));
+    let list: String = addrs.iter().map(|a| format!("0x{a:x}\n")).collect();
+    let mut stdin = child.stdin.take().expect("addr2line stdin");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = stdin.write_all(list.as_bytes());
+    });
+    let out = child.wait_with_output().expect("addr2line output");
+    let _ = writer.join();
+    let core_src = repo().join("core/src").to_string_lossy().into_owned();
+    // (address, owner) of every row.
     let mut rows: Vec<(u64, Owner)> = Vec::new();
-    let mut file = Owner::Inherit;
-    for l in text.lines() {
-        let t = l.trim();
-        if let Some(h) = t.strip_suffix(':') {
-            if !h.contains(' ') {
-                file = owner_of_path(h);
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(a) = l.strip_prefix("0x") {
+            if let Ok(a) = u64::from_str_radix(a, 16) {
+                rows.push((a, Owner::Other));
             }
-            continue;
-        }
-        let w: Vec<&str> = t.split_whitespace().collect();
-        if w.len() >= 3 {
-            if let Some(a) = w[2].strip_prefix("0x") {
-                if let Ok(a) = u64::from_str_radix(a, 16) {
-                    rows.push((a, file));
-                }
+        } else if let (Some(last), Some(rest)) = (rows.last_mut(), l.strip_prefix(&core_src)) {
+            // Frames come innermost first: the first mote-core one wins.
+            if last.1 == Owner::Other {
+                last.1 = if rest.starts_with("/kern/") {
+                    Owner::Kernel
+                } else {
+                    Owner::Runtime
+                };
             }
         }
     }
-    rows.sort_by_key(|r| r.0);
     let mut split = BTreeMap::new();
     for (addr, size, kind, name) in syms {
         if !matches!(kind, 't' | 'T') {
@@ -542,9 +543,7 @@ fn code_split(elf: &Path, syms: &[(u64, u64, char, String)]) -> BTreeMap<&'stati
         for &(a, o) in rows[start..].iter().take_while(|r| r.0 < hi) {
             *split.entry(label(owner)).or_insert(0) += a - at;
             at = a;
-            if o != Owner::Inherit {
-                owner = o;
-            }
+            owner = o;
         }
         *split.entry(label(owner)).or_insert(0) += hi - at;
     }
@@ -555,7 +554,7 @@ fn label(o: Owner) -> &'static str {
     match o {
         Owner::Kernel => "kernels",
         Owner::Runtime => "runtime",
-        _ => "other",
+        Owner::Other => "other",
     }
 }
 
