@@ -162,6 +162,17 @@ fn build(board: Board, model_dir: &Path, features: &[&str]) -> Result<PathBuf, S
         .args(["build", "--release", "--quiet"])
         .env("CARGO_TARGET_DIR", &target_dir)
         .env("MOTE_FW_MODEL_DIR", model_dir);
+    // The board's .cargo/config.toml sets the target and `-Tlink.x`; a
+    // RUSTFLAGS of the host build (e.g. `-D warnings` in CI) would replace
+    // them.
+    for v in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+    ] {
+        cmd.env_remove(v);
+    }
     if !features.is_empty() {
         cmd.args(["--features", &features.join(",")]);
     }
@@ -624,4 +635,20 @@ fn cost_report() {
             board.dir, r.icount, again.icount
         );
     }
+}
+
+/// A firmware that panics: the panic line and exit status 2 reach the
+/// test, which fails with the message.
+#[test]
+fn lm3s6965evb_panic_is_reported() {
+    let board = LM3S6965EVB;
+    let p = prepare("kws", "lm3s6965evb-kws-panic");
+    let elf = build(board, &p.dir, &["panic"]).unwrap_or_else(|e| panic!("{e}"));
+    let run = qemu(board, &elf).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(run.code, 2, "exit status of a panic:\n{}", run.out);
+    let err = parse(&run).expect_err("a panicked run must not parse as a success");
+    assert!(
+        err.contains("MOTE panic: ") && err.contains("requested by feature `panic`"),
+        "failure message lacks the panic: {err}"
+    );
 }

@@ -25,6 +25,9 @@ fn main() -> ! {
         fw_support::println!("MOTE error: peripherals taken");
         fw_support::exit(1)
     };
+    if cfg!(feature = "panic") {
+        panic!("requested by feature `panic`");
+    }
     // SAFETY: the only reference to ARENA, taken once.
     let arena = unsafe { &mut *addr_of_mut!(ARENA) };
     fw_support::main(p.SYST, model::MODEL, INPUT, arena)

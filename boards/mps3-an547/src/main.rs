@@ -35,6 +35,9 @@ fn main() -> ! {
         let v = unsafe { (UNMAPPED as *const u32).read_volatile() };
         fw_support::println!("MOTE read 0x{:08x} = {}", UNMAPPED, v);
     }
+    if cfg!(feature = "panic") {
+        panic!("requested by feature `panic`");
+    }
     // SAFETY: the only reference to ARENA, taken once.
     let arena = unsafe { &mut *addr_of_mut!(ARENA) };
     fw_support::main(p.SYST, model::MODEL, INPUT, arena)
