@@ -8,8 +8,9 @@
 //! with `cargo build --release` (its own target dir
 //! `target/boards/<board>`), and `qemu-system-arm -icount shift=0` runs it
 //! under a timeout. Every `MOTE out` line must equal `MoteFile::run` on
-//! the host; a fault, a panic, a mote error or a non-zero exit fails the
-//! test with the firmware's output (the fault line names the address).
+//! the host; a fault, a panic, a mote error, a non-zero exit or a timeout
+//! fails the test with the firmware's output (the fault line names the
+//! address); firmware features `fault`, `panic` and `hang` test those paths.
 //!
 //! Needs `qemu-system-arm` and the targets thumbv7m-none-eabi,
 //! thumbv7em-none-eabihf and thumbv8m.main-none-eabihf. `cost_report`
@@ -202,6 +203,11 @@ struct Run {
 
 /// Runs `elf` under QEMU (`-icount shift=0`, semihosting) with a timeout.
 fn qemu(board: Board, elf: &Path) -> Result<Run, String> {
+    qemu_within(board, elf, QEMU_TIMEOUT)
+}
+
+/// [`qemu`] with a given timeout.
+fn qemu_within(board: Board, elf: &Path, timeout: Duration) -> Result<Run, String> {
     let mut child = Command::new("qemu-system-arm")
         .args(["-machine", board.machine, "-cpu", board.cpu, "-nographic"])
         .args(["-icount", "shift=0"])
@@ -233,12 +239,12 @@ fn qemu(board: Board, elf: &Path) -> Result<Run, String> {
             .map_err(|e| format!("waiting for qemu: {e}"))?
         {
             Some(st) => break st,
-            None if start.elapsed() > QEMU_TIMEOUT => {
+            None if start.elapsed() > timeout => {
                 let _ = child.kill();
                 let _ = child.wait();
                 let out = t_out.join().unwrap_or_default();
                 return Err(format!(
-                    "timeout: {} on {} ran past {QEMU_TIMEOUT:?}; output so far:\n{out}",
+                    "timeout: {} on {} ran past {timeout:?}; output so far:\n{out}",
                     elf.display(),
                     board.machine
                 ));
@@ -651,4 +657,17 @@ fn lm3s6965evb_panic_is_reported() {
         err.contains("MOTE panic: ") && err.contains("requested by feature `panic`"),
         "failure message lacks the panic: {err}"
     );
+}
+
+/// A firmware that never ends is killed at the timeout, with "timeout".
+#[test]
+fn lm3s6965evb_hang_times_out() {
+    let board = LM3S6965EVB;
+    let p = prepare("kws", "lm3s6965evb-kws-hang");
+    let elf = build(board, &p.dir, &["hang"]).unwrap_or_else(|e| panic!("{e}"));
+    let err = match qemu_within(board, &elf, Duration::from_secs(3)) {
+        Ok(run) => panic!("a hanging firmware ended (exit {}):\n{}", run.code, run.out),
+        Err(e) => e,
+    };
+    assert!(err.starts_with("timeout: "), "{err}");
 }

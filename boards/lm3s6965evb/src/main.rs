@@ -25,6 +25,11 @@ fn main() -> ! {
         fw_support::println!("MOTE error: peripherals taken");
         fw_support::exit(1)
     };
+    if cfg!(feature = "hang") {
+        loop {
+            core::hint::spin_loop();
+        }
+    }
     if cfg!(feature = "panic") {
         panic!("requested by feature `panic`");
     }

@@ -35,6 +35,11 @@ fn main() -> ! {
         let v = unsafe { (UNMAPPED as *const u32).read_volatile() };
         fw_support::println!("MOTE read 0x{:08x} = {}", UNMAPPED, v);
     }
+    if cfg!(feature = "hang") {
+        loop {
+            core::hint::spin_loop();
+        }
+    }
     if cfg!(feature = "panic") {
         panic!("requested by feature `panic`");
     }
