@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Bare-metal targets for the no_std build tests (RUSTUP_AUTO_INSTALL=0 here).
-rustup target add thumbv6m-none-eabi thumbv7em-none-eabihf >/dev/null 2>&1 || \
-  rustup target add thumbv6m-none-eabi thumbv7em-none-eabihf
+# thumbv7m / thumbv7em / thumbv8m.main: the QEMU board firmware of
+# tests/tests/boards.rs (which also needs qemu-system-arm and binutils-arm-none-eabi).
+BOARD_TARGETS="thumbv6m-none-eabi thumbv7m-none-eabi thumbv7em-none-eabihf thumbv8m.main-none-eabihf"
+rustup target add $BOARD_TARGETS >/dev/null 2>&1 || rustup target add $BOARD_TARGETS
 
 # Pinned onnx/onnxruntime venv; reference models and outputs from it.
 PY="$(bash scripts/venv.sh | tail -n 1)"

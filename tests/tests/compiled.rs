@@ -12,7 +12,7 @@ use mote_std::compiled::{compile_onnx, MoteFile};
 use mote_std::Tensor;
 
 fn dir() -> PathBuf {
-    mote_tests::quant_models_dir()
+    mote_tests::quant_dir()
 }
 
 /// First sample of `<base>.input.npy` (float32, one sample's shape).

@@ -24,15 +24,11 @@
 //!   at most 0.30 x the arena of its f32 model.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use mote_core::{Model, Session, SessionBuilder};
+use mote_tests::quant_dir;
 use serde_json::Value;
-
-fn quant_dir() -> PathBuf {
-    mote_tests::quant_models_dir()
-}
 
 /// onnxruntime-optimized against `ref`, as recorded by the generator.
 #[derive(Clone, Debug)]

@@ -1,0 +1,6 @@
+include!("../fw-support/build_model.rs");
+
+fn main() {
+    copy_memory_x();
+    copy_model_files();
+}
