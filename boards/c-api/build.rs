@@ -29,7 +29,9 @@ fn header() {
     bindings.write(&mut text);
     let path = dir.join("include/mote.h");
     if std::env::var_os("MOTE_UPDATE_HEADER").is_some() {
-        if let Err(e) = std::fs::create_dir_all(dir.join("include")).and_then(|_| std::fs::write(&path, &text)) {
+        if let Err(e) =
+            std::fs::create_dir_all(dir.join("include")).and_then(|_| std::fs::write(&path, &text))
+        {
             fail(format!("cannot write {}: {e}", path.display()));
         }
         return;

@@ -42,7 +42,7 @@ fn invoke(arena: &mut [u8]) -> Result<(), mote_core::Error> {
     let m = CompiledModel::from_bytes(model::MODEL)?;
     let mut s = CompiledSession::new(&m, arena)?;
     let n = s.input_bytes_mut(0)?.len();
-    if n == 0 || INPUT.len() % n != 0 {
+    if n == 0 || !INPUT.len().is_multiple_of(n) {
         return Err(mote_core::Error::new(mote_core::ErrorKind::Invalid(
             "input.bin is not a whole number of the model's inputs",
         )));

@@ -90,8 +90,11 @@ fn run() -> Result<(), mote_core::Error> {
     let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
     let mut s = Session::new(&model, &plan, &mut arena)?;
     let n = s.input_mut(0)?.bytes_mut().len();
-    if n == 0 || INPUT.len() % n != 0 {
-        println!("input.bin has {} bytes, not a whole number of inputs of {n}", INPUT.len());
+    if n == 0 || !INPUT.len().is_multiple_of(n) {
+        println!(
+            "input.bin has {} bytes, not a whole number of inputs of {n}",
+            INPUT.len()
+        );
         return Err(mote_core::Error::new(mote_core::ErrorKind::Invalid(
             "input size",
         )));
