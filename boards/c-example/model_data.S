@@ -16,6 +16,3 @@ mote_input_data:
     .incbin "input.bin"
     .global mote_input_end
 mote_input_end:
-
-    /* No executable stack. */
-    .section .note.GNU-stack, "", %progbits

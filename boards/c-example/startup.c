@@ -8,7 +8,8 @@
 extern uint32_t _sidata, _sdata, _edata, _sbss, _ebss, _estack;
 int main(void);
 
-#define SYS_WRITE0 0x04
+#define SYS_OPEN 0x01
+#define SYS_WRITE 0x05
 #define SYS_EXIT_EXTENDED 0x20
 #define ADP_STOPPED_APPLICATION_EXIT 0x20026
 
@@ -20,7 +21,23 @@ static int semihost(int op, const void *arg)
     return r0;
 }
 
-void sh_puts(const char *s) { semihost(SYS_WRITE0, s); }
+/* Console output through SYS_WRITE to ":tt" opened for writing (the
+   host's stdout; SYS_WRITE0 goes to QEMU's stderr). */
+void sh_puts(const char *s)
+{
+    static int tt = -1;
+    if (tt < 0) {
+        const uint32_t open[3] = {(uint32_t)":tt", 4 /* "w" */, 3 /* strlen(":tt") */};
+        tt = semihost(SYS_OPEN, open);
+        if (tt < 0)
+            return;
+    }
+    uint32_t len = 0;
+    while (s[len])
+        len++;
+    const uint32_t write[3] = {(uint32_t)tt, (uint32_t)s, len};
+    semihost(SYS_WRITE, write);
+}
 
 void sh_put_int(long v)
 {
