@@ -74,7 +74,7 @@ fn make(stem: &str, input: &str) -> FwModel {
     let n: usize = shape.iter().product();
     let xs = x.to_f32_vec();
     assert!(
-        !xs.is_empty() && xs.len() % n == 0,
+        !xs.is_empty() && xs.len().is_multiple_of(n),
         "{stem}: {} input values, not a whole number of inputs of {n}",
         xs.len()
     );
