@@ -23,10 +23,10 @@ fi
 dir=${MOTE_FW_MODEL_DIR:-$root/target/fw-models/kws}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-target_dir=${CARGO_TARGET_DIR:-$root/target/boards}
+target_dir=${CARGO_TARGET_DIR:-$root/target}/boards
 
 (cd "$root" && cargo build --release --quiet -p mote-std)
-"$root/target/release/mote" compile "$onnx" -o "$dir/model.mote" --emit-rust "$dir/model.rs"
+"${CARGO_TARGET_DIR:-$root/target}/release/mote" compile "$onnx" -o "$dir/model.mote" --emit-rust "$dir/model.rs"
 
 # input.bin: the float input quantized as mote does (IoDesc::quantize:
 # rintf(x / scale) + zero_point, saturated). Dividing in f64 and rounding to
