@@ -17,6 +17,7 @@ extern const uint8_t mote_input_data[], mote_input_end[];
 /* The arena: sized at build time, as a TFLM tensor arena is. */
 static uint8_t arena[ARENA_BYTES];
 
+/* Reports a failed call, or a status other than the one expected. */
 static int fail(const char *what, mote_status_t st)
 {
     sh_puts("error: ");
@@ -42,6 +43,21 @@ int main(void)
     sh_puts(" of ");
     sh_put_int((long)sizeof arena);
     sh_puts(" bytes\n");
+
+    /* The error paths: a session never initialized, an arena one byte
+       short (which leaves the session unusable). */
+    mote_session_t bad = {{0}};
+    if (mote_invoke(&bad) != MOTE_ERR_SESSION)
+        return fail("invoke on a zeroed session did not report", MOTE_ERR_SESSION);
+    if (mote_session_init(&bad, mote_model_data, model_len, arena, need - 1) != MOTE_ERR_ARENA_TOO_SMALL)
+        return fail("init with a short arena did not report", MOTE_ERR_ARENA_TOO_SMALL);
+    if (mote_invoke(&bad) != MOTE_ERR_SESSION)
+        return fail("invoke after a failed init did not report", MOTE_ERR_SESSION);
+    sh_puts("error paths: ");
+    sh_puts(mote_error_string(MOTE_ERR_SESSION));
+    sh_puts(", ");
+    sh_puts(mote_error_string(MOTE_ERR_ARENA_TOO_SMALL));
+    sh_puts("\n");
 
     mote_session_t s;
     st = mote_session_init(&s, mote_model_data, model_len, arena, sizeof arena);

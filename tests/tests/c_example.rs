@@ -58,6 +58,13 @@ fn kws_through_the_c_api_on_mps2_an386_matches_the_host_exactly() {
         )),
         "the arena line is missing or wrong:\n{console}"
     );
+    assert!(
+        console.contains(
+            "error paths: the session is not initialized, \
+             the arena is smaller than the model needs"
+        ),
+        "the error-path line is missing:\n{console}"
+    );
     let got = parse_outputs(&console);
     assert!(!got.is_empty(), "no output lines:\n{console}");
     assert_eq!(
