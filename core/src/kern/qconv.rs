@@ -3,7 +3,7 @@
 //! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
 
 use super::requant::{clamp, Requant};
-use super::{check_len, Geom, QInt};
+use super::{check_len, valid_range, Geom, QInt};
 use crate::error::Result;
 
 /// Geometry of one integer convolution.
@@ -84,48 +84,6 @@ fn finish<Y: QInt>(acc: i32, r: &Requant, o: &OutQ) -> Y {
     Y::from_sat(clamp(r.apply(acc), o.zy, o.lo, o.hi))
 }
 
-/// `Σ (x - zx)(w - zw)` over one receptive field of `planes` input planes.
-#[inline]
-fn field<X: QInt, W: QInt>(
-    xg: &[X],
-    wk: &[W],
-    zx: i32,
-    zw: i32,
-    g: &Geom,
-    o: [usize; 3],
-    planes: usize,
-) -> i32 {
-    let (in_sz, k_sz) = (g.in_size(), g.k_size());
-    let r: [(usize, usize); 3] = [
-        tap_range(g, 0, o[0]),
-        tap_range(g, 1, o[1]),
-        tap_range(g, 2, o[2]),
-    ];
-    let base = [o[0] * g.s[0], o[1] * g.s[1], o[2] * g.s[2]];
-    let mut acc = 0i32;
-    for c in 0..planes {
-        let (xp, wp) = (
-            &xg[c * in_sz..(c + 1) * in_sz],
-            &wk[c * k_sz..(c + 1) * k_sz],
-        );
-        for kd in r[0].0..r[0].1 {
-            let id = base[0] + kd * g.d[0] - g.pb[0];
-            for kh in r[1].0..r[1].1 {
-                let ih = base[1] + kh * g.d[1] - g.pb[1];
-                let xrow = (id * g.inp[1] + ih) * g.inp[2];
-                let wrow = (kd * g.k[1] + kh) * g.k[2];
-                for kw in r[2].0..r[2].1 {
-                    let iw = base[2] + kw * g.d[2] - g.pb[2];
-                    let xv = xp[xrow + iw].get() - zx;
-                    let wv = wp[wrow + kw].get() - zw;
-                    acc = acc.wrapping_add(xv * wv);
-                }
-            }
-        }
-    }
-    acc
-}
-
 fn check_conv<X, W, Y>(x: &[X], w: &[W], y: &[Y], q: &QConvView<'_>) -> Result<()> {
     let p = &q.p;
     let cg = p.c / p.group.max(1);
@@ -154,7 +112,14 @@ pub(crate) fn geom_ok(g: &Geom) -> Result<()> {
     Ok(())
 }
 
-/// Grouped integer convolution, one output element at a time.
+/// Output positions of one row accumulated at a time, on the stack.
+const ROW: usize = 64;
+
+/// Grouped integer convolution. Per output channel and output row, a strip
+/// of up to [`ROW`] accumulators takes each weight once: for each input
+/// plane and kernel tap, the in-bounds output columns are found by
+/// division (`valid_range`) and the inner loop is a strided
+/// multiply-accumulate with no bounds tests.
 pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
     x: &[X],
     w: &[W],
@@ -168,6 +133,8 @@ pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
     let cg = p.c / p.group;
     let mg = p.m / p.group;
     let [o0, o1, o2] = g.out;
+    let (s2, d2, pb2, n2) = (g.s[2], g.d[2], g.pb[2], g.inp[2]);
+    let mut accs = [0i32; ROW];
     for ni in 0..p.batch {
         for oc in 0..p.m {
             let grp = oc / mg.max(1);
@@ -175,13 +142,45 @@ pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
             let wk = &w[oc * cg * k_sz..][..cg * k_sz];
             let (zw, b, r) = (q.zw[oc], q.bias[oc], &q.mult[oc]);
             let yo = &mut y[(ni * p.m + oc) * out_sz..][..out_sz];
-            let mut i = 0;
             for od in 0..o0 {
+                let rd = tap_range(g, 0, od);
                 for oh in 0..o1 {
-                    for ow in 0..o2 {
-                        let acc = field(xg, wk, q.zx, zw, g, [od, oh, ow], cg);
-                        yo[i] = finish(acc.wrapping_add(b), r, &q.out);
-                        i += 1;
+                    let rh = tap_range(g, 1, oh);
+                    let mut ow0 = 0;
+                    while ow0 < o2 {
+                        let wlen = ROW.min(o2 - ow0);
+                        let acc = &mut accs[..wlen];
+                        acc.fill(b);
+                        for c in 0..cg {
+                            let xp = &xg[c * in_sz..][..in_sz];
+                            let wp = &wk[c * k_sz..][..k_sz];
+                            for kd in rd.0..rd.1 {
+                                let id = od * g.s[0] + kd * g.d[0] - g.pb[0];
+                                for kh in rh.0..rh.1 {
+                                    let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
+                                    let xrow = &xp[(id * g.inp[1] + ih) * n2..][..n2];
+                                    let wrow = &wp[(kd * g.k[1] + kh) * g.k[2]..][..g.k[2]];
+                                    for (kw, wv) in wrow.iter().enumerate() {
+                                        let wv = wv.get() - zw;
+                                        if wv == 0 {
+                                            continue;
+                                        }
+                                        let (lo, hi) = valid_range(o2, s2, kw * d2, pb2, n2);
+                                        let (lo, hi) = (lo.max(ow0), hi.min(ow0 + wlen));
+                                        for ow in lo..hi {
+                                            let xv = xrow[ow * s2 + kw * d2 - pb2].get() - q.zx;
+                                            let a = &mut acc[ow - ow0];
+                                            *a = a.wrapping_add(xv * wv);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        let yrow = &mut yo[(od * o1 + oh) * o2 + ow0..][..wlen];
+                        for (yv, a) in yrow.iter_mut().zip(acc.iter()) {
+                            *yv = finish(*a, r, &q.out);
+                        }
+                        ow0 += wlen;
                     }
                 }
             }
