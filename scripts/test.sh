@@ -10,6 +10,19 @@ cd "$(dirname "$0")/.."
 BOARD_TARGETS="thumbv6m-none-eabi thumbv7m-none-eabi thumbv7em-none-eabihf thumbv8m.main-none-eabihf"
 rustup target add $BOARD_TARGETS >/dev/null 2>&1 || rustup target add $BOARD_TARGETS
 
+# QEMU and the Arm bare-metal toolchain (Debian packages) for the firmware
+# tests: tests/tests/boards.rs, c_example.rs (arm-none-eabi-gcc, make),
+# onnx_on_device.rs.
+need=""
+for c in qemu-system-arm:qemu-system-arm arm-none-eabi-gcc:gcc-arm-none-eabi \
+         arm-none-eabi-size:binutils-arm-none-eabi make:make; do
+  command -v "${c%%:*}" >/dev/null || need="$need ${c#*:}"
+done
+if [ -n "$need" ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update && $SUDO apt-get install -y $need
+fi
+
 # Pinned onnx/onnxruntime venv; reference models and outputs from it.
 PY="$(bash scripts/venv.sh | tail -n 1)"
 export MOTE_PYTHON="$PY"
