@@ -114,6 +114,8 @@ pub(crate) fn geom_ok(g: &Geom) -> Result<()> {
 
 /// Output positions of one row accumulated at a time, on the stack.
 const ROW: usize = 64;
+/// Kernel columns whose in-bounds output ranges are precomputed.
+const KCOLS: usize = 16;
 
 /// Grouped integer convolution. Per output channel and output row, a strip
 /// of up to [`ROW`] accumulators takes each weight once: for each input
@@ -134,6 +136,15 @@ pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
     let mg = p.m / p.group;
     let [o0, o1, o2] = g.out;
     let (s2, d2, pb2, n2) = (g.s[2], g.d[2], g.pb[2], g.inp[2]);
+    // In-bounds output columns of each kernel column (the same on every row).
+    let mut cols = [(0usize, 0usize); KCOLS];
+    for (kw, c) in cols.iter_mut().enumerate().take(g.k[2]) {
+        *c = valid_range(o2, s2, kw * d2, pb2, n2);
+    }
+    let col = |kw: usize| match cols.get(kw) {
+        Some(&c) if kw < g.k[2] => c,
+        _ => valid_range(o2, s2, kw * d2, pb2, n2),
+    };
     let mut accs = [0i32; ROW];
     for ni in 0..p.batch {
         for oc in 0..p.m {
@@ -165,7 +176,7 @@ pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
                                         if wv == 0 {
                                             continue;
                                         }
-                                        let (lo, hi) = valid_range(o2, s2, kw * d2, pb2, n2);
+                                        let (lo, hi) = col(kw);
                                         let (lo, hi) = (lo.max(ow0), hi.min(ow0 + wlen));
                                         for ow in lo..hi {
                                             let xv = xrow[ow * s2 + kw * d2 - pb2].get() - q.zx;
