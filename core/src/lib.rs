@@ -28,6 +28,7 @@ pub mod compiled;
 mod dtype;
 mod error;
 mod kern;
+pub use kern::cpu;
 pub mod math;
 pub mod tensor;
 

@@ -313,6 +313,7 @@ fn plan_case(
     names: &[&str],
     inputs: &[mote_core::model::Const],
 ) -> Result<mote_core::Plan, mote_core::Error> {
+    crate::cpu::init();
     let g = &model.graph;
     let mut bound = vec![false; names.len()];
     loop {

@@ -15,6 +15,7 @@
 
 pub mod compiled;
 pub mod conformance;
+pub mod cpu;
 mod error;
 mod npy;
 pub mod quantize;

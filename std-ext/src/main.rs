@@ -187,6 +187,7 @@ impl Out {
 }
 
 fn main() {
+    mote_std::cpu::init();
     std::panic::set_hook(Box::new(|info| {
         let msg = info
             .payload()

@@ -153,6 +153,7 @@ impl SessionBuilder {
     }
     /// Loads the model (if given by path) and plans it.
     pub fn build(self) -> Result<Session> {
+        crate::cpu::init();
         let model = match self.source {
             Source::Path(p) => Arc::new(load_model(&p)?),
             Source::Model(m) => m,

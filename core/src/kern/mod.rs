@@ -10,10 +10,15 @@
 // session (prepare, float paths) alone.
 #![cfg_attr(not(feature = "alloc"), allow(dead_code))]
 
+pub mod cpu;
+#[cfg(feature = "alloc")]
+pub(crate) mod dwconv;
 pub(crate) mod qbin;
 pub(crate) mod qconv;
 pub(crate) mod qpool;
 pub mod requant;
+#[cfg(feature = "alloc")]
+pub(crate) mod sgemm;
 
 use crate::Element;
 

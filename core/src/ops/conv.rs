@@ -10,6 +10,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::kern::dwconv;
+use crate::kern::sgemm::{self, MatA};
 use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
 use crate::DType;
@@ -417,6 +419,21 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
         && g.s == [1; MAX_SPATIAL]
         && g.pb == [0; MAX_SPATIAL]
         && g.pe == [0; MAX_SPATIAL];
+    if T::DTYPE == DType::F32 && W::DTYPE == DType::F32 && sgemm::enabled() {
+        if let (Ok(x), Ok(w), Ok(y)) = (
+            bytemuck::try_cast_slice::<T, f32>(x),
+            bytemuck::try_cast_slice::<W, f32>(w),
+            bytemuck::try_cast_slice_mut::<T, f32>(y),
+        ) {
+            let b = b.and_then(|b| bytemuck::try_cast_slice::<T, f32>(b).ok());
+            if mg >= 4 && conv_blocked(x, w, b, y, p, pointwise) {
+                return Ok(());
+            }
+            if cg == 1 && mg == 1 && conv_depthwise(x, w, b, y, p) {
+                return Ok(());
+            }
+        }
+    }
     for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
         let xb = &x[ni * p.c * in_sz..][..p.c * in_sz];
         for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
@@ -440,6 +457,89 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
         }
     }
     Ok(())
+}
+
+/// f32 Conv as one GEMM per image and group, `Y[m, pos] = W[m, (c, k)] ·
+/// patches[(c, k), pos]` (+ bias), on the blocked kernels: the patch matrix
+/// is packed one panel at a time from X ([`sgemm::Im2col`]), or X itself for
+/// a pointwise layer. Lengths were checked by the caller; `false` if the
+/// kernels refused them (the caller then runs the direct loops).
+fn conv_blocked(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [f32],
+    p: &ConvParams,
+    pointwise: bool,
+) -> bool {
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let (cg, mg) = (p.c / p.group, p.m / p.group);
+    let kk = cg * k_sz;
+    for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
+        let Some(xb) = x.get(ni * p.c * in_sz..(ni + 1) * p.c * in_sz) else {
+            return false;
+        };
+        for (grp, yg) in yb.chunks_exact_mut(mg * out_sz).enumerate() {
+            let (Some(xg), Some(wg)) = (
+                xb.get(grp * cg * in_sz..(grp + 1) * cg * in_sz),
+                w.get(grp * mg * kk..(grp + 1) * mg * kk),
+            ) else {
+                return false;
+            };
+            let beta = match b.and_then(|b| b.get(grp * mg..(grp + 1) * mg)) {
+                Some(bias) => {
+                    for (row, &bv) in yg.chunks_exact_mut(out_sz).zip(bias) {
+                        row.fill(bv);
+                    }
+                    1.0
+                }
+                None => 0.0,
+            };
+            let a = MatA {
+                a: wg,
+                rs: kk,
+                cs: 1,
+            };
+            let ok = if pointwise {
+                let src = sgemm::Dense { b: xg, ldb: in_sz };
+                sgemm::sgemm(mg, out_sz, kk, a, &src, yg, out_sz, 1.0, beta)
+            } else {
+                let src = sgemm::Im2col { x: xg, g };
+                sgemm::sgemm(mg, out_sz, kk, a, &src, yg, out_sz, 1.0, beta)
+            };
+            if !ok {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// f32 depthwise Conv (one input and one output channel per group), plane
+/// by plane on [`dwconv::plane`]; `false` (the caller runs the direct
+/// loops) when the window is not 2-D.
+fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &ConvParams) -> bool {
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    if g.k[0] != 1 || g.inp[0] != 1 || g.out[0] != 1 {
+        return false;
+    }
+    let mut flat = dwconv::Flat::new();
+    for (i, yp) in y.chunks_exact_mut(out_sz).enumerate() {
+        let c = i % p.m;
+        let (Some(xp), Some(wk)) = (
+            x.get(i * in_sz..(i + 1) * in_sz),
+            w.get(c * k_sz..(c + 1) * k_sz),
+        ) else {
+            return false;
+        };
+        let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
+        if !flat.plane(yp, xp, wk, bias, g) && !dwconv::plane(yp, xp, wk, bias, g) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Accumulates one input plane convolved with one kernel into an output plane.

@@ -1,0 +1,77 @@
+//! Which f32 kernels run: the portable reference loops, or a register-blocked
+//! overlay for the CPU (STYLE.md §5).
+//!
+//! no_std builds decide at compile time: the blocked kernels are the default
+//! on 64-bit hosts (x86_64, aarch64), AVX2+FMA when the build targets it
+//! (`-C target-feature=+avx2,+fma`); microcontrollers keep the reference
+//! loops, which need no stack tile. std builds detect the CPU at run time
+//! (mote-std does it once, before its first session) and honour
+//! `MOTE_KERNELS=reference`, so that any result can be checked against the
+//! reference path.
+
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// The f32 kernel family in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kernels {
+    /// The portable reference loops (every target).
+    Reference,
+    /// Register-blocked GEMM in portable Rust (64-bit hosts).
+    Blocked,
+    /// Register-blocked GEMM with AVX2 + FMA micro-kernels (x86_64).
+    Avx2Fma,
+}
+
+const UNSET: u8 = 0;
+const REFERENCE: u8 = 1;
+const BLOCKED: u8 = 2;
+const AVX2_FMA: u8 = 3;
+
+static SELECTED: AtomicU8 = AtomicU8::new(UNSET);
+
+const fn default_code() -> u8 {
+    if cfg!(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )) {
+        AVX2_FMA
+    } else if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        BLOCKED
+    } else {
+        REFERENCE
+    }
+}
+
+/// The kernels f32 GEMM-shaped ops (MatMul, Gemm, Conv) use now.
+pub fn kernels() -> Kernels {
+    let code = match SELECTED.load(Ordering::Relaxed) {
+        UNSET => default_code(),
+        c => c,
+    };
+    match code {
+        AVX2_FMA => Kernels::Avx2Fma,
+        BLOCKED => Kernels::Blocked,
+        _ => Kernels::Reference,
+    }
+}
+
+/// Forces the reference kernels (`true`), or goes back to the default of
+/// this build (`false`). Results of the two differ only by float rounding
+/// order (within the ONNX tolerance); integer kernels are unaffected.
+pub fn force_reference(on: bool) {
+    SELECTED.store(if on { REFERENCE } else { UNSET }, Ordering::Relaxed);
+}
+
+/// Selects the AVX2 + FMA micro-kernels; a no-op on other architectures.
+///
+/// # Safety
+/// The CPU running the process must support AVX2 and FMA (std builds check
+/// with `is_x86_feature_detected!`), else the next f32 GEMM executes
+/// instructions the CPU does not have.
+pub unsafe fn enable_avx2_fma() {
+    if cfg!(target_arch = "x86_64") {
+        SELECTED.store(AVX2_FMA, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,270 @@
+//! f32 depthwise convolution, one channel plane at a time (2-D windows).
+//!
+//! The direct loops of `ops::conv` run one tap over the whole plane at a
+//! time, which re-reads the output plane `k × k` times and pays the loop
+//! set-up once per tap and row: on the small planes of edge models (KWS:
+//! 25 × 5) that set-up is most of the time. Here each output row is finished
+//! before the next: border columns tap by tap with bounds tests, interior
+//! columns (every tap inside) in one pass per kernel row, three taps fused
+//! when the window is 3 wide with stride 1, so the row stays in registers.
+//!
+//! Small planes (up to [`FLAT`] floats with their padding: every plane of
+//! the MLPerf Tiny models) go through [`Flat`] instead: the plane is copied
+//! once into a zero-padded buffer of row width `Wp`, and the output is
+//! computed on a grid of the same row width, so that each tap becomes one
+//! long contiguous (stride-s) multiply-add over the whole plane, `yq[t] +=
+//! w * xp[s * t + off]`; the columns of the grid past the output width are
+//! discarded. No bounds tests in the loop, and vectors of the plane's size
+//! instead of the row's (5 floats in KWS).
+
+use super::{valid_range, Geom};
+
+/// Most floats of a padded plane (and of its output grid) for [`Flat`].
+pub(crate) const FLAT: usize = 4096;
+
+/// Stack buffers of the flattened path, reused across the planes of a call.
+pub(crate) struct Flat {
+    xp: [f32; FLAT],
+    yq: [f32; FLAT],
+}
+
+impl Flat {
+    /// Zeroed buffers.
+    pub(crate) fn new() -> Self {
+        Flat {
+            xp: [0.0; FLAT],
+            yq: [0.0; FLAT],
+        }
+    }
+
+    /// [`plane`] on the padded buffers; `false` when the plane does not fit
+    /// them (or the geometry is not 2-D with equal strides).
+    pub(crate) fn plane(
+        &mut self,
+        y: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        bias: f32,
+        g: &Geom,
+    ) -> bool {
+        let [o0, o1, o2] = g.out;
+        let [i0, i1, i2] = g.inp;
+        let [k0, k1, k2] = g.k;
+        let s = g.s[1];
+        if o0 != 1
+            || i0 != 1
+            || k0 != 1
+            || g.s[2] != s
+            || s == 0
+            || o1 == 0
+            || o2 == 0
+            || k1 == 0
+            || k2 == 0
+        {
+            return false;
+        }
+        if y.len() < o1 * o2 || x.len() < i1 * i2 || w.len() < k1 * k2 {
+            return false;
+        }
+        let (d1, d2, p1, p2) = (g.d[1], g.d[2], g.pb[1], g.pb[2]);
+        // Padded width: every column a valid output reads, and the input.
+        let wp = ((o2 - 1) * s + (k2 - 1) * d2 + 1).max(p2 + i2);
+        let grid = o1 * wp;
+        // Highest padded index read for any grid point.
+        let reach = s * (grid - 1) + (k1 - 1) * d1 * wp + (k2 - 1) * d2 + 1;
+        let len = reach.max((p1 + i1) * wp);
+        if len > FLAT || grid > FLAT {
+            return false;
+        }
+        let xp = &mut self.xp[..len];
+        xp.fill(0.0);
+        for (r, src) in x.chunks_exact(i2).take(i1).enumerate() {
+            xp[(r + p1) * wp + p2..][..i2].copy_from_slice(src);
+        }
+        let yq = &mut self.yq[..grid];
+        yq.fill(bias);
+        for kh in 0..k1 {
+            let row = kh * d1 * wp;
+            if s == 1 && k2 == 3 && d2 == 1 {
+                let (w0, w1, w2) = (w[kh * 3], w[kh * 3 + 1], w[kh * 3 + 2]);
+                let xs = &xp[row..row + grid + 2];
+                for (t, yv) in yq.iter_mut().enumerate() {
+                    *yv += w0 * xs[t] + w1 * xs[t + 1] + w2 * xs[t + 2];
+                }
+                continue;
+            }
+            for kw in 0..k2 {
+                let wv = w[kh * k2 + kw];
+                let off = row + kw * d2;
+                if s == 1 {
+                    for (yv, &xv) in yq.iter_mut().zip(&xp[off..off + grid]) {
+                        *yv += wv * xv;
+                    }
+                } else {
+                    for (yv, &xv) in yq.iter_mut().zip(xp[off..].iter().step_by(s)) {
+                        *yv += wv * xv;
+                    }
+                }
+            }
+        }
+        for (dst, src) in y.chunks_exact_mut(o2).zip(yq.chunks_exact(wp)) {
+            dst.copy_from_slice(&src[..o2]);
+        }
+        true
+    }
+}
+
+/// `y = bias + x ⋆ w` for one plane of a 2-D window (`g.k[0] == 1`,
+/// `g.inp[0] == g.out[0] == 1`); `false` (nothing written) when the
+/// geometry is not that or a slice is short.
+pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) -> bool {
+    let [o0, o1, o2] = g.out;
+    let [i0, i1, i2] = g.inp;
+    let [k0, k1, k2] = g.k;
+    if o0 != 1 || i0 != 1 || k0 != 1 || y.len() < o1 * o2 || x.len() < i1 * i2 || w.len() < k1 * k2
+    {
+        return false;
+    }
+    let (s1, s2, d1, d2, p1, p2) = (g.s[1], g.s[2], g.d[1], g.d[2], g.pb[1], g.pb[2]);
+    if o2 == 0 || k2 == 0 {
+        y[..o1 * o2].fill(bias);
+        return true;
+    }
+    // Columns where the first and the last tap of a row are inside.
+    let (a_lo, a_hi) = valid_range(o2, s2, 0, p2, i2);
+    let (b_lo, b_hi) = valid_range(o2, s2, (k2 - 1) * d2, p2, i2);
+    let (lo, hi) = (a_lo.max(b_lo), a_hi.min(b_hi));
+    let (lo, hi) = if lo < hi { (lo, hi) } else { (0, 0) };
+    for (oh, yrow) in y.chunks_exact_mut(o2).take(o1).enumerate() {
+        yrow.fill(bias);
+        for kh in 0..k1 {
+            let ih = (oh * s1 + kh * d1).wrapping_sub(p1);
+            if ih >= i1 {
+                continue;
+            }
+            let xrow = &x[ih * i2..(ih + 1) * i2];
+            let wr = &w[kh * k2..(kh + 1) * k2];
+            for ow in (0..lo).chain(hi.max(lo)..o2) {
+                let mut sum = 0.0;
+                for (kw, &wv) in wr.iter().enumerate() {
+                    let iw = (ow * s2 + kw * d2).wrapping_sub(p2);
+                    if iw < i2 {
+                        sum += wv * xrow[iw];
+                    }
+                }
+                yrow[ow] += sum;
+            }
+            if lo == hi {
+                continue;
+            }
+            let n = hi - lo;
+            // Interior: lo * s2 + kw * d2 - p2 >= 0 for every kw.
+            let base = lo * s2 - p2;
+            if s2 == 1 && d2 == 1 && k2 == 3 {
+                let (w0, w1, w2) = (wr[0], wr[1], wr[2]);
+                let xs = &xrow[base..base + n + 2];
+                for (t, yv) in yrow[lo..hi].iter_mut().enumerate() {
+                    *yv += w0 * xs[t] + w1 * xs[t + 1] + w2 * xs[t + 2];
+                }
+            } else if s2 == 1 {
+                for (kw, &wv) in wr.iter().enumerate() {
+                    let xs = &xrow[base + kw * d2..base + kw * d2 + n];
+                    for (yv, &xv) in yrow[lo..hi].iter_mut().zip(xs) {
+                        *yv += wv * xv;
+                    }
+                }
+            } else {
+                for (kw, &wv) in wr.iter().enumerate() {
+                    let xs = &xrow[base + kw * d2..];
+                    for (yv, &xv) in yrow[lo..hi].iter_mut().zip(xs.iter().step_by(s2)) {
+                        *yv += wv * xv;
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    extern crate std;
+    use std::vec::Vec;
+
+    fn naive(x: &[f32], w: &[f32], bias: f32, g: &Geom) -> Vec<f32> {
+        let [_, o1, o2] = g.out;
+        let [_, i1, i2] = g.inp;
+        let [_, k1, k2] = g.k;
+        let mut y = std::vec![bias; o1 * o2];
+        for oh in 0..o1 {
+            for ow in 0..o2 {
+                for kh in 0..k1 {
+                    for kw in 0..k2 {
+                        let ih = (oh * g.s[1] + kh * g.d[1]) as isize - g.pb[1] as isize;
+                        let iw = (ow * g.s[2] + kw * g.d[2]) as isize - g.pb[2] as isize;
+                        if ih >= 0 && iw >= 0 && (ih as usize) < i1 && (iw as usize) < i2 {
+                            y[oh * o2 + ow] += w[kh * k2 + kw] * x[ih as usize * i2 + iw as usize];
+                        }
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn both_paths_match_the_definition() {
+        let mut seed = 5u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let mut flat = Flat::new();
+        let mut cases = 0;
+        for (i1, i2) in [(1, 1), (5, 5), (25, 5), (7, 12), (48, 48), (70, 70)] {
+            for (k1, k2) in [(1, 1), (3, 3), (5, 5), (3, 1), (1, 7)] {
+                for s in [1, 2] {
+                    for d in [1, 2] {
+                        for pad in [(0, 0), (1, 1), (2, 1), (0, 3)] {
+                            let ext = |i: usize, k: usize| {
+                                let span = (k - 1) * d + 1;
+                                (i + pad.0 + pad.1).checked_sub(span).map(|v| v / s + 1)
+                            };
+                            let (Some(o1), Some(o2)) = (ext(i1, k1), ext(i2, k2)) else {
+                                continue;
+                            };
+                            let g = Geom {
+                                inp: [1, i1, i2],
+                                out: [1, o1, o2],
+                                k: [1, k1, k2],
+                                s: [1, s, s],
+                                d: [1, d, d],
+                                pb: [0, pad.0, pad.0],
+                                pe: [0, pad.1, pad.1],
+                            };
+                            let x: Vec<f32> = (0..i1 * i2).map(|_| rnd()).collect();
+                            let w: Vec<f32> = (0..k1 * k2).map(|_| rnd()).collect();
+                            let want = naive(&x, &w, 0.25, &g);
+                            let mut y = std::vec![f32::NAN; o1 * o2];
+                            assert!(plane(&mut y, &x, &w, 0.25, &g));
+                            let mut yf = std::vec![f32::NAN; o1 * o2];
+                            let fits = flat.plane(&mut yf, &x, &w, 0.25, &g);
+                            for (t, &wv) in want.iter().enumerate() {
+                                let tol = 1e-5 + 1e-5 * wv.abs();
+                                assert!((y[t] - wv).abs() <= tol, "rows {g:?} at {t}");
+                                if fits {
+                                    assert!((yf[t] - wv).abs() <= tol, "flat {g:?} at {t}");
+                                }
+                            }
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 300, "{cases}");
+    }
+}

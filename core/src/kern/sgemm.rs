@@ -1,0 +1,765 @@
+//! Register-blocked f32 GEMM for 64-bit hosts, with no heap and no arena
+//! scratch.
+//!
+//! `C = alpha · A·B + beta · C`, C row-major. The product is cut into tiles
+//! of `MR × NR` (6 × 16) accumulators held in registers for a block of up to
+//! `KC` (256) steps of k; a micro-kernel reads
+//! - A in place, through a row stride and a column stride (so plain and
+//!   transposed A cost the same, and Conv weights are never copied), and
+//! - B either in place, when it is a dense row-major matrix and the tile is
+//!   full width, or from a `KC × NR` panel packed on the stack (16 KiB):
+//!   transposed B, the last partial tile, and Conv's implicit im2col
+//!   ([`Im2col`]: the patch matrix is never materialized, only one panel of
+//!   it at a time).
+//!
+//! Loop order: k blocks, then panels of B (one packed panel is reused by
+//! every row tile of A while it sits in L1), then row tiles. The
+//! micro-kernels are `ukr_avx2` (x86_64 AVX2 + FMA, 12 ymm accumulators)
+//! and `ukr_portable` (plain Rust that LLVM vectorizes: NEON on aarch64,
+//! SSE2 on x86_64 without AVX2). Which one runs is [`super::cpu::kernels`];
+//! the reference loops stay in `ops::matmul::gemm`, and the tests below
+//! check every kernel against them on edge sizes.
+
+use super::cpu::{self, Kernels};
+use super::Geom;
+
+/// Rows of a register tile.
+pub(crate) const MR: usize = 6;
+/// Columns of a register tile.
+pub(crate) const NR: usize = 16;
+/// Steps of k per block (a packed panel is `KC × NR` floats).
+pub(crate) const KC: usize = 256;
+
+/// Where A(i, p) lives: `a[i * rs + p * cs]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatA<'a> {
+    pub a: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// A source of B, `k × n`.
+pub(crate) trait SrcB {
+    /// `Some((b, ldb))` when B(p, j) is `b[p * ldb + j]`: full-width tiles
+    /// are then read in place.
+    fn dense(&self) -> Option<(&[f32], usize)>;
+    /// Writes B(p0 + p, j0 + j) to `dst[p * NR + j]` for `p < kc`, `j < nr`,
+    /// and zeros for `nr <= j < NR`.
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]);
+}
+
+/// B stored row-major: B(p, j) = `b[p * ldb + j]`.
+pub(crate) struct Dense<'a> {
+    pub b: &'a [f32],
+    pub ldb: usize,
+}
+
+impl SrcB for Dense<'_> {
+    fn dense(&self) -> Option<(&[f32], usize)> {
+        Some((self.b, self.ldb))
+    }
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) {
+        for (p, row) in dst.chunks_exact_mut(NR).take(kc).enumerate() {
+            let start = (p0 + p) * self.ldb + j0;
+            match self.b.get(start..start + nr) {
+                Some(src) => row[..nr].copy_from_slice(src),
+                None => row[..nr].fill(0.0),
+            }
+            row[nr..].fill(0.0);
+        }
+    }
+}
+
+/// B stored transposed: B(p, j) = `b[j * ldb + p]`.
+pub(crate) struct Trans<'a> {
+    pub b: &'a [f32],
+    pub ldb: usize,
+}
+
+impl SrcB for Trans<'_> {
+    fn dense(&self) -> Option<(&[f32], usize)> {
+        None
+    }
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) {
+        let dst = &mut dst[..kc * NR];
+        if nr < NR {
+            dst.fill(0.0);
+        }
+        for j in 0..nr {
+            let start = (j0 + j) * self.ldb + p0;
+            if let Some(col) = self.b.get(start..start + kc) {
+                for (p, &v) in col.iter().enumerate() {
+                    dst[p * NR + j] = v;
+                }
+            }
+        }
+    }
+}
+
+/// Conv's patch matrix of one group, never materialized: B(p, j) with
+/// p = (channel, kd, kh, kw) over the group's input channels and j = output
+/// position (od, oh, ow), zero where the window hangs over the padding.
+pub(crate) struct Im2col<'a> {
+    /// The group's input planes, `channels × in_size`.
+    pub x: &'a [f32],
+    pub g: &'a Geom,
+}
+
+impl SrcB for Im2col<'_> {
+    fn dense(&self) -> Option<(&[f32], usize)> {
+        None
+    }
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) {
+        let g = self.g;
+        let [_, o1, o2] = g.out;
+        let [i0, i1, i2] = g.inp;
+        let [_, k1, k2] = g.k;
+        let k_sz = g.k_size();
+        let in_sz = i0 * i1 * i2;
+        if o1 == 0 || o2 == 0 || k_sz == 0 {
+            return;
+        }
+        // The panel's columns as runs along one output row: (first column,
+        // length, od, oh, first ow).
+        let mut runs = [(0usize, 0usize, 0usize, 0usize, 0usize); NR];
+        let mut n_runs = 0;
+        let mut j = 0;
+        while j < nr {
+            let o = j0 + j;
+            let ow = o % o2;
+            let len = (o2 - ow).min(nr - j);
+            runs[n_runs] = (j, len, o / (o1 * o2), (o / o2) % o1, ow);
+            n_runs += 1;
+            j += len;
+        }
+        let runs = &runs[..n_runs];
+        let (mut c, r) = (p0 / k_sz, p0 % k_sz);
+        let (mut kd, mut kh, mut kw) = (r / (k1 * k2), (r / k2) % k1, r % k2);
+        for row in dst.chunks_exact_mut(NR).take(kc) {
+            row.fill(0.0);
+            if let Some(plane) = self.x.get(c * in_sz..(c + 1) * in_sz) {
+                for &(js, len, od, oh, ow) in runs {
+                    // in = out * stride + k * dilation - pad, in [0, inp).
+                    let id = (od * g.s[0] + kd * g.d[0]).wrapping_sub(g.pb[0]);
+                    let ih = (oh * g.s[1] + kh * g.d[1]).wrapping_sub(g.pb[1]);
+                    if id >= i0 || ih >= i1 {
+                        continue;
+                    }
+                    let line = &plane[(id * i1 + ih) * i2..][..i2];
+                    let out = &mut row[js..js + len];
+                    let base = ow * g.s[2] + kw * g.d[2];
+                    if g.s[2] == 1 {
+                        // Columns t with 0 <= base + t - pad < i2.
+                        let lo = g.pb[2].saturating_sub(base).min(len);
+                        let hi = (i2 + g.pb[2]).saturating_sub(base).min(len);
+                        if lo < hi {
+                            let from = base + lo - g.pb[2];
+                            out[lo..hi].copy_from_slice(&line[from..from + hi - lo]);
+                        }
+                    } else {
+                        for (t, v) in out.iter_mut().enumerate() {
+                            let iw = (base + t * g.s[2]).wrapping_sub(g.pb[2]);
+                            if iw < i2 {
+                                *v = line[iw];
+                            }
+                        }
+                    }
+                }
+            }
+            kw += 1;
+            if kw == k2 {
+                kw = 0;
+                kh += 1;
+                if kh == k1 {
+                    kh = 0;
+                    kd += 1;
+                    if kd == g.k[0] {
+                        kd = 0;
+                        c += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether the blocked kernels are selected (else the caller runs its
+/// reference loops).
+pub(crate) fn enabled() -> bool {
+    kernels_now() != Kernels::Reference
+}
+
+fn kernels_now() -> Kernels {
+    if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        cpu::kernels()
+    } else {
+        Kernels::Reference
+    }
+}
+
+/// `C = alpha · A·B + beta · C` with `beta == 0` never reading C. The
+/// caller has checked that A, B and C hold every element the shapes reach
+/// (`m`, `n`, `k` > 0 or the call does nothing); this function checks again
+/// and does nothing (returns `false`) if they do not.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm<B: SrcB>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatA<'_>,
+    b: &B,
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) -> bool {
+    let kind = kernels_now();
+    sgemm_with(kind, m, n, k, a, b, c, ldc, alpha, beta)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn sgemm_with<B: SrcB>(
+    kind: Kernels,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatA<'_>,
+    b: &B,
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    // Every index the kernels form is below these bounds (checked here once,
+    // so the micro-kernels may read without checks).
+    let a_need = (m - 1) * a.rs + k.saturating_sub(1) * a.cs + 1;
+    let c_need = (m - 1) * ldc + n;
+    if (k > 0 && a.a.len() < a_need) || c.len() < c_need || ldc < n {
+        return false;
+    }
+    let dense = b.dense();
+    if let Some((bb, ldb)) = dense {
+        if k > 0 && (bb.len() < (k - 1) * ldb + n || ldb < n) {
+            return false;
+        }
+    }
+    if beta != 0.0 && beta != 1.0 {
+        for i in 0..m {
+            for v in &mut c[i * ldc..i * ldc + n] {
+                *v *= beta;
+            }
+        }
+    }
+    if k == 0 {
+        if beta == 0.0 {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(0.0);
+            }
+        }
+        return true;
+    }
+    let mut panel = [0f32; KC * NR];
+    let mut tile = [0f32; MR * NR];
+    let mut p0 = 0;
+    while p0 < k {
+        let kc = KC.min(k - p0);
+        let overwrite = p0 == 0 && beta == 0.0;
+        let mut j0 = 0;
+        while j0 < n {
+            let nr = NR.min(n - j0);
+            let (bp, b_rs): (&[f32], usize) = match dense {
+                Some((bb, ldb)) if nr == NR => (&bb[p0 * ldb + j0..], ldb),
+                _ => {
+                    b.pack(p0, kc, j0, nr, &mut panel);
+                    (&panel[..], NR)
+                }
+            };
+            let mut i0 = 0;
+            while i0 < m {
+                let mr = MR.min(m - i0);
+                let ap = &a.a[i0 * a.rs + p0 * a.cs..];
+                ukr(kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, &mut tile);
+                for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
+                    let crow = &mut c[(i0 + r) * ldc + j0..][..nr];
+                    if overwrite {
+                        for (cv, &t) in crow.iter_mut().zip(trow) {
+                            *cv = alpha * t;
+                        }
+                    } else {
+                        for (cv, &t) in crow.iter_mut().zip(trow) {
+                            *cv += alpha * t;
+                        }
+                    }
+                }
+                i0 += MR;
+            }
+            j0 += NR;
+        }
+        p0 += KC;
+    }
+    true
+}
+
+/// `C = alpha · A·Bᵀ + beta · C` as `m × n` dot products, for B stored
+/// transposed (`b[j * ldb + p]`) and A with contiguous rows: a Linear layer
+/// at batch 1, where packing B would cost more than the product. `false`
+/// (nothing written) when a slice is short.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dots(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if (k > 0 && (a.len() < (m - 1) * lda + k || b.len() < (n - 1) * ldb + k))
+        || c.len() < (m - 1) * ldc + n
+    {
+        return false;
+    }
+    let kind = kernels_now();
+    for i in 0..m {
+        let arow = &a[i * lda..i * lda + k];
+        for j in 0..n {
+            let brow = &b[j * ldb..j * ldb + k];
+            #[cfg(target_arch = "x86_64")]
+            let d = if kind == Kernels::Avx2Fma {
+                // SAFETY: as in `ukr`, AVX2 + FMA are present when selected.
+                unsafe { dot_avx2(arow, brow) }
+            } else {
+                dot_portable(arow, brow)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let d = {
+                let _ = kind;
+                dot_portable(arow, brow)
+            };
+            let cv = &mut c[i * ldc + j];
+            *cv = if beta == 0.0 {
+                alpha * d
+            } else {
+                alpha * d + beta * *cv
+            };
+        }
+    }
+    true
+}
+
+/// Dot product over 8 lanes (vectorized by LLVM), then the lanes summed.
+fn dot_portable(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let tail: f32 = xc
+        .remainder()
+        .iter()
+        .zip(yc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a, b) in xc.zip(yc) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
+    use core::arch::x86_64::*;
+    let n = x.len().min(y.len());
+    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut p = 0;
+    // SAFETY: every load reads 8 floats at p (+ 8) with p + 16 <= n (or
+    // p + 8 <= n) inside both slices.
+    unsafe {
+        while p + 16 <= n {
+            s0 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x.as_ptr().add(p)),
+                _mm256_loadu_ps(y.as_ptr().add(p)),
+                s0,
+            );
+            s1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x.as_ptr().add(p + 8)),
+                _mm256_loadu_ps(y.as_ptr().add(p + 8)),
+                s1,
+            );
+            p += 16;
+        }
+        if p + 8 <= n {
+            s0 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x.as_ptr().add(p)),
+                _mm256_loadu_ps(y.as_ptr().add(p)),
+                s0,
+            );
+            p += 8;
+        }
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(s0, s1)) };
+    let tail: f32 = x[p..n].iter().zip(&y[p..n]).map(|(a, b)| a * b).sum();
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// One `mr × NR` tile over `kc` steps into `tile` (row-major, NR wide).
+/// `a` starts at A(i0, p0), `b` at B(p0, j0) with row stride `b_rs`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn ukr(
+    kind: Kernels,
+    mr: usize,
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    tile: &mut [f32; MR * NR],
+) {
+    // The driver checked the bounds: rows < mr at stride a_rs, kc columns at
+    // stride a_cs inside `a`; kc rows of NR at stride b_rs inside `b`.
+    debug_assert!(kc == 0 || a.len() > (mr - 1) * a_rs + (kc - 1) * a_cs);
+    debug_assert!(kc == 0 || b.len() >= (kc - 1) * b_rs + NR);
+    macro_rules! dispatch {
+        ($f:ident) => {
+            match mr {
+                1 => $f::<1>(kc, a, a_rs, a_cs, b, b_rs, tile),
+                2 => $f::<2>(kc, a, a_rs, a_cs, b, b_rs, tile),
+                3 => $f::<3>(kc, a, a_rs, a_cs, b, b_rs, tile),
+                4 => $f::<4>(kc, a, a_rs, a_cs, b, b_rs, tile),
+                5 => $f::<5>(kc, a, a_rs, a_cs, b, b_rs, tile),
+                _ => $f::<6>(kc, a, a_rs, a_cs, b, b_rs, tile),
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kind == Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only by `cpu::enable_avx2_fma`,
+        // whose caller guarantees the CPU has AVX2 and FMA, or by a build
+        // that targets them; the bounds were checked by the driver.
+        unsafe { dispatch!(ukr_avx2) };
+        return;
+    }
+    let _ = kind;
+    dispatch!(ukr_portable);
+}
+
+#[inline(always)]
+fn ukr_portable<const R: usize>(
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    tile: &mut [f32; MR * NR],
+) {
+    let mut acc = [[0f32; NR]; R];
+    for p in 0..kc {
+        let Some(brow) = b.get(p * b_rs..p * b_rs + NR) else {
+            return;
+        };
+        for (r, accr) in acc.iter_mut().enumerate() {
+            let av = a.get(r * a_rs + p * a_cs).copied().unwrap_or(0.0);
+            for (x, &bv) in accr.iter_mut().zip(brow) {
+                *x += av * bv;
+            }
+        }
+    }
+    for (dst, src) in tile.chunks_exact_mut(NR).zip(&acc) {
+        dst.copy_from_slice(src);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn ukr_avx2<const R: usize>(
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    tile: &mut [f32; MR * NR],
+) {
+    use core::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
+    for p in 0..kc {
+        // SAFETY: p < kc and the driver checked that B holds kc rows of NR
+        // floats at stride b_rs and A holds R rows (stride a_rs) of kc
+        // columns (stride a_cs).
+        unsafe {
+            let brow = bp.add(p * b_rs);
+            let b0 = _mm256_loadu_ps(brow);
+            let b1 = _mm256_loadu_ps(brow.add(8));
+            let acol = ap.add(p * a_cs);
+            for (r, accr) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*acol.add(r * a_rs));
+                accr[0] = _mm256_fmadd_ps(av, b0, accr[0]);
+                accr[1] = _mm256_fmadd_ps(av, b1, accr[1]);
+            }
+        }
+    }
+    for (r, accr) in acc.iter().enumerate() {
+        // SAFETY: r < R <= MR, so both stores fall inside the MR × NR tile.
+        unsafe {
+            let t = tile.as_mut_ptr().add(r * NR);
+            _mm256_storeu_ps(t, accr[0]);
+            _mm256_storeu_ps(t.add(8), accr[1]);
+        }
+    }
+}
+
+#[cfg(all(test, feature = "alloc"))]
+mod tests {
+    use super::*;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn kinds() -> Vec<Kernels> {
+        let mut v = vec![Kernels::Blocked];
+        #[cfg(target_arch = "x86_64")]
+        {
+            extern crate std;
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                v.push(Kernels::Avx2Fma);
+            }
+        }
+        v
+    }
+
+    fn close(got: &[f32], want: &[f32], what: &str) {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 + 1e-4 * w.abs(),
+                "{what}: element {i}: {g} vs {w}"
+            );
+        }
+    }
+
+    #[test]
+    fn blocked_matches_reference_on_edge_sizes() {
+        let mut seed = 7;
+        let sizes = [0, 1, 2, 5, 6, 7, 15, 16, 17, 33];
+        let ks = [0, 1, 3, KC - 1, KC, KC + 1, 300];
+        for kind in kinds() {
+            for &m in &sizes {
+                for &n in &sizes {
+                    for &k in &ks {
+                        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)]
+                        {
+                            let a = rand(m * k, &mut seed);
+                            let b = rand(k * n, &mut seed);
+                            let c0 = rand(m * n, &mut seed);
+                            for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (1.5, -0.5)] {
+                                let mut want = c0.clone();
+                                let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+                                crate::ops::matmul::reference_gemm(
+                                    m, n, k, &a, lda, ta, &b, ldb, tb, &mut want, n, alpha, beta,
+                                );
+                                let ma = if ta {
+                                    MatA {
+                                        a: &a,
+                                        rs: 1,
+                                        cs: m,
+                                    }
+                                } else {
+                                    MatA {
+                                        a: &a,
+                                        rs: k,
+                                        cs: 1,
+                                    }
+                                };
+                                let mut got = c0.clone();
+                                let ok = if tb {
+                                    sgemm_with(
+                                        kind,
+                                        m,
+                                        n,
+                                        k,
+                                        ma,
+                                        &Trans { b: &b, ldb },
+                                        &mut got,
+                                        n,
+                                        alpha,
+                                        beta,
+                                    )
+                                } else {
+                                    sgemm_with(
+                                        kind,
+                                        m,
+                                        n,
+                                        k,
+                                        ma,
+                                        &Dense { b: &b, ldb },
+                                        &mut got,
+                                        n,
+                                        alpha,
+                                        beta,
+                                    )
+                                };
+                                assert!(ok || m == 0 || n == 0);
+                                close(
+                                    &got,
+                                    &want,
+                                    &alloc::format!(
+                                        "{kind:?} m{m} n{n} k{k} ta{ta} tb{tb} a{alpha} b{beta}"
+                                    ),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dots_match_reference() {
+        let mut seed = 11;
+        for kind in kinds() {
+            let _ = kind; // dots follow the global selection
+            for (m, n, k) in [(1, 1, 1), (1, 10, 7), (3, 17, 16), (2, 5, 33), (1, 3, 0)] {
+                let a = rand(m * k, &mut seed);
+                let b = rand(n * k, &mut seed);
+                let c0 = rand(m * n, &mut seed);
+                for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (2.0, -1.5)] {
+                    let mut want = c0.clone();
+                    crate::ops::matmul::reference_gemm(
+                        m, n, k, &a, k, false, &b, k, true, &mut want, n, alpha, beta,
+                    );
+                    let mut got = c0.clone();
+                    assert!(dots(m, n, k, &a, k, &b, k, &mut got, n, alpha, beta));
+                    close(&got, &want, &alloc::format!("dots m{m} n{n} k{k}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn beta_zero_never_reads_c() {
+        for kind in kinds() {
+            let (m, n, k) = (7, 19, 5);
+            let a = vec![1.0; m * k];
+            let b = vec![1.0; k * n];
+            let mut c = vec![f32::NAN; m * n];
+            let ma = MatA {
+                a: &a,
+                rs: k,
+                cs: 1,
+            };
+            assert!(sgemm_with(
+                kind,
+                m,
+                n,
+                k,
+                ma,
+                &Dense { b: &b, ldb: n },
+                &mut c,
+                n,
+                1.0,
+                0.0
+            ));
+            assert!(c.iter().all(|&v| v == 5.0), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn short_buffers_are_refused() {
+        let a = vec![1.0; 5];
+        let b = vec![1.0; 6];
+        let mut c = vec![0.0; 4];
+        let ma = MatA {
+            a: &a,
+            rs: 3,
+            cs: 1,
+        };
+        assert!(!sgemm_with(
+            Kernels::Blocked,
+            2,
+            2,
+            3,
+            ma,
+            &Dense { b: &b, ldb: 2 },
+            &mut c,
+            2,
+            1.0,
+            0.0
+        ));
+    }
+
+    #[test]
+    fn im2col_matches_direct_convolution() {
+        // 2 channels, 5x6 input, 3x2 kernel, stride (2,1), dilation (1,2),
+        // pads (1,0,2,1): B(p, j) against the definition.
+        let g = Geom {
+            inp: [1, 5, 6],
+            out: [1, 0, 0],
+            k: [1, 3, 2],
+            s: [1, 2, 1],
+            d: [1, 1, 2],
+            pb: [0, 1, 0],
+            pe: [0, 2, 1],
+        };
+        let o1 = (5 + 1 + 2 - 3) / 2 + 1;
+        // (6 + pad 1 - dilated span 3) / 1 + 1.
+        let o2 = 5;
+        let g = Geom {
+            out: [1, o1, o2],
+            ..g
+        };
+        let mut seed = 3;
+        let x = rand(2 * 30, &mut seed);
+        let src = Im2col { x: &x, g: &g };
+        let (kk, nn) = (2 * 6, o1 * o2);
+        let mut panel = vec![0f32; KC * NR];
+        for j0 in (0..nn).step_by(NR) {
+            let nr = NR.min(nn - j0);
+            src.pack(0, kk, j0, nr, &mut panel);
+            for p in 0..kk {
+                for j in 0..NR {
+                    let want = if j >= nr {
+                        0.0
+                    } else {
+                        let (c, kh, kw) = (p / 6, (p % 6) / 2, p % 2);
+                        let (oh, ow) = ((j0 + j) / o2, (j0 + j) % o2);
+                        let ih = (oh * 2 + kh) as isize - 1;
+                        let iw = (ow + kw * 2) as isize;
+                        if !(0..5).contains(&ih) || iw >= 6 {
+                            0.0
+                        } else {
+                            x[c * 30 + ih as usize * 6 + iw as usize]
+                        }
+                    };
+                    assert_eq!(panel[p * NR + j], want, "p{p} j{}", j0 + j);
+                }
+            }
+        }
+    }
+}
