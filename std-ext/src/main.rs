@@ -14,6 +14,8 @@ use mote_std::{
 };
 use serde_json::{json, Value};
 
+mod bench;
+
 #[derive(Parser, Debug)]
 #[command(name = "mote", version, about = "mote: a small ONNX inference runtime")]
 struct Cli {
@@ -59,6 +61,33 @@ enum Cmd {
         #[arg(long)]
         f16_weights: bool,
         /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time a model: warmup runs, then timed runs; latency min/median/p90/p99,
+    /// inferences per second, arena bytes and peak resident memory.
+    Bench {
+        /// The .onnx file (or a .mote file from `mote compile`).
+        model: PathBuf,
+        /// Threads of the provider (only 1 in this build).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Timed runs.
+        #[arg(long, default_value_t = 50)]
+        iters: usize,
+        /// Untimed runs before the timed ones.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        /// Feeds an input from a .npy file: NAME=FILE (repeatable).
+        #[arg(long = "input", value_name = "NAME=FILE", value_parser = parse_input)]
+        inputs: Vec<(String, PathBuf)>,
+        /// Binds a symbolic dimension: NAME=VALUE (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
+        dims: Vec<(String, usize)>,
+        /// Seed of the random data for inputs not given.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// One JSON object on stdout (and no progress bar).
         #[arg(long)]
         json: bool,
     },
@@ -254,6 +283,25 @@ fn main() {
                 f16_weights,
                 &mut out,
             )
+        }
+        Cmd::Bench {
+            model,
+            threads,
+            iters,
+            warmup,
+            inputs,
+            dims,
+            seed,
+            json,
+        } => {
+            out.json = json;
+            let opt = bench::Options {
+                threads,
+                iters,
+                warmup,
+                seed,
+            };
+            bench::bench(&model, &inputs, &dims, &opt, &mut out)
         }
         Cmd::Ops => ops(&mut out),
         Cmd::Compile {
@@ -735,26 +783,26 @@ fn num(x: f64) -> Value {
     serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
 }
 
-fn run(
+/// A planned session and its inputs (see [`plan_with_inputs`]).
+struct Planned {
+    session: Session,
+    /// Every graph input, by name.
+    feeds: Vec<(String, Tensor)>,
+    /// How each input was filled, for `--json` reports.
+    inputs_json: Vec<Value>,
+}
+
+/// Plans `model` with `dims` and the shapes of the `given` npy inputs, and
+/// feeds every input: the given files, and seeded random data (see
+/// [`random_tensor`]) for the others.
+fn plan_with_inputs(
     path: &Path,
+    model: Model,
     given: &[(String, PathBuf)],
     dims: &[(String, usize)],
-    output_dir: Option<&Path>,
     seed: u64,
-    f16_weights: bool,
     out: &mut Out,
-) -> Result<()> {
-    if is_mote(path) {
-        if f16_weights || !dims.is_empty() {
-            bail!("--f16-weights and --dim do not apply to a compiled model");
-        }
-        return run_mote(path, given, output_dir, seed, out);
-    }
-    let mut model = load_model(path)?;
-    if f16_weights {
-        let (before, after) = model.weights_to_f16();
-        out.note(format!("f16 weights: initializers {before} B -> {after} B"));
-    }
+) -> Result<Planned> {
     let model = Arc::new(model);
     let mut feeds: Vec<(String, Tensor, String)> = Vec::new();
     for (name, file) in given {
@@ -772,7 +820,7 @@ fn run(
     for (n, t, _) in &feeds {
         b = b.input_shape(n, t.shape());
     }
-    let mut session: Session = b
+    let session: Session = b
         .build()
         .with_context(|| format!("cannot plan {}", path.display()))?;
     for d in session.plan().defaulted_dims() {
@@ -803,12 +851,41 @@ fn run(
             feeds.push((info.name.clone(), t, String::new()));
         }
     }
-    let names: Vec<String> = feeds.iter().map(|f| f.0.clone()).collect();
-    let args: Vec<(&str, Tensor)> = names
-        .iter()
-        .map(String::as_str)
-        .zip(feeds.into_iter().map(|f| f.1))
-        .collect();
+    let feeds = feeds.into_iter().map(|(n, t, _)| (n, t)).collect();
+    Ok(Planned {
+        session,
+        feeds,
+        inputs_json,
+    })
+}
+
+fn run(
+    path: &Path,
+    given: &[(String, PathBuf)],
+    dims: &[(String, usize)],
+    output_dir: Option<&Path>,
+    seed: u64,
+    f16_weights: bool,
+    out: &mut Out,
+) -> Result<()> {
+    if is_mote(path) {
+        if f16_weights || !dims.is_empty() {
+            bail!("--f16-weights and --dim do not apply to a compiled model");
+        }
+        return run_mote(path, given, output_dir, seed, out);
+    }
+    let mut model = load_model(path)?;
+    if f16_weights {
+        let (before, after) = model.weights_to_f16();
+        out.note(format!("f16 weights: initializers {before} B -> {after} B"));
+    }
+    let Planned {
+        mut session,
+        feeds,
+        inputs_json,
+    } = plan_with_inputs(path, model, given, dims, seed, out)?;
+    let (names, tensors): (Vec<String>, Vec<Tensor>) = feeds.into_iter().unzip();
+    let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
     let outputs = session.run(&args)?;
     if let Some(dir) = output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -980,14 +1057,14 @@ fn relative_to(file: &Path, dir: &Path) -> String {
     f.display().to_string()
 }
 
-fn run_mote(
-    path: &Path,
+/// The inputs of a compiled model: the `given` npy files, and seeded random
+/// data for the others.
+fn mote_inputs(
+    f: &mote_std::compiled::MoteFile,
     given: &[(String, PathBuf)],
-    output_dir: Option<&Path>,
     seed: u64,
     out: &mut Out,
-) -> Result<()> {
-    let f = mote_std::compiled::MoteFile::open(path)?;
+) -> Result<Vec<Tensor>> {
     let m = f.model()?;
     let mut rng = Rng::new(seed);
     let mut inputs = Vec::new();
@@ -1015,6 +1092,19 @@ fn run_mote(
         };
         inputs.push(t);
     }
+    Ok(inputs)
+}
+
+fn run_mote(
+    path: &Path,
+    given: &[(String, PathBuf)],
+    output_dir: Option<&Path>,
+    seed: u64,
+    out: &mut Out,
+) -> Result<()> {
+    let f = mote_std::compiled::MoteFile::open(path)?;
+    let m = f.model()?;
+    let inputs = mote_inputs(&f, given, seed, out)?;
     let outputs = f.run(&inputs)?;
     if let Some(dir) = output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;

@@ -186,3 +186,61 @@ fn bad_files_are_one_line_errors() {
     assert_eq!(rc, 1);
     assert!(err.contains("not a valid npy"), "{err}");
 }
+
+fn digits_mlp() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/digits_mlp.onnx")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn bench_json_reports_every_field() {
+    let m = digits_mlp();
+    let (rc, out, err) = mote(&["bench", &m, "--iters", "5", "--warmup", "1", "--json"]);
+    assert_eq!(rc, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for k in [
+        "model",
+        "threads",
+        "iters",
+        "warmup",
+        "min_ms",
+        "median_ms",
+        "p90_ms",
+        "p99_ms",
+        "ips",
+        "arena_bytes",
+        "peak_rss_bytes",
+    ] {
+        assert!(v.get(k).is_some(), "no '{k}' in {v}");
+    }
+    assert_eq!(v["model"], m.as_str());
+    assert_eq!(
+        (&v["threads"], &v["iters"], &v["warmup"]),
+        (&1.into(), &5.into(), &1.into())
+    );
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    assert!(f("min_ms") > 0.0, "{v}");
+    assert!(f("min_ms") <= f("median_ms"), "{v}");
+    assert!(f("median_ms") <= f("p90_ms"), "{v}");
+    assert!(f("p90_ms") <= f("p99_ms"), "{v}");
+    assert!(
+        (f("ips") - 1e3 / f("median_ms")).abs() < 1e-6 * f("ips"),
+        "{v}"
+    );
+    assert!(v["arena_bytes"].as_u64().unwrap() > 0, "{v}");
+    if cfg!(target_os = "linux") {
+        assert!(v["peak_rss_bytes"].as_u64().unwrap() > 0, "{v}");
+    }
+}
+
+#[test]
+fn bench_threads_2_is_a_one_line_error() {
+    let (rc, out, err) = mote(&["bench", &digits_mlp(), "--threads", "2", "--iters", "1"]);
+    assert_eq!(rc, 1, "{out}{err}");
+    assert_eq!(
+        err.trim_end(),
+        "error: --threads 2: this build has no multithreaded provider (rayon) yet"
+    );
+}

@@ -1,0 +1,223 @@
+//! `mote bench`: latency percentiles, throughput and memory of one model.
+//!
+//! The model is planned and its inputs filled once (the same code as `mote
+//! run`), then it runs `warmup` times untimed and `iters` times timed, each
+//! run timed alone. Throughput is derived from the median, not the mean, so
+//! one descheduled run does not move it. Peak memory is the process's
+//! high-water resident set (VmHWM), which includes the model's weights, the
+//! arena and the CLI itself.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde_json::json;
+
+use crate::{is_mote, load_model, mote_inputs, num, plan_with_inputs, Out, Planned, Tensor};
+
+/// What `mote bench` was asked for.
+pub(crate) struct Options {
+    pub threads: usize,
+    pub iters: usize,
+    pub warmup: usize,
+    pub seed: u64,
+}
+
+/// Latency summary of the timed runs, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Latency {
+    pub min: f64,
+    pub median: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+/// The one place that decides which thread counts this build can run.
+/// Replace it when std-ext gains a multithreaded provider.
+fn check_threads(n: usize) -> Result<()> {
+    match n {
+        0 => bail!("--threads must be at least 1"),
+        1 => Ok(()),
+        n => bail!("--threads {n}: this build has no multithreaded provider (rayon) yet"),
+    }
+}
+
+/// min, median (mean of the middle two for an even count) and the
+/// nearest-rank p90 and p99 of `ms`, which must not be empty.
+pub(crate) fn latency(ms: &mut [f64]) -> Latency {
+    ms.sort_by(f64::total_cmp);
+    let n = ms.len();
+    let median = if n % 2 == 1 {
+        ms[n / 2]
+    } else {
+        (ms[n / 2 - 1] + ms[n / 2]) / 2.0
+    };
+    let rank = |p: f64| ms[((p / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1];
+    Latency {
+        min: ms[0],
+        median,
+        p90: rank(90.0),
+        p99: rank(99.0),
+    }
+}
+
+/// Peak resident set size of this process in bytes (VmHWM), where the OS
+/// reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn progress(n: usize, hidden: bool) -> indicatif::ProgressBar {
+    if hidden {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(n as u64);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("bench [{bar:40}] {pos}/{len} runs ({elapsed})")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// `opt.warmup` untimed runs of `once`, then the milliseconds of each of
+/// `opt.iters` timed runs.
+fn time_runs(opt: &Options, quiet: bool, mut once: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    for _ in 0..opt.warmup {
+        once()?;
+    }
+    let pb = progress(opt.iters, quiet);
+    let mut ms = Vec::with_capacity(opt.iters);
+    for _ in 0..opt.iters {
+        let t = Instant::now();
+        once()?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(ms)
+}
+
+/// `mote bench MODEL`: see the module header.
+pub(crate) fn bench(
+    path: &Path,
+    given: &[(String, PathBuf)],
+    dims: &[(String, usize)],
+    opt: &Options,
+    out: &mut Out,
+) -> Result<()> {
+    check_threads(opt.threads)?;
+    if opt.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let (arena_bytes, mut ms) = if is_mote(path) {
+        if !dims.is_empty() {
+            bail!("--dim does not apply to a compiled model");
+        }
+        let f = mote_std::compiled::MoteFile::open(path)?;
+        let inputs = mote_inputs(&f, given, opt.seed, out)?;
+        let arena = f.model()?.arena_bytes();
+        let ms = time_runs(opt, out.json, || {
+            f.run(&inputs)?;
+            Ok(())
+        })?;
+        (arena, ms)
+    } else {
+        let model = load_model(path)?;
+        let Planned {
+            mut session, feeds, ..
+        } = plan_with_inputs(path, model, given, dims, opt.seed, out)?;
+        let (names, tensors): (Vec<String>, Vec<Tensor>) = feeds.into_iter().unzip();
+        let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
+        let arena = session.plan().arena_bytes();
+        let ms = time_runs(opt, out.json, || {
+            session.run(&args)?;
+            Ok(())
+        })?;
+        (arena, ms)
+    };
+    let l = latency(&mut ms);
+    let ips = if l.median > 0.0 {
+        1e3 / l.median
+    } else {
+        f64::INFINITY
+    };
+    let rss = peak_rss_bytes();
+    if out.json {
+        out.line(
+            json!({
+                "model": path.display().to_string(),
+                "threads": opt.threads,
+                "iters": opt.iters,
+                "warmup": opt.warmup,
+                "min_ms": num(l.min),
+                "median_ms": num(l.median),
+                "p90_ms": num(l.p90),
+                "p99_ms": num(l.p99),
+                "ips": num(ips),
+                "arena_bytes": arena_bytes,
+                "peak_rss_bytes": rss,
+            })
+            .to_string(),
+        );
+    } else {
+        out.line(format!("model: {}", path.display()));
+        out.line(format!(
+            "threads {}, warmup {} runs, timed {} runs",
+            opt.threads, opt.warmup, opt.iters
+        ));
+        out.line(format!(
+            "latency: min {:.3} ms, median {:.3} ms, p90 {:.3} ms, p99 {:.3} ms",
+            l.min, l.median, l.p90, l.p99
+        ));
+        out.line(format!(
+            "throughput: {ips:.1} inferences/s (from the median)"
+        ));
+        out.line(format!("arena: {arena_bytes} bytes"));
+        out.line(match rss {
+            Some(b) => format!(
+                "peak resident memory: {b} bytes ({:.1} MiB)",
+                b as f64 / (1 << 20) as f64
+            ),
+            None => "peak resident memory: n/a".to_string(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_percentiles() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        let l = latency(&mut v);
+        assert_eq!((l.min, l.median, l.p90, l.p99), (1.0, 3.0, 5.0, 5.0));
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        let l = latency(&mut v);
+        assert_eq!((l.min, l.median, l.p90, l.p99), (1.0, 50.5, 90.0, 99.0));
+        let l = latency(&mut [7.0]);
+        assert_eq!((l.min, l.median, l.p90, l.p99), (7.0, 7.0, 7.0, 7.0));
+    }
+
+    #[test]
+    fn threads_other_than_one_are_refused() {
+        assert!(check_threads(1).is_ok());
+        let e = check_threads(2).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--threads 2: this build has no multithreaded provider (rayon) yet"
+        );
+        assert!(check_threads(0).is_err());
+    }
+}
