@@ -305,19 +305,20 @@ fn extra_outputs_unused(ix: &Ix, n: &Node) -> bool {
     n.outputs.iter().skip(1).flatten().all(|&t| ix.unused(t))
 }
 
-/// A new f32 constant named after `base`, unique in `g` and in `pending`.
+/// A new f32 constant `base/mote_<what>`, unique in `g` and in `pending`.
 fn new_const(
     g: &Graph,
     pending: &[TensorInfo],
     base: &str,
+    what: &str,
     shape: &[usize],
     v: &[f32],
 ) -> Option<TensorInfo> {
-    let mut name = alloc::format!("{base}/mote_folded");
+    let mut name = alloc::format!("{base}/mote_{what}");
     let mut k = 1;
     while g.tensor_id(&name).is_some() || pending.iter().any(|t| t.name == name) {
         k += 1;
-        name = alloc::format!("{base}/mote_folded{k}");
+        name = alloc::format!("{base}/mote_{what}{k}");
     }
     Some(TensorInfo {
         name,
@@ -591,8 +592,8 @@ fn batchnorm(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
         })
         .collect();
     let base = tensor_name(g, w_id);
-    let wt = new_const(g, &[], base, w_shape, &w2)?;
-    let bt = new_const(g, core::slice::from_ref(&wt), base, &[m], &b2)?;
+    let wt = new_const(g, &[], base, "folded", w_shape, &w2)?;
+    let bt = new_const(g, core::slice::from_ref(&wt), base, "bias", &[m], &b2)?;
     let nt = g.tensors.len() as TensorId;
     let mut c2 = conv.clone();
     c2.inputs.resize(3, None);
@@ -710,7 +711,7 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                     (bc + v.get(c).copied().map_or(0.0, f64::from)) as f32
                 })
                 .collect();
-            tensors.push(new_const(g, &tensors, base, &[m], &b2)?);
+            tensors.push(new_const(g, &tensors, base, "bias", &[m], &b2)?);
             if let Some(s) = p2.inputs.get_mut(2) {
                 *s = Some(nt);
             }
@@ -722,13 +723,13 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                 .enumerate()
                 .map(|(k, &x)| x * v.get(k / per.max(1)).copied().unwrap_or(1.0))
                 .collect();
-            tensors.push(new_const(g, &tensors, base, w_shape, &w2)?);
+            tensors.push(new_const(g, &tensors, base, "folded", w_shape, &w2)?);
             if let Some(s) = p2.inputs.get_mut(1) {
                 *s = Some(nt);
             }
             if let Some(b) = b {
                 let b2: Vec<f32> = b.iter().zip(&v).map(|(b, v)| b * v).collect();
-                tensors.push(new_const(g, &tensors, base, &[m], &b2)?);
+                tensors.push(new_const(g, &tensors, base, "bias", &[m], &b2)?);
                 if let Some(s) = p2.inputs.get_mut(2) {
                     *s = Some(nt + 1);
                 }
@@ -769,7 +770,7 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                     (beta * old + v.get(j).copied().map_or(0.0, f64::from)) as f32
                 })
                 .collect();
-            tensors.push(new_const(g, &tensors, base, &[nn], &c2)?);
+            tensors.push(new_const(g, &tensors, base, "bias", &[nn], &c2)?);
             p2.inputs.resize(3, None);
             if let Some(s) = p2.inputs.get_mut(2) {
                 *s = Some(nt);
@@ -790,13 +791,13 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                     x * v.get(j).copied().unwrap_or(1.0)
                 })
                 .collect();
-            tensors.push(new_const(g, &tensors, base, w_shape, &w2)?);
+            tensors.push(new_const(g, &tensors, base, "folded", w_shape, &w2)?);
             if let Some(s) = p2.inputs.get_mut(1) {
                 *s = Some(nt);
             }
             if let Some(c) = c_old {
                 let c2: Vec<f32> = c.iter().zip(&v).map(|(c, v)| c * v).collect();
-                tensors.push(new_const(g, &tensors, base, &[nn], &c2)?);
+                tensors.push(new_const(g, &tensors, base, "bias", &[nn], &c2)?);
                 if let Some(s) = p2.inputs.get_mut(2) {
                     *s = Some(nt + 1);
                 }
