@@ -983,6 +983,9 @@ mod tests {
         AttrValue::Ints(v.to_vec())
     }
 
+    /// Input feeds: name, shape, values.
+    type Feeds = Vec<(String, Vec<usize>, Vec<f32>)>;
+
     impl G {
         fn new() -> Self {
             G {
@@ -1066,7 +1069,7 @@ mod tests {
                 vec![("epsilon", AttrValue::Float(1e-3))],
             )
         }
-        fn model(mut self, outs: &[TensorId]) -> (Model, Vec<(String, Vec<usize>, Vec<f32>)>) {
+        fn model(mut self, outs: &[TensorId]) -> (Model, Feeds) {
             self.g.outputs = outs.to_vec();
             let feeds = core::mem::take(&mut self.feeds);
             let data = feeds
