@@ -8,7 +8,7 @@ For each model NAME this writes
   OUTDIR/NAME.input.npy      a seeded random input
   OUTDIR/NAME.expected.npy   onnxruntime CPU output for that input (ORT_DISABLE_ALL)
 
-Models: mlp, cnn, mobilenet, dynamic. All have a single input and a single output.
+Models: mlp, cnn, mobilenet, dynamic, convbn. All have a single input and a single output.
 Everything is seeded, so repeated runs write identical files.
 """
 import argparse
@@ -162,11 +162,33 @@ def make_dynamic():
     return b.finish("dynamic", "x", ["batch", 3, 8, 8], "output", ["batch", 5], 13), (2, 3, 8, 8)
 
 
+def make_convbn():
+    """Conv-BN-Relu-Conv-BN as exporters write it before BN folding, with an
+    inference Dropout and a MatMul + Add head: what mote's float rewrites
+    fold (two BN folds, Dropout removed, MatMul + Add -> Gemm)."""
+    b = Builder(5)
+    h = b.conv("input", 3, 8, 3, pad=1, bias=True)
+    h = b.bn(h, 8)
+    h = b.node("Relu", [h])
+    h = b.conv(h, 8, 8, 3, pad=1, group=8, bias=False)  # depthwise
+    h = b.bn(h, 8)
+    h = b.node("Relu", [h])
+    h = b.node("GlobalAveragePool", [h])
+    h = b.node("Flatten", [h], axis=1)
+    h = b.node("Dropout", [h])
+    w = b.weight("head.weight", (8, 10), scale=1.0)
+    h = b.node("MatMul", [h, w])
+    bias = b.weight("head.bias", (10,))
+    b.node("Add", [h, bias], out="output")
+    return b.finish("convbn", "input", [1, 3, 16, 16], "output", [1, 10], 13), (1, 3, 16, 16)
+
+
 MODELS = {
     "mlp": make_mlp,
     "cnn": make_cnn,
     "mobilenet": make_mobilenet,
     "dynamic": make_dynamic,
+    "convbn": make_convbn,
 }
 
 

@@ -430,6 +430,8 @@ pub struct Model {
     pub fusions: Vec<crate::optimize::Fusion>,
     /// Inputs and outputs made 8-bit by [`crate::optimize::int8_io`].
     pub io_quant: Vec<crate::optimize::IoQuant>,
+    /// What the float rewrites did ([`crate::optimize::float`]), in order.
+    pub rewrites: Vec<crate::optimize::float::Rewrite>,
 }
 
 impl Model {

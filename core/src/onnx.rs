@@ -48,12 +48,31 @@ impl Model {
     }
 
     /// Imports without graph rewrites: QDQ models then run literally
-    /// (dequantize, float op, quantize), the way onnxruntime does with
-    /// graph optimizations disabled.
+    /// (dequantize, float op, quantize), and float models node by node as
+    /// in the file (no BatchNorm folding, ...), the way onnxruntime does
+    /// with graph optimizations disabled.
     pub fn from_onnx_unoptimized(bytes: &[u8]) -> Result<Model> {
         let proto =
             mote_proto::ModelProto::decode(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
         import_model(proto)
+    }
+
+    /// Imports with the chosen rewrites only, e.g. QDQ fusion without the
+    /// float passes, to compare their effect.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), mote_core::Error> {
+    /// use mote_core::optimize::Options;
+    /// let bytes = include_bytes!("../../models/digits_mlp.onnx");
+    /// let opts = Options { float: false, ..Options::default() };
+    /// let model = mote_core::Model::from_onnx_with(bytes, opts)?;
+    /// assert!(model.rewrites.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_onnx_with(bytes: &[u8], opts: crate::optimize::Options) -> Result<Model> {
+        let mut m = Model::from_onnx_unoptimized(bytes)?;
+        crate::optimize::run_with(&mut m, opts);
+        Ok(m)
     }
 
     /// Imports from a shared buffer: weight bytes are sliced out of `bytes`
@@ -105,6 +124,7 @@ pub fn import_model(proto: mote_proto::ModelProto) -> Result<Model> {
         graph,
         fusions: Vec::new(),
         io_quant: Vec::new(),
+        rewrites: Vec::new(),
     })
 }
 

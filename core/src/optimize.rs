@@ -21,6 +21,11 @@
 //! node gets a [`Fusion`] note: integer, or float with the reason
 //! (`mote inspect` prints them). DequantizeLinear nodes left without
 //! consumers are removed, so the f32 copy of the weights is never made.
+//!
+//! **Float rewrites** ([`float`]) run after QDQ fusion: Conv + BatchNorm
+//! folding, per-channel Add / Mul folded into a bias or weights, MatMul +
+//! Add → Gemm, Identity / Dropout / Transpose elimination, and dead nodes
+//! with their unused initializers removed.
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -41,10 +46,46 @@ pub struct Fusion {
     pub reason: &'static str,
 }
 
-/// Applies the default rewrites (currently: QDQ fusion) to the main graph.
+pub mod float;
+
+/// Which rewrites [`run_with`] applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// QDQ fusion ([`fuse_qdq`]).
+    pub qdq: bool,
+    /// The float rewrites of [`float`] (BN folding, bias folding, Gemm,
+    /// Identity / Transpose / dead-node elimination).
+    pub float: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            qdq: true,
+            float: true,
+        }
+    }
+}
+
+/// Applies the default rewrites to the main graph: QDQ fusion, then the
+/// float rewrites ([`run_with`] with [`Options::default`]).
 pub fn run(model: &mut Model) {
-    let notes = fuse_qdq(&mut model.graph);
-    model.fusions = notes;
+    run_with(model, Options::default());
+}
+
+/// Applies the chosen rewrites to the main graph. QDQ fusion runs first, on
+/// the graph as imported, so its patterns are never disturbed; the float
+/// passes then touch only default-domain ops with constant f32 parameters,
+/// which a fused integer node (another domain) or a float op fed by
+/// DequantizeLinear (a computed weight) is not. Their notes go to
+/// [`Model::fusions`] and [`Model::rewrites`].
+pub fn run_with(model: &mut Model, opts: Options) {
+    if opts.qdq {
+        model.fusions = fuse_qdq(&mut model.graph);
+    }
+    if opts.float {
+        model.rewrites = float::run(&mut model.graph);
+    }
 }
 
 /// A DequantizeLinear feeding a fused op.

@@ -36,6 +36,11 @@ enum Cmd {
         /// them at once (`optimize::int8_io`), and prints their scales.
         #[arg(long)]
         int8_io: bool,
+        /// Also prints the graph after the import rewrites (every node with
+        /// its inputs → outputs and planned shapes) and what each rewrite
+        /// pass changed.
+        #[arg(long)]
+        optimized: bool,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -259,10 +264,11 @@ fn main() {
             model,
             dims,
             int8_io,
+            optimized,
             json,
         } => {
             out.json = json;
-            inspect(&model, &dims, int8_io, &mut out)
+            inspect(&model, &dims, int8_io, optimized, &mut out)
         }
         Cmd::Run {
             model,
@@ -507,7 +513,13 @@ fn declared_json(model: &Model, id: u32) -> Value {
     json!({"name": t.name, "dtype": dtype, "shape": shape})
 }
 
-fn inspect(path: &Path, dims: &[(String, usize)], int8_io: bool, out: &mut Out) -> Result<()> {
+fn inspect(
+    path: &Path,
+    dims: &[(String, usize)],
+    int8_io: bool,
+    optimized: bool,
+    out: &mut Out,
+) -> Result<()> {
     let mut model = load_model(path)?;
     if int8_io {
         mote_std::mote_core::optimize::int8_io(&mut model);
@@ -574,6 +586,36 @@ fn inspect(path: &Path, dims: &[(String, usize)], int8_io: bool, out: &mut Out) 
         });
         if let Err(e) = &session {
             v["plan_error"] = json!(e.to_string());
+        }
+        if optimized {
+            v["graph"] = json!(g
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let ts = |ids: &[Option<u32>]| -> Vec<Value> {
+                        ids.iter()
+                            .map(|t| match t {
+                                None => Value::Null,
+                                Some(t) => {
+                                    let name = g.tensors.get(*t as usize).map(|t| t.name.as_str());
+                                    let shape = plan.and_then(|p| p.tensor_type(*t)).map(|x| x.1);
+                                    json!({"name": name, "shape": shape})
+                                }
+                            })
+                            .collect()
+                    };
+                    json!({
+                        "name": node_label(n, i), "op_type": n.op_type, "domain": n.domain,
+                        "inputs": ts(&n.inputs), "outputs": ts(&n.outputs),
+                    })
+                })
+                .collect::<Vec<_>>());
+            v["rewrites"] = json!(model
+                .rewrites
+                .iter()
+                .map(|r| json!({"pass": r.pass.name(), "node": r.node, "detail": r.detail}))
+                .collect::<Vec<_>>());
         }
         out.line(v.to_string());
     } else {
@@ -672,10 +714,72 @@ fn inspect(path: &Path, dims: &[(String, usize)], int8_io: bool, out: &mut Out) 
                 out.note(format!("note: dim '{d}' not bound, using 1 (--dim {d}=N)"));
             }
         }
+        if optimized {
+            print_optimized(&model, plan, out);
+        }
     }
     match session {
         Ok(_) => Ok(()),
         Err(e) => Err(anyhow!("cannot plan {}: {e}", path.display())),
+    }
+}
+
+fn node_label(n: &mote_std::mote_core::model::Node, i: usize) -> String {
+    if n.name.is_empty() {
+        format!("{}#{i}", n.op_type)
+    } else {
+        n.name.clone()
+    }
+}
+
+/// The graph after the import rewrites, then what each float pass did.
+fn print_optimized(model: &Model, plan: Option<&mote_std::mote_core::Plan>, out: &mut Out) {
+    use mote_std::mote_core::optimize::float::Pass;
+    let g = &model.graph;
+    let tensor = |t: &Option<u32>| -> String {
+        let Some(t) = *t else {
+            return "_".into();
+        };
+        let name = g.tensors.get(t as usize).map_or("?", |t| t.name.as_str());
+        match plan.and_then(|p| p.tensor_type(t)) {
+            Some((_, sh)) => format!("{name}{}", fmt_shape(sh)),
+            None => name.to_string(),
+        }
+    };
+    out.line(format!("graph after rewrites ({} nodes):", g.nodes.len()));
+    for (i, n) in g.nodes.iter().enumerate() {
+        let op = if n.domain.is_empty() {
+            n.op_type.clone()
+        } else {
+            format!("{}.{}", n.domain, n.op_type)
+        };
+        let ins: Vec<String> = n.inputs.iter().map(tensor).collect();
+        let outs: Vec<String> = n.outputs.iter().map(tensor).collect();
+        out.line(format!(
+            "  {} ({op}): {} -> {}",
+            node_label(n, i),
+            ins.join(", "),
+            outs.join(", ")
+        ));
+    }
+    let counts: Vec<String> = Pass::ALL
+        .iter()
+        .map(|p| {
+            let k = model.rewrites.iter().filter(|r| r.pass == *p).count();
+            format!("{} {k}", p.name())
+        })
+        .collect();
+    out.line(format!(
+        "rewrites: {} ({})",
+        model.rewrites.len(),
+        counts.join(", ")
+    ));
+    for r in &model.rewrites {
+        if r.node.is_empty() {
+            out.line(format!("  {}: {}", r.pass.name(), r.detail));
+        } else {
+            out.line(format!("  {}: {}: {}", r.pass.name(), r.node, r.detail));
+        }
     }
 }
 

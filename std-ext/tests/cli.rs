@@ -244,3 +244,88 @@ fn bench_threads_2_is_a_one_line_error() {
         "error: --threads 2: this build has no multithreaded provider (rayon) yet"
     );
 }
+
+/// x [1,2,3,3] → Conv (1×1) → BatchNormalization → Identity → y.
+fn conv_bn_model(dir: &Path) -> PathBuf {
+    let f = |name: &str, dims: &[i64], v: &[f32]| TensorProto {
+        dims: dims.to_vec(),
+        data_type: Some(1),
+        float_data: v.to_vec(),
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let node = |name: &str, op: &str, ins: &[&str], out: &str| NodeProto {
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        ..Default::default()
+    };
+    let m = ModelProto {
+        ir_version: Some(8),
+        producer_name: Some("mote-test".into()),
+        opset_import: vec![OperatorSetIdProto {
+            version: Some(13),
+            ..Default::default()
+        }],
+        graph: Some(GraphProto {
+            node: vec![
+                node("conv1", "Conv", &["x", "w"], "c"),
+                node("bn1", "BatchNormalization", &["c", "s", "b", "m", "v"], "h"),
+                node("id1", "Identity", &["h"], "y"),
+            ],
+            name: Some("g".into()),
+            initializer: vec![
+                f("w", &[2, 2, 1, 1], &[1.0, 2.0, 3.0, 4.0]),
+                f("s", &[2], &[0.5, 2.0]),
+                f("b", &[2], &[0.1, -0.1]),
+                f("m", &[2], &[1.0, 0.0]),
+                f("v", &[2], &[1.0, 4.0]),
+            ],
+            input: vec![vi("x", &[Ok(1), Ok(2), Ok(3), Ok(3)])],
+            output: vec![vi("y", &[Ok(1), Ok(2), Ok(3), Ok(3)])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let p = dir.join("convbn.onnx");
+    std::fs::write(&p, m.encode_to_vec()).unwrap();
+    p
+}
+
+#[test]
+fn inspect_optimized_lists_the_rewritten_graph() {
+    let d = dir();
+    let m = conv_bn_model(&d);
+    let m = m.to_str().unwrap();
+    let (rc, plain, err) = mote(&["inspect", m]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(!plain.contains("rewrites:"), "{plain}");
+    let (rc, out, err) = mote(&["inspect", m, "--optimized"]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.starts_with(&plain), "{out}");
+    assert!(out.contains("graph after rewrites (1 nodes):"), "{out}");
+    assert!(
+        out.contains(
+            "  conv1 (Conv): x[1,2,3,3], w/mote_folded[2,2,1,1], w/mote_bias[2] -> y[1,2,3,3]"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("rewrites: 3 (transpose 0, identity 1, batchnorm 1, bias 0, gemm 0, dead 1)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("batchnorm: conv1: BatchNormalization 'bn1' folded into Conv"),
+        "{out}"
+    );
+    let (rc, out, err) = mote(&["inspect", m, "--optimized", "--json"]);
+    assert_eq!(rc, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["graph"][0]["op_type"], "Conv");
+    assert_eq!(
+        v["graph"][0]["outputs"][0]["shape"],
+        serde_json::json!([1, 2, 3, 3])
+    );
+    assert_eq!(v["rewrites"][1]["pass"], "batchnorm");
+}

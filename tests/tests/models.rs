@@ -1,9 +1,71 @@
 //! The four reference models of the foundation issue, through mote and
 //! compared with onnxruntime's outputs on the same inputs (max abs error
-//! ≤ 1e-4), with their planned arena checked against its lower bound.
+//! ≤ 1e-4), with their planned arena checked against its lower bound; and
+//! `convbn`, whose BatchNormalization nodes the float rewrites fold.
 
+use mote_core::optimize::float::Pass;
 use mote_core::{Model, Session, SessionBuilder};
 use mote_tests::models_dir;
+
+/// Runs `model` on `input` (one input, one output).
+fn run_once(model: &Model, input: &mote_std::Tensor) -> Vec<f32> {
+    let in_name = model.input_names().next().expect("one input").to_string();
+    let plan = SessionBuilder::new(model)
+        .input_shape(&in_name, input.shape())
+        .plan()
+        .unwrap_or_else(|e| panic!("plan: {}", model.explain(&e)));
+    let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+    let mut s = Session::new(model, &plan, &mut arena).expect("session");
+    s.run(&[(&in_name, input.view())])
+        .unwrap_or_else(|e| panic!("run: {}", model.explain(&e)));
+    s.output(0).expect("output").f32().expect("f32").to_vec()
+}
+
+#[test]
+fn convbn_folds_batchnorm_and_matches_onnxruntime() {
+    let path = mote_tests::test_model("convbn");
+    let bytes = std::fs::read(&path).expect("model file");
+    let model = Model::from_onnx(&bytes).expect("import");
+    let plain = Model::from_onnx_unoptimized(&bytes).expect("import");
+    let dir = models_dir();
+    let input = mote_std::read_npy(dir.join("convbn.input.npy")).expect("input");
+    let want = mote_std::read_npy(dir.join("convbn.expected.npy"))
+        .expect("expected")
+        .to_f32_vec();
+    let count = |p: Pass| model.rewrites.iter().filter(|r| r.pass == p).count();
+    assert_eq!(count(Pass::BatchNorm), 2, "{:#?}", model.rewrites);
+    assert_eq!(count(Pass::Identity), 1, "Dropout: {:#?}", model.rewrites);
+    assert_eq!(count(Pass::Gemm), 1, "{:#?}", model.rewrites);
+    let ops: Vec<&str> = model
+        .graph
+        .nodes
+        .iter()
+        .map(|n| n.op_type.as_str())
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "Conv",
+            "Relu",
+            "Conv",
+            "Relu",
+            "GlobalAveragePool",
+            "Flatten",
+            "Gemm"
+        ]
+    );
+    assert_eq!(plain.graph.nodes.len(), 11);
+    for (what, m) in [("optimized", &model), ("unoptimized", &plain)] {
+        let got = run_once(m, &input);
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-5 + 1e-3 * w.abs(),
+                "{what}: {g} vs onnxruntime {w}"
+            );
+        }
+    }
+}
 
 fn check(name: &str, dims: &[(&str, usize)]) {
     let dir = models_dir();
