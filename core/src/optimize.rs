@@ -922,67 +922,13 @@ mod tests {
     //! checked against the ONNX node suite), over random shapes, scales and
     //! zero points: within 1 LSB everywhere, exact on ≥ 99.9 % of elements.
     use super::*;
-    use crate::model::{Dim, Graph, Model, Node, TensorInfo};
-    use crate::ops::testing::rnd;
+    use crate::model::{Dim, Model};
     use crate::{Session, SessionBuilder, TensorView};
     use alloc::vec;
 
-    struct G {
-        g: Graph,
-        seed: u64,
-    }
+    use crate::ops::testing::TestGraph as G;
 
     impl G {
-        fn new(seed: u64) -> Self {
-            G {
-                g: Graph::default(),
-                seed,
-            }
-        }
-        fn rand(&mut self, n: usize) -> Vec<f32> {
-            self.seed += 1;
-            rnd(n, self.seed)
-        }
-        fn tensor(&mut self, name: &str, value: Option<Const>) -> TensorId {
-            self.g.tensors.push(TensorInfo {
-                name: name.into(),
-                dtype: value.as_ref().map(|c| c.dtype),
-                shape: value
-                    .as_ref()
-                    .map(|c| c.shape.iter().map(|&d| Dim::Fixed(d)).collect()),
-                value,
-                onnx_type: 0,
-            });
-            (self.g.tensors.len() - 1) as TensorId
-        }
-        fn c<T: crate::Element>(&mut self, shape: &[usize], v: &[T]) -> TensorId {
-            let n = alloc::format!("c{}", self.g.tensors.len());
-            self.tensor(&n, Some(Const::from_slice(shape, v).unwrap()))
-        }
-        fn node(
-            &mut self,
-            op: &str,
-            ins: &[Option<TensorId>],
-            attrs: Vec<(&str, AttrValue)>,
-        ) -> TensorId {
-            let out = self.tensor(&alloc::format!("t{}", self.g.tensors.len()), None);
-            self.g.nodes.push(Node {
-                name: alloc::format!("n{}", self.g.nodes.len()),
-                op_type: op.into(),
-                domain: String::new(),
-                opset: 13,
-                inputs: ins.to_vec(),
-                outputs: vec![Some(out)],
-                attrs: attrs
-                    .into_iter()
-                    .map(|(n, v)| Attr {
-                        name: n.into(),
-                        value: v,
-                    })
-                    .collect(),
-            });
-            out
-        }
         /// DQ of an activation with a random scale and zero point.
         fn dq_act(&mut self, q: TensorId, u8_: bool) -> (TensorId, f32) {
             let r = self.rand(2);
@@ -994,7 +940,7 @@ mod tests {
                 self.c(&[], &[(20.0 * r[1]) as i8])
             };
             (
-                self.node("DequantizeLinear", &[Some(q), Some(st), Some(zt)], vec![]),
+                self.node_opt("DequantizeLinear", &[Some(q), Some(st), Some(zt)], vec![]),
                 s,
             )
         }
@@ -1006,7 +952,7 @@ mod tests {
             } else {
                 self.c(&[], &[(30.0 * r[0]) as i8])
             };
-            self.node("QuantizeLinear", &[Some(x), Some(st), Some(zt)], vec![])
+            self.node_opt("QuantizeLinear", &[Some(x), Some(st), Some(zt)], vec![])
         }
         /// Per-channel int8 weights of `shape` (channels on `axis`), DQ'd.
         fn weights(&mut self, shape: &[usize], axis: usize) -> (TensorId, Vec<f32>) {
@@ -1022,7 +968,7 @@ mod tests {
             let st = self.c(&[ch], &s);
             let zt = self.c(&[ch], &vec![0i8; ch]);
             (
-                self.node(
+                self.node_opt(
                     "DequantizeLinear",
                     &[Some(wt), Some(st), Some(zt)],
                     vec![("axis", AttrValue::Int(axis as i64))],
@@ -1039,7 +985,7 @@ mod tests {
             let s: Vec<f32> = sw.iter().map(|w| sx * w).collect();
             let bt = self.c(&[sw.len()], &b);
             let st = self.c(&[sw.len()], &s);
-            self.node(
+            self.node_opt(
                 "DequantizeLinear",
                 &[Some(bt), Some(st)],
                 vec![("axis", AttrValue::Int(0))],
@@ -1130,7 +1076,7 @@ mod tests {
         let (xd, sx) = b.dq_act(x, u8_);
         let (wd, sw) = b.weights(&[m, c / group, k, k], 0);
         let bd = b.bias(sx, &sw);
-        let conv = b.node(
+        let conv = b.node_opt(
             "Conv",
             &[Some(xd), Some(wd), Some(bd)],
             vec![
@@ -1141,10 +1087,10 @@ mod tests {
             ],
         );
         let y = match act {
-            1 => b.node("Relu", &[Some(conv)], vec![]),
+            1 => b.node_opt("Relu", &[Some(conv)], vec![]),
             2 => {
                 let (lo, hi) = (b.c(&[], &[0.0f32]), b.c(&[], &[6.0f32]));
-                b.node("Clip", &[Some(conv), Some(lo), Some(hi)], vec![])
+                b.node_opt("Clip", &[Some(conv), Some(lo), Some(hi)], vec![])
             }
             _ => conv,
         };
@@ -1222,14 +1168,14 @@ mod tests {
                 let (wd, sw) = b.weights(&wshape, if trans_b { 0 } else { 1 });
                 let y = if gemm {
                     let bd = b.bias(sx, &sw);
-                    let g = b.node(
+                    let g = b.node_opt(
                         "Gemm",
                         &[Some(xd), Some(wd), Some(bd)],
                         vec![("transB", AttrValue::Int(trans_b as i64))],
                     );
-                    b.node("Relu", &[Some(g)], vec![])
+                    b.node_opt("Relu", &[Some(g)], vec![])
                 } else {
-                    b.node("MatMul", &[Some(xd), Some(wd)], vec![])
+                    b.node_opt("MatMul", &[Some(xd), Some(wd)], vec![])
                 };
                 let out = b.q(y, sx * sw[0] * 130.0 * libm::sqrtf(k as f32), u8_);
                 let (cn, ce, cm, ops) = compare(b, x, &[m, k], u8_, out);
@@ -1250,10 +1196,10 @@ mod tests {
             let mut b = G::new(77 + u8_ as u64);
             let x = b.tensor("x", None);
             let (xd, sx) = b.dq_act(x, u8_);
-            let r = b.node("Relu", &[Some(xd)], vec![]);
+            let r = b.node_opt("Relu", &[Some(xd)], vec![]);
             let rq = b.q(r, sx * 0.7, u8_);
             let (rd, _) = b.dq_act(rq, u8_);
-            let mp = b.node(
+            let mp = b.node_opt(
                 "MaxPool",
                 &[Some(rd)],
                 vec![("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))],
@@ -1261,7 +1207,7 @@ mod tests {
             let mq = b.q(mp, 0.02, u8_);
             let (md, _) = b.dq_act(mq, u8_);
             let shape = b.c(&[2], &[1i64, -1]);
-            let rs = b.node("Reshape", &[Some(md), Some(shape)], vec![]);
+            let rs = b.node_opt("Reshape", &[Some(md), Some(shape)], vec![]);
             let out = b.q(rs, 0.03, u8_);
             let (n, e, m, ops) = compare(b, x, &[1, 3, 8, 8], u8_, out);
             assert!(ops.iter().any(|o| o == "QRequant"), "{ops:?}");
@@ -1277,7 +1223,7 @@ mod tests {
         let x = b.tensor("x", None);
         let (xd, sx) = b.dq_act(x, false);
         let (wd, sw) = b.weights(&[4, 2, 3, 3], 0);
-        let conv = b.node(
+        let conv = b.node_opt(
             "Conv",
             &[Some(xd), Some(wd)],
             vec![("kernel_shape", ints(&[3, 3]))],

@@ -29,22 +29,30 @@ fn vi(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
     }
 }
 
-/// y = x + b, x: float [batch, 4]; `op` replaces Add to test unsupported ops.
-fn model(dir: &Path, file: &str, op: &str) -> PathBuf {
-    let node = NodeProto {
-        input: vec!["x".into(), "b".into()],
-        output: vec!["out/0".into()],
-        name: Some("add1".into()),
+/// A float initializer.
+fn init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto {
+        dims: dims.to_vec(),
+        data_type: Some(1),
+        float_data: v.to_vec(),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+/// A default-domain node with one output.
+fn node(name: &str, op: &str, ins: &[&str], out: &str) -> NodeProto {
+    NodeProto {
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        name: Some(name.into()),
         op_type: Some(op.into()),
         ..Default::default()
-    };
-    let b = TensorProto {
-        dims: vec![4],
-        data_type: Some(1),
-        float_data: vec![1.0, 2.0, 3.0, 4.0],
-        name: Some("b".into()),
-        ..Default::default()
-    };
+    }
+}
+
+/// Writes an opset-13 model of `graph` to `dir/file`.
+fn write_model(dir: &Path, file: &str, graph: GraphProto) -> PathBuf {
     let m = ModelProto {
         ir_version: Some(8),
         producer_name: Some("mote-test".into()),
@@ -52,19 +60,25 @@ fn model(dir: &Path, file: &str, op: &str) -> PathBuf {
             version: Some(13),
             ..Default::default()
         }],
-        graph: Some(GraphProto {
-            node: vec![node],
-            name: Some("g".into()),
-            initializer: vec![b],
-            input: vec![vi("x", &[Err("batch"), Ok(4)])],
-            output: vec![vi("out/0", &[Err("batch"), Ok(4)])],
-            ..Default::default()
-        }),
+        graph: Some(graph),
         ..Default::default()
     };
     let p = dir.join(file);
     std::fs::write(&p, m.encode_to_vec()).unwrap();
     p
+}
+
+/// y = x + b, x: float [batch, 4]; `op` replaces Add to test unsupported ops.
+fn model(dir: &Path, file: &str, op: &str) -> PathBuf {
+    let graph = GraphProto {
+        node: vec![node("add1", op, &["x", "b"], "out/0")],
+        name: Some("g".into()),
+        initializer: vec![init("b", &[4], &[1.0, 2.0, 3.0, 4.0])],
+        input: vec![vi("x", &[Err("batch"), Ok(4)])],
+        output: vec![vi("out/0", &[Err("batch"), Ok(4)])],
+        ..Default::default()
+    };
+    write_model(dir, file, graph)
 }
 
 fn dir() -> PathBuf {
@@ -247,50 +261,25 @@ fn bench_threads_2_is_a_one_line_error() {
 
 /// x [1,2,3,3] → Conv (1×1) → BatchNormalization → Identity → y.
 fn conv_bn_model(dir: &Path) -> PathBuf {
-    let f = |name: &str, dims: &[i64], v: &[f32]| TensorProto {
-        dims: dims.to_vec(),
-        data_type: Some(1),
-        float_data: v.to_vec(),
-        name: Some(name.into()),
+    let graph = GraphProto {
+        node: vec![
+            node("conv1", "Conv", &["x", "w"], "c"),
+            node("bn1", "BatchNormalization", &["c", "s", "b", "m", "v"], "h"),
+            node("id1", "Identity", &["h"], "y"),
+        ],
+        name: Some("g".into()),
+        initializer: vec![
+            init("w", &[2, 2, 1, 1], &[1.0, 2.0, 3.0, 4.0]),
+            init("s", &[2], &[0.5, 2.0]),
+            init("b", &[2], &[0.1, -0.1]),
+            init("m", &[2], &[1.0, 0.0]),
+            init("v", &[2], &[1.0, 4.0]),
+        ],
+        input: vec![vi("x", &[Ok(1), Ok(2), Ok(3), Ok(3)])],
+        output: vec![vi("y", &[Ok(1), Ok(2), Ok(3), Ok(3)])],
         ..Default::default()
     };
-    let node = |name: &str, op: &str, ins: &[&str], out: &str| NodeProto {
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: vec![out.into()],
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        ..Default::default()
-    };
-    let m = ModelProto {
-        ir_version: Some(8),
-        producer_name: Some("mote-test".into()),
-        opset_import: vec![OperatorSetIdProto {
-            version: Some(13),
-            ..Default::default()
-        }],
-        graph: Some(GraphProto {
-            node: vec![
-                node("conv1", "Conv", &["x", "w"], "c"),
-                node("bn1", "BatchNormalization", &["c", "s", "b", "m", "v"], "h"),
-                node("id1", "Identity", &["h"], "y"),
-            ],
-            name: Some("g".into()),
-            initializer: vec![
-                f("w", &[2, 2, 1, 1], &[1.0, 2.0, 3.0, 4.0]),
-                f("s", &[2], &[0.5, 2.0]),
-                f("b", &[2], &[0.1, -0.1]),
-                f("m", &[2], &[1.0, 0.0]),
-                f("v", &[2], &[1.0, 4.0]),
-            ],
-            input: vec![vi("x", &[Ok(1), Ok(2), Ok(3), Ok(3)])],
-            output: vec![vi("y", &[Ok(1), Ok(2), Ok(3), Ok(3)])],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let p = dir.join("convbn.onnx");
-    std::fs::write(&p, m.encode_to_vec()).unwrap();
-    p
+    write_model(dir, "convbn.onnx", graph)
 }
 
 #[test]

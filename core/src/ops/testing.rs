@@ -4,8 +4,109 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::model::{Attr, AttrValue, Const, Node};
-use crate::{Element, Result};
+use crate::model::{Attr, AttrValue, Const, Dim, Graph, Node, TensorInfo};
+use crate::{DType, Element, Result, TensorId};
+
+/// `(name, value)` pairs as node attributes.
+pub fn attrs(v: Vec<(&str, AttrValue)>) -> Vec<Attr> {
+    v.into_iter()
+        .map(|(n, v)| Attr {
+            name: n.into(),
+            value: v,
+        })
+        .collect()
+}
+
+/// A graph built by hand, for the tests of the graph rewrites
+/// (`optimize`, `optimize::float`): tensors, seeded random constants,
+/// f32 inputs (recorded in `feeds`) and nodes with generated names.
+pub struct TestGraph {
+    pub g: Graph,
+    pub seed: u64,
+    /// Graph inputs added by [`TestGraph::input`]: name, shape.
+    pub feeds: Vec<(String, Vec<usize>)>,
+}
+
+impl TestGraph {
+    pub fn new(seed: u64) -> Self {
+        TestGraph {
+            g: Graph::default(),
+            seed,
+            feeds: Vec::new(),
+        }
+    }
+    /// `n` values in [-1, 1), a new seed each call.
+    pub fn rand(&mut self, n: usize) -> Vec<f32> {
+        self.seed += 1;
+        rnd(n, self.seed)
+    }
+    pub fn tensor(&mut self, name: &str, value: Option<Const>) -> TensorId {
+        self.g.tensors.push(TensorInfo {
+            name: name.into(),
+            dtype: value.as_ref().map(|c| c.dtype),
+            shape: value
+                .as_ref()
+                .map(|c| c.shape.iter().map(|&d| Dim::Fixed(d)).collect()),
+            value,
+            onnx_type: 0,
+        });
+        (self.g.tensors.len() - 1) as TensorId
+    }
+    /// A graph input of f32 and `shape`.
+    pub fn input(&mut self, name: &str, shape: &[usize]) -> TensorId {
+        let t = self.tensor(name, None);
+        self.g.tensors[t as usize].dtype = Some(DType::F32);
+        self.g.tensors[t as usize].shape = Some(shape.iter().map(|&d| Dim::Fixed(d)).collect());
+        self.g.inputs.push(t);
+        self.feeds.push((name.into(), shape.to_vec()));
+        t
+    }
+    /// A constant.
+    pub fn c<T: Element>(&mut self, shape: &[usize], v: &[T]) -> TensorId {
+        let n = alloc::format!("c{}", self.g.tensors.len());
+        self.tensor(&n, Some(Const::from_slice(shape, v).unwrap()))
+    }
+    /// An f32 constant (float literals stay f32).
+    pub fn cf(&mut self, shape: &[usize], v: &[f32]) -> TensorId {
+        self.c(shape, v)
+    }
+    /// A node with optional inputs and `n_out` new outputs.
+    pub fn node_n(
+        &mut self,
+        op: &str,
+        ins: &[Option<TensorId>],
+        n_out: usize,
+        attrs: Vec<(&str, AttrValue)>,
+    ) -> Vec<TensorId> {
+        let outs: Vec<TensorId> = (0..n_out)
+            .map(|_| self.tensor(&alloc::format!("t{}", self.g.tensors.len()), None))
+            .collect();
+        self.g.nodes.push(Node {
+            name: alloc::format!("n{}", self.g.nodes.len()),
+            op_type: op.into(),
+            domain: String::new(),
+            opset: 13,
+            inputs: ins.to_vec(),
+            outputs: outs.iter().map(|&o| Some(o)).collect(),
+            attrs: self::attrs(attrs),
+        });
+        outs
+    }
+    /// A node with optional inputs and one output.
+    pub fn node_opt(
+        &mut self,
+        op: &str,
+        ins: &[Option<TensorId>],
+        attrs: Vec<(&str, AttrValue)>,
+    ) -> TensorId {
+        self.node_n(op, ins, 1, attrs)[0]
+    }
+    /// A node with one output.
+    pub fn node(&mut self, op: &str, ins: &[TensorId], attrs: Vec<(&str, AttrValue)>) -> TensorId {
+        let ins: Vec<Option<TensorId>> = ins.iter().map(|&t| Some(t)).collect();
+        self.node_opt(op, &ins, attrs)
+    }
+}
 
 /// A node of `op_type` (default domain) with `n_in` inputs, `n_out` outputs.
 pub fn node(op_type: &str, n_in: usize, n_out: usize, attrs: Vec<(&str, AttrValue)>) -> Node {
@@ -16,13 +117,7 @@ pub fn node(op_type: &str, n_in: usize, n_out: usize, attrs: Vec<(&str, AttrValu
         opset: 0,
         inputs: (0..n_in as u32).map(Some).collect(),
         outputs: (100..100 + n_out as u32).map(Some).collect(),
-        attrs: attrs
-            .into_iter()
-            .map(|(n, v)| Attr {
-                name: n.into(),
-                value: v,
-            })
-            .collect(),
+        attrs: self::attrs(attrs),
     }
 }
 

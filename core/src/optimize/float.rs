@@ -329,6 +329,28 @@ fn new_const(
     })
 }
 
+/// Appends a folded constant to `pending` (the constants an edit adds after
+/// `g`'s tensors, in order) and feeds it to input `slot` of `node`.
+#[allow(clippy::too_many_arguments)]
+fn feed_const(
+    g: &Graph,
+    pending: &mut Vec<TensorInfo>,
+    node: &mut Node,
+    slot: usize,
+    base: &str,
+    what: &str,
+    shape: &[usize],
+    v: &[f32],
+) -> Option<()> {
+    let id = TensorId::try_from(g.tensors.len() + pending.len()).ok()?;
+    let t = new_const(g, pending, base, what, shape, v)?;
+    pending.push(t);
+    if let Some(s) = node.inputs.get_mut(slot) {
+        *s = Some(id);
+    }
+    Some(())
+}
+
 fn tensor_name(g: &Graph, t: TensorId) -> &str {
     g.tensors.get(t as usize).map_or("", |t| t.name.as_str())
 }
@@ -686,7 +708,6 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
     let mut p2 = p.clone();
     p2.outputs = alloc::vec![Some(y)];
     let mut tensors: Vec<TensorInfo> = Vec::new();
-    let nt = g.tensors.len() as TensorId;
     let what = if add { "Add" } else { "Mul" };
     let detail;
     if is_op(p, "Conv") {
@@ -711,10 +732,7 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                     (bc + v.get(c).copied().map_or(0.0, f64::from)) as f32
                 })
                 .collect();
-            tensors.push(new_const(g, &tensors, base, "bias", &[m], &b2)?);
-            if let Some(s) = p2.inputs.get_mut(2) {
-                *s = Some(nt);
-            }
+            feed_const(g, &mut tensors, &mut p2, 2, base, "bias", &[m], &b2)?;
             detail = alloc::format!("{what} '{}' folded into the bias", label(n, i));
         } else {
             let per = w.len() / m.max(1);
@@ -723,16 +741,10 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                 .enumerate()
                 .map(|(k, &x)| x * v.get(k / per.max(1)).copied().unwrap_or(1.0))
                 .collect();
-            tensors.push(new_const(g, &tensors, base, "folded", w_shape, &w2)?);
-            if let Some(s) = p2.inputs.get_mut(1) {
-                *s = Some(nt);
-            }
+            feed_const(g, &mut tensors, &mut p2, 1, base, "folded", w_shape, &w2)?;
             if let Some(b) = b {
                 let b2: Vec<f32> = b.iter().zip(&v).map(|(b, v)| b * v).collect();
-                tensors.push(new_const(g, &tensors, base, "bias", &[m], &b2)?);
-                if let Some(s) = p2.inputs.get_mut(2) {
-                    *s = Some(nt + 1);
-                }
+                feed_const(g, &mut tensors, &mut p2, 2, base, "bias", &[m], &b2)?;
             }
             detail = alloc::format!("{what} '{}' folded into the weights", label(n, i));
         }
@@ -770,11 +782,8 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                     (beta * old + v.get(j).copied().map_or(0.0, f64::from)) as f32
                 })
                 .collect();
-            tensors.push(new_const(g, &tensors, base, "bias", &[nn], &c2)?);
             p2.inputs.resize(3, None);
-            if let Some(s) = p2.inputs.get_mut(2) {
-                *s = Some(nt);
-            }
+            feed_const(g, &mut tensors, &mut p2, 2, base, "bias", &[nn], &c2)?;
             p2.attrs.retain(|a| a.name != "beta");
             detail = alloc::format!("{what} '{}' folded into C", label(n, i));
         } else {
@@ -791,16 +800,10 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                     x * v.get(j).copied().unwrap_or(1.0)
                 })
                 .collect();
-            tensors.push(new_const(g, &tensors, base, "folded", w_shape, &w2)?);
-            if let Some(s) = p2.inputs.get_mut(1) {
-                *s = Some(nt);
-            }
+            feed_const(g, &mut tensors, &mut p2, 1, base, "folded", w_shape, &w2)?;
             if let Some(c) = c_old {
                 let c2: Vec<f32> = c.iter().zip(&v).map(|(c, v)| c * v).collect();
-                tensors.push(new_const(g, &tensors, base, "bias", &[nn], &c2)?);
-                if let Some(s) = p2.inputs.get_mut(2) {
-                    *s = Some(nt + 1);
-                }
+                feed_const(g, &mut tensors, &mut p2, 2, base, "bias", &[nn], &c2)?;
             }
             detail = alloc::format!("{what} '{}' folded into the weights", label(n, i));
         }
@@ -969,15 +972,10 @@ mod tests {
     //! not, and the same outputs as the graph run as built.
     use super::*;
     use crate::model::Model;
-    use crate::ops::testing::rnd;
     use crate::{Session, SessionBuilder, TensorView};
     use alloc::vec;
 
-    struct G {
-        g: Graph,
-        seed: u64,
-        feeds: Vec<(String, Vec<usize>)>,
-    }
+    use crate::ops::testing::TestGraph as G;
 
     fn ints(v: &[i64]) -> AttrValue {
         AttrValue::Ints(v.to_vec())
@@ -987,81 +985,15 @@ mod tests {
     type Feeds = Vec<(String, Vec<usize>, Vec<f32>)>;
 
     impl G {
-        fn new() -> Self {
-            G {
-                g: Graph::default(),
-                seed: 7,
-                feeds: Vec::new(),
-            }
-        }
-        fn rand(&mut self, n: usize) -> Vec<f32> {
-            self.seed += 1;
-            rnd(n, self.seed)
-        }
-        fn tensor(&mut self, name: &str, value: Option<Const>) -> TensorId {
-            self.g.tensors.push(TensorInfo {
-                name: name.into(),
-                dtype: value.as_ref().map(|c| c.dtype),
-                shape: value
-                    .as_ref()
-                    .map(|c| c.shape.iter().map(|&d| Dim::Fixed(d)).collect()),
-                value,
-                onnx_type: 0,
-            });
-            (self.g.tensors.len() - 1) as TensorId
-        }
-        fn input(&mut self, name: &str, shape: &[usize]) -> TensorId {
-            let t = self.tensor(name, None);
-            self.g.tensors[t as usize].dtype = Some(DType::F32);
-            self.g.tensors[t as usize].shape = Some(shape.iter().map(|&d| Dim::Fixed(d)).collect());
-            self.g.inputs.push(t);
-            self.feeds.push((name.into(), shape.to_vec()));
-            t
-        }
-        fn c(&mut self, shape: &[usize], v: &[f32]) -> TensorId {
-            let n = alloc::format!("c{}", self.g.tensors.len());
-            self.tensor(&n, Some(Const::from_slice(shape, v).unwrap()))
-        }
         fn rc(&mut self, shape: &[usize]) -> TensorId {
             let v = self.rand(shape.iter().product());
-            self.c(shape, &v)
-        }
-        fn node_n(
-            &mut self,
-            op: &str,
-            ins: &[Option<TensorId>],
-            n_out: usize,
-            attrs: Vec<(&str, AttrValue)>,
-        ) -> Vec<TensorId> {
-            let outs: Vec<TensorId> = (0..n_out)
-                .map(|_| self.tensor(&alloc::format!("t{}", self.g.tensors.len()), None))
-                .collect();
-            self.g.nodes.push(Node {
-                name: alloc::format!("n{}", self.g.nodes.len()),
-                op_type: op.into(),
-                domain: String::new(),
-                opset: 13,
-                inputs: ins.to_vec(),
-                outputs: outs.iter().map(|&o| Some(o)).collect(),
-                attrs: attrs
-                    .into_iter()
-                    .map(|(n, v)| Attr {
-                        name: n.into(),
-                        value: v,
-                    })
-                    .collect(),
-            });
-            outs
-        }
-        fn node(&mut self, op: &str, ins: &[TensorId], attrs: Vec<(&str, AttrValue)>) -> TensorId {
-            let ins: Vec<Option<TensorId>> = ins.iter().map(|&t| Some(t)).collect();
-            self.node_n(op, &ins, 1, attrs)[0]
+            self.cf(shape, &v)
         }
         /// BatchNormalization with constant, random parameters.
         fn bn(&mut self, x: TensorId, m: usize) -> TensorId {
             let s: Vec<f32> = self.rand(m).iter().map(|v| 1.0 + 0.5 * v).collect();
             let var: Vec<f32> = self.rand(m).iter().map(|v| 0.6 + 0.5 * v.abs()).collect();
-            let (st, vt) = (self.c(&[m], &s), self.c(&[m], &var));
+            let (st, vt) = (self.cf(&[m], &s), self.cf(&[m], &var));
             let (bt, mt) = (self.rc(&[m]), self.rc(&[m]));
             self.node(
                 "BatchNormalization",
@@ -1146,7 +1078,7 @@ mod tests {
 
     #[test]
     fn conv_bn_relu_conv_bn_folds() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 3, 7, 7]);
         let (w, bias) = (b.rc(&[6, 3, 3, 3]), b.rc(&[6]));
         let c = b.node("Conv", &[x, w, bias], vec![("pads", ints(&[1, 1, 1, 1]))]);
@@ -1174,7 +1106,7 @@ mod tests {
 
     #[test]
     fn conv_transpose_bn_folds() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 4, 5, 5]);
         // C = 4, group 2, M/g = 3: M = 6.
         let w = b.rc(&[4, 3, 3, 3]);
@@ -1191,17 +1123,17 @@ mod tests {
     #[test]
     fn bn_is_kept_where_folding_would_be_wrong() {
         // Non-constant scale.
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 2, 4, 4]);
         let s = b.input("s", &[2]);
         let w = b.rc(&[2, 2, 1, 1]);
         let c = b.node("Conv", &[x, w], vec![]);
-        let (bt, mt, vt) = (b.rc(&[2]), b.rc(&[2]), b.c(&[2], &[1.0, 2.0]));
+        let (bt, mt, vt) = (b.rc(&[2]), b.rc(&[2]), b.cf(&[2], &[1.0, 2.0]));
         let y = b.node("BatchNormalization", &[c, s, bt, mt, vt], vec![]);
         let m = check(b, &[y], 1e-6);
         assert_eq!(ops(&m), ["Conv", "BatchNormalization"]);
         // Conv output read twice.
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 2, 4, 4]);
         let w = b.rc(&[2, 2, 1, 1]);
         let c = b.node("Conv", &[x, w], vec![]);
@@ -1210,7 +1142,7 @@ mod tests {
         let m = check(b, &[y, r], 1e-6);
         assert_eq!(ops(&m), ["Conv", "BatchNormalization", "Relu"]);
         // Conv output is a graph output.
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 2, 4, 4]);
         let w = b.rc(&[2, 2, 1, 1]);
         let c = b.node("Conv", &[x, w], vec![]);
@@ -1224,14 +1156,14 @@ mod tests {
     fn bn_after_a_dequantized_weight_stays() {
         // Conv(x, DQ(w8)) → BN: the weight is computed, not a constant, and
         // the QDQ pass leaves the Conv float (x is not dequantized).
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 2, 4, 4]);
         let w8 = b.tensor(
             "w8",
             Some(Const::from_slice(&[2, 2, 1, 1], &[1i8, -3, 7, 100]).unwrap()),
         );
         let (s, z) = (
-            b.c(&[], &[0.02]),
+            b.cf(&[], &[0.02]),
             b.tensor("z", Some(Const::from_slice(&[], &[0i8]).unwrap())),
         );
         let w = b.node("DequantizeLinear", &[w8, s, z], vec![]);
@@ -1247,7 +1179,7 @@ mod tests {
 
     #[test]
     fn per_channel_add_and_mul_fold_into_conv() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 3, 5, 5]);
         let w = b.rc(&[4, 3, 3, 3]);
         let c = b.node("Conv", &[x, w], vec![]);
@@ -1255,7 +1187,7 @@ mod tests {
         let h = b.node("Add", &[a, c], vec![]);
         let mc = b.rc(&[4, 1, 1]);
         let h = b.node("Mul", &[h, mc], vec![]);
-        let s = b.c(&[], &[0.5]);
+        let s = b.cf(&[], &[0.5]);
         let y = b.node("Add", &[h, s], vec![]);
         let m = check(b, &[y], 1e-5);
         assert_eq!(ops(&m), ["Conv"]);
@@ -1264,7 +1196,7 @@ mod tests {
 
     #[test]
     fn non_per_channel_operands_are_kept() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[1, 2, 3, 3]);
         let w = b.rc(&[2, 2, 1, 1]);
         let c = b.node("Conv", &[x, w], vec![]);
@@ -1287,7 +1219,7 @@ mod tests {
 
     #[test]
     fn gemm_and_matmul_fold_bias_and_scale() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[3, 4]);
         let (w, cb) = (b.rc(&[5, 4]), b.rc(&[5]));
         let g1 = b.node(
@@ -1313,7 +1245,7 @@ mod tests {
 
     #[test]
     fn matmul_add_becomes_gemm_when_a_is_2d() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[3, 4]);
         let w = b.rc(&[4, 6]);
         let mm = b.node("MatMul", &[x, w], vec![]);
@@ -1328,7 +1260,7 @@ mod tests {
         assert_eq!(ops(&m), ["Gemm", "Relu", "Gemm"]);
         assert_eq!(count(&m, Pass::Gemm), 2);
         // A of rank 3, an (M, N) operand, a second reader: all kept.
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[2, 3, 4]);
         let w = b.rc(&[4, 6]);
         let mm = b.node("MatMul", &[x, w], vec![]);
@@ -1346,7 +1278,7 @@ mod tests {
 
     #[test]
     fn transposes_collapse() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[2, 3, 4]);
         let t1 = b.node("Transpose", &[x], vec![("perm", ints(&[0, 2, 1]))]);
         let t2 = b.node("Transpose", &[t1], vec![("perm", ints(&[0, 2, 1]))]);
@@ -1369,7 +1301,7 @@ mod tests {
 
     #[test]
     fn identity_and_dropout_are_removed_but_outputs_keep_their_names() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[2, 3]);
         let i1 = b.node("Identity", &[x], vec![]);
         let r = b.node("Relu", &[i1], vec![]);
@@ -1390,7 +1322,7 @@ mod tests {
 
     #[test]
     fn dropout_in_training_mode_is_kept() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[2, 3]);
         let r = b.tensor("r", Some(Const::from_slice(&[], &[0.5f32]).unwrap()));
         let tm = b.tensor("tm", Some(Const::from_slice(&[], &[1u8]).unwrap()));
@@ -1404,7 +1336,7 @@ mod tests {
 
     #[test]
     fn dead_nodes_and_their_initializers_go() {
-        let mut b = G::new();
+        let mut b = G::new(7);
         let x = b.input("x", &[2, 3]);
         let w = b.rc(&[3, 3]);
         let unused = b.node("MatMul", &[x, w], vec![]);
