@@ -26,6 +26,9 @@ pub(crate) enum Params {
         bias: Vec<i32>,
         mult: Vec<Requant>,
         out: OutQ,
+        /// Weights packed for the host's integer GEMM (not written to
+        /// `.mote` files; empty when unused).
+        packed: Vec<i32>,
     },
     /// `mote.QMatMul`.
     MatMul {
@@ -69,6 +72,7 @@ impl Export {
                 bias,
                 mult,
                 out,
+                packed,
             } => OpView::QConv {
                 dt: *dt,
                 q: QConvView {
@@ -78,6 +82,7 @@ impl Export {
                     bias,
                     mult,
                     out: *out,
+                    packed,
                 },
             },
             Params::MatMul {

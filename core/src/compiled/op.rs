@@ -503,6 +503,7 @@ pub(crate) fn decode<'a>(kid: u32, w: &mut Words<'a>) -> Result<OpView<'a>> {
                     bias: w.array()?,
                     mult: w.array()?,
                     out,
+                    packed: &[],
                 },
             }
         }

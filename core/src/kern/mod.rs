@@ -15,6 +15,8 @@ pub mod cpu;
 pub(crate) mod dwconv;
 pub(crate) mod qbin;
 pub(crate) mod qconv;
+pub(crate) mod qdw;
+pub(crate) mod qgemm;
 pub(crate) mod qpool;
 pub mod requant;
 #[cfg(feature = "alloc")]

@@ -2,6 +2,8 @@
 //! kernels of the fused QDQ nodes `mote.QConv`, `mote.QMatMul` and
 //! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
 
+use super::qdw;
+use super::qgemm::{self, zero_points_fit, QIo, QMatA, Zero};
 use super::requant::{clamp, Requant};
 use super::{check_len, valid_range, Geom, QInt};
 use crate::error::Result;
@@ -42,6 +44,9 @@ pub(crate) struct QConvView<'a> {
     pub bias: &'a [i32],
     pub mult: &'a [Requant],
     pub out: OutQ,
+    /// The weights packed for the integer GEMM ([`pack_weights`]), or
+    /// empty (compiled models, depthwise, reference kernels).
+    pub packed: &'a [i32],
 }
 
 /// Parameters of a QMatMul (`y[rows, n] = a[rows, k] · b`), per-column
@@ -63,7 +68,7 @@ pub(crate) struct QMmView<'a> {
 /// Kernel taps `[lo, hi)` of spatial axis `ax` that land inside the input
 /// for output position `o` (the rest read padding, whose `x - zx` is 0).
 #[inline]
-fn tap_range(g: &Geom, ax: usize, o: usize) -> (usize, usize) {
+pub(super) fn tap_range(g: &Geom, ax: usize, o: usize) -> (usize, usize) {
     let (s, d, pb, n, k) = (g.s[ax], g.d[ax], g.pb[ax], g.inp[ax], g.k[ax]);
     let start = o * s; // input coordinate of tap 0, plus pb
     let lo = if start >= pb {
@@ -82,6 +87,12 @@ fn tap_range(g: &Geom, ax: usize, o: usize) -> (usize, usize) {
 #[inline]
 fn finish<Y: QInt>(acc: i32, r: &Requant, o: &OutQ) -> Y {
     Y::from_sat(clamp(r.apply(acc), o.zy, o.lo, o.hi))
+}
+
+/// [`finish`] over a row of sums with one bias and multiplier.
+#[inline(always)]
+pub(super) fn finish_row<Y: QInt>(yrow: &mut [Y], acc: &[i32], bias: i32, r: &Requant, o: &OutQ) {
+    r.apply_row(bias, acc, yrow, o.zy, o.lo, o.hi);
 }
 
 fn check_conv<X, W, Y>(x: &[X], w: &[W], y: &[Y], q: &QConvView<'_>) -> Result<()> {
@@ -119,6 +130,9 @@ const CONTIGUOUS: bool = cfg!(target_pointer_width = "64");
 
 /// Output positions of one row accumulated at a time, on the stack.
 const ROW: usize = 64;
+/// Fewest rows of a QMatMul run as a GEMM (below, packing B costs more
+/// than the product saves).
+const MM_ROWS: usize = 4;
 /// Kernel columns whose in-bounds output ranges are precomputed.
 const KCOLS: usize = 16;
 
@@ -134,22 +148,171 @@ pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
     q: &QConvView<'_>,
 ) -> Result<()> {
     check_conv(x, w, y, q)?;
-    #[cfg(all(target_arch = "x86_64", feature = "alloc"))]
-    if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
-        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
-        // `cpu::enable_avx2_fma`). The same integer code compiled for
-        // AVX2: the sums are exact, so the result is bit-identical.
-        unsafe { qconv_avx2(x, w, y, q) };
-        return Ok(());
+    if fast(q) {
+        return conv_gemm(x, w, y, q);
     }
     qconv_body(x, w, y, q);
     Ok(())
 }
 
-#[cfg(all(target_arch = "x86_64", feature = "alloc"))]
-#[target_feature(enable = "avx2")]
-unsafe fn qconv_avx2<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
-    qconv_body(x, w, y, q)
+/// Whether the blocked integer kernels take this convolution: on 64-bit
+/// hosts unless the reference kernels are forced, with zero points that
+/// keep the differences within i16 pairs (see [`qgemm`]).
+pub(super) fn fast(q: &QConvView<'_>) -> bool {
+    CONTIGUOUS && qgemm::enabled() && zero_points_fit(&[q.zx]) && zero_points_fit(q.zw)
+}
+
+/// The weights of a (not depthwise) convolution packed for [`conv_gemm`],
+/// group after group; empty when the blocked integer kernels will not run
+/// it. Built once at prepare: about two bytes per weight, and no tile
+/// packing left in the run.
+#[cfg(feature = "alloc")]
+pub(crate) fn pack_weights<W: QInt>(
+    w: &[W],
+    p: &IntConv,
+    zx: i32,
+    zw: &[i32],
+) -> alloc::vec::Vec<i32> {
+    let (cg, mg) = (p.c / p.group.max(1), p.m / p.group.max(1));
+    let kk = cg * p.g.k_size();
+    let fast = CONTIGUOUS && qgemm::enabled() && zero_points_fit(&[zx]) && zero_points_fit(zw);
+    if !fast || p.is_depthwise() || w.len() != p.m * kk || zw.len() != p.m || p.group == 0 {
+        return alloc::vec::Vec::new();
+    }
+    let mut out = alloc::vec::Vec::with_capacity(p.group * qgemm::packed_len(mg, kk));
+    for grp in 0..p.group {
+        let oc0 = grp * mg;
+        let a = QMatA {
+            a: &w[oc0 * kk..][..mg * kk],
+            lda: kk,
+            z: Zero::Rows(&zw[oc0..oc0 + mg]),
+            packed: &[],
+        };
+        out.extend(qgemm::pack_a(mg, kk, &a));
+    }
+    out
+}
+
+/// Conv's patch matrix of one image and group for [`qgemm`]:
+/// `B(p, j) = x - zx` at input channel, kernel tap `p` and output position
+/// `j` (0 over the padding), and the group's output planes.
+struct ConvIo<'a, X, Y> {
+    /// The group's input planes.
+    x: &'a [X],
+    zx: i32,
+    g: &'a Geom,
+    /// The group's output planes.
+    y: &'a mut [Y],
+    bias: &'a [i32],
+    mult: &'a [Requant],
+    out: OutQ,
+}
+
+impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
+    #[inline(always)]
+    fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
+        let g = self.g;
+        let [_, o1, o2] = g.out;
+        let [i0, i1, i2] = g.inp;
+        let [_, k1, k2] = g.k;
+        let (k_sz, in_sz) = (g.k_size(), g.in_size());
+        out.fill(0);
+        if k_sz == 0 || o1 == 0 || o2 == 0 {
+            return;
+        }
+        let (c, r) = (p / k_sz, p % k_sz);
+        let (kd, kh, kw) = (r / (k1 * k2), (r / k2) % k1, r % k2);
+        let Some(plane) = self.x.get(c * in_sz..(c + 1) * in_sz) else {
+            return;
+        };
+        let zx = self.zx;
+        if k_sz == 1 && g.s == [1; 3] && g.pb == [0; 3] && g.inp == g.out {
+            // Pointwise: the row is the plane itself.
+            if let Some(src) = plane.get(j0..j0 + out.len()) {
+                for (o, v) in out.iter_mut().zip(src) {
+                    *o = (v.get() - zx) as i16;
+                }
+            }
+            return;
+        }
+        let mut j = 0;
+        while j < out.len() {
+            let o = j0 + j;
+            let ow = o % o2;
+            let len = (o2 - ow).min(out.len() - j);
+            let (od, oh) = (o / (o1 * o2), (o / o2) % o1);
+            // in = out * stride + k * dilation - pad, in [0, inp).
+            let id = (od * g.s[0] + kd * g.d[0]).wrapping_sub(g.pb[0]);
+            let ih = (oh * g.s[1] + kh * g.d[1]).wrapping_sub(g.pb[1]);
+            if id < i0 && ih < i1 {
+                let line = &plane[(id * i1 + ih) * i2..][..i2];
+                let dst = &mut out[j..j + len];
+                let (lo, hi) = valid_range(len, g.s[2], ow * g.s[2] + kw * g.d[2], g.pb[2], i2);
+                for t in lo..hi {
+                    let iw = (ow + t) * g.s[2] + kw * g.d[2] - g.pb[2];
+                    dst[t] = (line[iw].get() - zx) as i16;
+                }
+            }
+            j += len;
+        }
+    }
+
+    #[inline(always)]
+    fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
+        let out_sz = self.g.out_size();
+        let (Some(&b), Some(r)) = (self.bias.get(i), self.mult.get(i)) else {
+            return;
+        };
+        if let Some(yrow) = self.y.get_mut(i * out_sz + j0..i * out_sz + j0 + acc.len()) {
+            finish_row(yrow, acc, b, r, &self.out);
+        }
+    }
+}
+
+/// [`qconv`] as one integer GEMM per image and group: weights
+/// `[mg, cg·k]` times the patch matrix `[cg·k, out positions]`.
+fn conv_gemm<X: QInt, W: QInt, Y: QInt>(
+    x: &[X],
+    w: &[W],
+    y: &mut [Y],
+    q: &QConvView<'_>,
+) -> Result<()> {
+    let p = &q.p;
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let cg = p.c / p.group;
+    let mg = p.m / p.group;
+    let kk = cg * k_sz;
+    for ni in 0..p.batch {
+        for grp in 0..p.group {
+            let oc0 = grp * mg;
+            let per_group = qgemm::packed_len(mg, kk);
+            let a = QMatA {
+                a: &w[oc0 * kk..][..mg * kk],
+                lda: kk,
+                z: Zero::Rows(&q.zw[oc0..oc0 + mg]),
+                packed: q
+                    .packed
+                    .get(grp * per_group..(grp + 1) * per_group)
+                    .unwrap_or(&[]),
+            };
+            let mut io = ConvIo {
+                x: &x[(ni * p.c + grp * cg) * in_sz..][..cg * in_sz],
+                zx: q.zx,
+                g,
+                y: &mut y[(ni * p.m + oc0) * out_sz..][..mg * out_sz],
+                bias: &q.bias[oc0..oc0 + mg],
+                mult: &q.mult[oc0..oc0 + mg],
+                out: q.out,
+            };
+            if !qgemm::qgemm(mg, out_sz, kk, a, &mut io) {
+                return Err(crate::Error::new(crate::ErrorKind::Internal(
+                    "QConv: integer GEMM refused its operands",
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`qconv`] after its checks.
@@ -255,6 +418,10 @@ pub(crate) fn qconv_dw<X: QInt, W: QInt, Y: QInt>(
             "depthwise kernel on a grouped convolution",
         )));
     }
+    if fast(q) {
+        qdw::planes(x, w, y, q);
+        return Ok(());
+    }
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
     for ni in 0..p.batch {
@@ -269,7 +436,7 @@ pub(crate) fn qconv_dw<X: QInt, W: QInt, Y: QInt>(
 
 /// One channel of a depthwise convolution.
 #[inline]
-fn dw_plane<X: QInt, W: QInt, Y: QInt>(
+pub(super) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
     xp: &[X],
     wp: &[W],
     yo: &mut [Y],
@@ -355,6 +522,10 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
     }
     let sz = p.g.in_size();
     let mut buf = [T::default(); INPLACE_PLANE];
+    if p.is_depthwise() && sz <= INPLACE_PLANE && fast(q) {
+        qdw::planes_in_place(w, y, q);
+        return Ok(());
+    }
     if p.is_depthwise() && sz <= INPLACE_PLANE {
         let k_sz = p.g.k_size();
         for (c, plane) in y.chunks_exact_mut(sz.max(1)).enumerate() {
@@ -362,6 +533,26 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
             let saved = &mut buf[..sz];
             saved.copy_from_slice(plane);
             dw_plane(saved, &w[c * k_sz..][..k_sz], plane, c, q);
+        }
+        return Ok(());
+    }
+    if fast(q) && qgemm::fits_one_pass(p.m, p.c) {
+        // One pass per column block: every input of a block of pixels is
+        // packed before any output of them is written.
+        let kk = p.c;
+        for img in y.chunks_exact_mut((kk * sz).max(1)) {
+            let a = QMatA {
+                a: w,
+                lda: kk,
+                z: Zero::Rows(q.zw),
+                packed: q.packed,
+            };
+            let mut io = InPlaceIo { img, sz, q };
+            if !qgemm::qgemm(p.m, sz, kk, a, &mut io) {
+                return Err(crate::Error::new(crate::ErrorKind::Internal(
+                    "QConv: integer GEMM refused its operands",
+                )));
+            }
         }
         return Ok(());
     }
@@ -387,6 +578,86 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
     Ok(())
 }
 
+/// An in-place pointwise convolution's image (`c` planes of `sz`) as both
+/// B and output of [`qgemm`]; the driver reads a column block whole before
+/// storing into it (`fits_one_pass`).
+struct InPlaceIo<'a, 'q, T> {
+    img: &'a mut [T],
+    sz: usize,
+    q: &'a QConvView<'q>,
+}
+
+impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
+    #[inline(always)]
+    fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
+        let zx = self.q.zx;
+        match self.img.get(p * self.sz + j0..p * self.sz + j0 + out.len()) {
+            Some(src) => {
+                for (o, v) in out.iter_mut().zip(src) {
+                    *o = (v.get() - zx) as i16;
+                }
+            }
+            None => out.fill(0),
+        }
+    }
+
+    #[inline(always)]
+    fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
+        let q = self.q;
+        let (Some(&b), Some(r)) = (q.bias.get(i), q.mult.get(i)) else {
+            return;
+        };
+        let at = i * self.sz + j0;
+        if let Some(yrow) = self.img.get_mut(at..at + acc.len()) {
+            finish_row(yrow, acc, b, r, &q.out);
+        }
+    }
+}
+
+/// A QMatMul's B (`[k, n]`, or `[n, k]` transposed) and output for
+/// [`qgemm`]; bias and multipliers are per column.
+struct MmIo<'a, 'q, B, Y> {
+    b: &'a [B],
+    y: &'a mut [Y],
+    q: &'a QMmView<'q>,
+}
+
+impl<B: QInt, Y: QInt> QIo for MmIo<'_, '_, B, Y> {
+    #[inline(always)]
+    fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
+        let q = self.q;
+        let zb = q.zb.get(j0..j0 + out.len()).unwrap_or(&[]);
+        out.fill(0);
+        if q.trans_b {
+            for (j, (o, z)) in out.iter_mut().zip(zb).enumerate() {
+                if let Some(v) = self.b.get((j0 + j) * q.k + p) {
+                    *o = (v.get() - z) as i16;
+                }
+            }
+        } else if let Some(src) = self.b.get(p * q.n + j0..p * q.n + j0 + out.len()) {
+            for ((o, v), z) in out.iter_mut().zip(src).zip(zb) {
+                *o = (v.get() - z) as i16;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
+        let q = self.q;
+        let at = i * q.n + j0;
+        let (Some(yrow), Some(bias), Some(mult)) = (
+            self.y.get_mut(at..at + acc.len()),
+            q.bias.get(j0..j0 + acc.len()),
+            q.mult.get(j0..j0 + acc.len()),
+        ) else {
+            return;
+        };
+        for (((yv, &a), &b), r) in yrow.iter_mut().zip(acc).zip(bias).zip(mult) {
+            *yv = finish(b.wrapping_add(a), r, &q.out);
+        }
+    }
+}
+
 /// Integer matrix product with per-column requantization.
 pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
     a: &[A],
@@ -401,6 +672,33 @@ pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
     for v in [q.zb.len(), q.bias.len(), q.mult.len()] {
         check_len(v, n)?;
     }
+    if CONTIGUOUS
+        && q.rows >= MM_ROWS
+        && qgemm::enabled()
+        && zero_points_fit(&[q.za])
+        && zero_points_fit(q.zb)
+    {
+        let a = QMatA {
+            a,
+            lda: k,
+            z: Zero::All(q.za),
+            packed: &[],
+        };
+        let mut io = MmIo { b, y, q };
+        if !qgemm::qgemm(q.rows, n, k, a, &mut io) {
+            return Err(crate::Error::new(crate::ErrorKind::Internal(
+                "QMatMul: integer GEMM refused its operands",
+            )));
+        }
+        return Ok(());
+    }
+    qmatmul_loops(a, b, y, q);
+    Ok(())
+}
+
+/// [`qmatmul`]'s reference loops, after its checks.
+fn qmatmul_loops<A: QInt, B: QInt, Y: QInt>(a: &[A], b: &[B], y: &mut [Y], q: &QMmView<'_>) {
+    let (k, n) = (q.k, q.n);
     if q.trans_b {
         // B is [N, K]: each output is a contiguous dot product.
         for (arow, yrow) in a.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
@@ -414,7 +712,7 @@ pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
                 *yv = finish(acc, &q.mult[j], &q.out);
             }
         }
-        return Ok(());
+        return;
     }
     // B is [K, N]: accumulate a strip of up to STRIP sums on the stack,
     // walking B by rows (contiguous reads, no arena scratch).
@@ -445,7 +743,6 @@ pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
             j0 += w;
         }
     }
-    Ok(())
 }
 
 /// `y = clamp(requant(x - zx))`; `x = None` runs in place on `y`.
@@ -470,4 +767,419 @@ pub(crate) fn qrequant<X: QInt, Y: QInt>(
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "alloc"))]
+mod tests {
+    use super::*;
+    use crate::kern::cpu::Kernels;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+        fn below(&mut self, n: usize) -> usize {
+            self.next() as usize % n.max(1)
+        }
+        fn q<T: QInt>(&mut self, n: usize) -> Vec<T> {
+            (0..n)
+                .map(|_| T::from_sat(T::LO + self.below((T::HI - T::LO + 1) as usize) as i32))
+                .collect()
+        }
+        fn zp<T: QInt>(&mut self) -> i32 {
+            T::LO + self.below((T::HI - T::LO + 1) as usize) as i32
+        }
+    }
+
+    fn kinds() -> Vec<Kernels> {
+        let mut v = vec![Kernels::Blocked];
+        #[cfg(target_arch = "x86_64")]
+        {
+            extern crate std;
+            if std::is_x86_feature_detected!("avx2") {
+                v.push(Kernels::Avx2Fma);
+            }
+        }
+        v
+    }
+
+    /// Dense B `[k, n]` minus per-column zero points, raw i32 sums out.
+    struct Raw<'a> {
+        b: &'a [u8],
+        zb: &'a [i32],
+        n: usize,
+        c: Vec<i32>,
+        stores: usize,
+    }
+    impl QIo for Raw<'_> {
+        fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = (self.b[p * self.n + j0 + j] as i32 - self.zb[j0 + j]) as i16;
+            }
+        }
+        fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
+            self.c[i * self.n + j0..][..acc.len()].copy_from_slice(acc);
+            self.stores += acc.len();
+        }
+    }
+
+    #[test]
+    fn qgemm_matches_the_definition_on_edge_sizes() {
+        let mut rng = Rng(7);
+        let sizes = [
+            (1, 1, 0),
+            (1, 1, 1),
+            (5, 17, 3),
+            (6, 16, 2),
+            (7, 15, 255),
+            (13, 65, 256),
+            (12, 130, 257),
+            (2, 64, 513),
+            (505, 20, 9),
+            (509, 33, 300),
+        ];
+        for kind in kinds() {
+            for &(m, n, k) in &sizes {
+                let a: Vec<i8> = rng.q(m * k);
+                let b: Vec<u8> = rng.q(k * n);
+                let za: Vec<i32> = (0..m).map(|_| rng.zp::<i8>()).collect();
+                let zb: Vec<i32> = (0..n).map(|_| rng.zp::<u8>()).collect();
+                let mut io = Raw {
+                    b: &b,
+                    zb: &zb,
+                    n,
+                    c: vec![i32::MIN; m * n],
+                    stores: 0,
+                };
+                let am = QMatA {
+                    a: &a,
+                    lda: k,
+                    z: Zero::Rows(&za),
+                    packed: &[],
+                };
+                assert!(qgemm::qgemm_with(kind, m, n, k, am, &mut io));
+                assert_eq!(io.stores, m * n, "{kind:?} {m}x{n}x{k}: every output once");
+                for i in 0..m {
+                    for j in 0..n {
+                        let want = (0..k).fold(0i32, |s, p| {
+                            s.wrapping_add(
+                                (a[i * k + p] as i32 - za[i]) * (b[p * n + j] as i32 - zb[j]),
+                            )
+                        });
+                        assert_eq!(io.c[i * n + j], want, "{kind:?} {m}x{n}x{k} at {i},{j}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn qgemm_refuses_short_operands() {
+        let a = [0i8; 5];
+        let mut io = Raw {
+            b: &[],
+            zb: &[],
+            n: 1,
+            c: vec![0; 2],
+            stores: 0,
+        };
+        let am = QMatA {
+            a: &a,
+            lda: 3,
+            z: Zero::All(0),
+            packed: &[],
+        };
+        assert!(!qgemm::qgemm_with(Kernels::Blocked, 2, 1, 3, am, &mut io));
+        assert_eq!(io.stores, 0);
+    }
+
+    struct Case {
+        p: IntConv,
+        zx: i32,
+        zw: Vec<i32>,
+        bias: Vec<i32>,
+        mult: Vec<Requant>,
+        out: OutQ,
+        packed: Vec<i32>,
+    }
+
+    impl Case {
+        fn view(&self) -> QConvView<'_> {
+            QConvView {
+                p: self.p,
+                zx: self.zx,
+                zw: &self.zw,
+                bias: &self.bias,
+                mult: &self.mult,
+                out: self.out,
+                packed: &self.packed,
+            }
+        }
+    }
+
+    /// A random convolution: `dw` picks depthwise, else grouped or plain.
+    fn case<X: QInt, W: QInt>(rng: &mut Rng, dw: bool) -> Case {
+        let mut g = Geom::unit();
+        let two_d = rng.below(4) != 0;
+        for ax in (if two_d { 1 } else { 2 })..3 {
+            g.k[ax] = 1 + rng.below(5);
+            g.s[ax] = 1 + rng.below(3);
+            g.d[ax] = 1 + rng.below(2);
+            g.pb[ax] = rng.below(3);
+            g.pe[ax] = rng.below(3);
+            let span = (g.k[ax] - 1) * g.d[ax] + 1;
+            g.inp[ax] = span.saturating_sub(g.pb[ax] + g.pe[ax]).max(1) + rng.below(20);
+            let padded = g.inp[ax] + g.pb[ax] + g.pe[ax];
+            g.out[ax] = if padded >= span {
+                (padded - span) / g.s[ax] + 1
+            } else {
+                0
+            };
+        }
+        let (c, m, group) = if dw {
+            let c = 1 + rng.below(6);
+            (c, c, c)
+        } else {
+            let group = [1, 1, 1, 2, 3][rng.below(5)];
+            (
+                group * (1 + rng.below(9)),
+                group * (1 + rng.below(20)),
+                group,
+            )
+        };
+        let p = IntConv {
+            batch: 1 + rng.below(2),
+            c,
+            m,
+            group,
+            g,
+        };
+        let zy = rng.zp::<i8>();
+        let (lo, hi) = if rng.below(2) == 0 {
+            (-128, 127)
+        } else {
+            (zy, 127)
+        };
+        Case {
+            p,
+            zx: rng.zp::<X>(),
+            zw: (0..m).map(|_| rng.zp::<W>()).collect(),
+            bias: (0..m).map(|_| rng.next() as i32 % 5000).collect(),
+            mult: (0..m)
+                .map(|_| Requant::new(0.0005 + rng.below(1000) as f64 * 1e-5).unwrap())
+                .collect(),
+            out: OutQ { zy, lo, hi },
+            packed: Vec::new(),
+        }
+    }
+
+    fn conv_cases<X: QInt, W: QInt>(seed: u64) {
+        let mut rng = Rng(seed);
+        let mut flat_cases = 0;
+        for n in 0..300 {
+            let cs = case::<X, W>(&mut rng, n % 3 == 0);
+            let q = cs.view();
+            let p = &cs.p;
+            let cg = p.c / p.group;
+            let x: Vec<X> = rng.q(p.batch * p.c * p.g.in_size());
+            let w: Vec<W> = rng.q(p.m * cg * p.g.k_size());
+            let mut want = vec![i8::default(); p.batch * p.m * p.g.out_size()];
+            qconv_body(&x, &w, &mut want, &q);
+            let mut got = vec![i8::MIN; want.len()];
+            conv_gemm(&x, &w, &mut got, &q).unwrap();
+            assert_eq!(got, want, "GEMM, case {n}: {p:?}");
+            if !p.is_depthwise() {
+                let packed = pack_weights(&w, p, cs.zx, &cs.zw);
+                assert_eq!(
+                    packed.len(),
+                    p.group * qgemm::packed_len(p.m / p.group, cg * p.g.k_size())
+                );
+                let qp = QConvView {
+                    packed: &packed,
+                    ..q
+                };
+                let mut got = vec![i8::MIN; want.len()];
+                conv_gemm(&x, &w, &mut got, &qp).unwrap();
+                assert_eq!(got, want, "GEMM, packed weights, case {n}: {p:?}");
+            }
+            if p.is_depthwise() {
+                let k_sz = p.g.k_size();
+                let (in_sz, out_sz) = (p.g.in_size(), p.g.out_size());
+                let mut sc = qdw::DwScratch::new();
+                let (mut rows, mut flat) = (vec![i8::MIN; want.len()], vec![i8::MIN; want.len()]);
+                let mut flat_ok = true;
+                for pl in 0..p.batch * p.c {
+                    let ch = pl % p.c;
+                    let xp = &x[pl * in_sz..][..in_sz];
+                    let wc = &w[ch * k_sz..][..k_sz];
+                    assert!(sc.rows(xp, wc, &mut rows[pl * out_sz..][..out_sz], ch, &q));
+                    flat_ok &= sc.flat(xp, wc, &mut flat[pl * out_sz..][..out_sz], ch, &q);
+                }
+                assert_eq!(rows, want, "depthwise rows, case {n}: {p:?}");
+                if flat_ok && out_sz > 0 {
+                    flat_cases += 1;
+                    assert_eq!(flat, want, "depthwise flat, case {n}: {p:?}");
+                }
+                let mut all = vec![i8::MIN; want.len()];
+                qconv_dw(&x, &w, &mut all, &q).unwrap();
+                assert_eq!(all, want, "qconv_dw, case {n}: {p:?}");
+            }
+        }
+        assert!(
+            flat_cases > 30,
+            "flat depthwise path taken {flat_cases} times"
+        );
+    }
+
+    #[test]
+    fn conv_gemm_and_depthwise_rows_match_the_reference() {
+        conv_cases::<u8, i8>(1);
+        conv_cases::<i8, i8>(2);
+        conv_cases::<u8, u8>(3);
+    }
+
+    #[test]
+    fn in_place_pointwise_matches_the_reference() {
+        let mut rng = Rng(11);
+        for n in 0..40 {
+            let c = [1, 3, 16, 64, 200, 256][n % 6];
+            let mut g = Geom::unit();
+            g.inp[2] = 1 + rng.below(70);
+            g.inp[1] = 1 + rng.below(4);
+            g.out = g.inp;
+            let p = IntConv {
+                batch: 1 + rng.below(2),
+                c,
+                m: c,
+                group: 1,
+                g,
+            };
+            let cs = Case {
+                p,
+                zx: rng.zp::<i8>(),
+                zw: (0..c).map(|_| rng.zp::<i8>()).collect(),
+                bias: (0..c).map(|_| rng.next() as i32 % 3000).collect(),
+                mult: (0..c).map(|_| Requant::new(0.003).unwrap()).collect(),
+                out: OutQ {
+                    zy: -3,
+                    lo: -128,
+                    hi: 127,
+                },
+                packed: Vec::new(),
+            };
+            assert!(can_conv_in_place(&p));
+            let x: Vec<i8> = rng.q(p.batch * c * g.in_size());
+            let w: Vec<i8> = rng.q(c * c);
+            let packed = if n % 2 == 0 {
+                pack_weights(&w, &p, cs.zx, &cs.zw)
+            } else {
+                Vec::new()
+            };
+            let q = QConvView {
+                packed: &packed,
+                ..cs.view()
+            };
+            let mut want = vec![0i8; x.len()];
+            qconv_body(&x, &w, &mut want, &q);
+            let mut y = x.clone();
+            qconv_in_place(&w, &mut y, &q).unwrap();
+            assert_eq!(y, want, "in place, case {n}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn in_place_depthwise_matches_the_reference() {
+        let mut rng = Rng(13);
+        for n in 0..40 {
+            let c = 1 + rng.below(8);
+            let mut g = Geom::unit();
+            let k = [1, 3, 5][n % 3];
+            for ax in 1..3 {
+                g.k[ax] = k;
+                g.pb[ax] = k / 2;
+                g.pe[ax] = k / 2;
+                g.inp[ax] = 1 + rng.below(31);
+            }
+            if n % 4 == 0 {
+                g.inp[1] = 1;
+                g.k[1] = 1;
+                g.pb[1] = 0;
+                g.pe[1] = 0;
+            }
+            g.out = g.inp;
+            let p = IntConv {
+                batch: 1 + rng.below(2),
+                c,
+                m: c,
+                group: c,
+                g,
+            };
+            let cs = Case {
+                p,
+                zx: rng.zp::<u8>(),
+                zw: (0..c).map(|_| rng.zp::<u8>()).collect(),
+                bias: (0..c).map(|_| rng.next() as i32 % 3000).collect(),
+                mult: (0..c).map(|_| Requant::new(0.002).unwrap()).collect(),
+                out: OutQ {
+                    zy: 100,
+                    lo: 100,
+                    hi: 255,
+                },
+                packed: Vec::new(),
+            };
+            let q = cs.view();
+            assert!(can_conv_in_place(&p), "{p:?}");
+            let x: Vec<u8> = rng.q(p.batch * c * g.in_size());
+            let w: Vec<u8> = rng.q(c * g.k_size());
+            let mut want = vec![0u8; x.len()];
+            qconv_body(&x, &w, &mut want, &q);
+            let mut y = x.clone();
+            qconv_in_place(&w, &mut y, &q).unwrap();
+            assert_eq!(y, want, "in place depthwise, case {n}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn qmatmul_gemm_matches_the_loops() {
+        let mut rng = Rng(5);
+        for n_case in 0..60 {
+            let rows = 1 + rng.below(40);
+            let (k, n) = (1 + rng.below(300), 1 + rng.below(90));
+            let trans_b = n_case % 2 == 0;
+            let zb: Vec<i32> = (0..n).map(|_| rng.zp::<i8>()).collect();
+            let bias: Vec<i32> = (0..n).map(|_| rng.next() as i32 % 4000).collect();
+            let mult: Vec<Requant> = (0..n)
+                .map(|_| Requant::new(0.001 + rng.below(100) as f64 * 1e-4).unwrap())
+                .collect();
+            let q = QMmView {
+                rows,
+                k,
+                n,
+                trans_b,
+                za: rng.zp::<u8>(),
+                zb: &zb,
+                bias: &bias,
+                mult: &mult,
+                out: OutQ {
+                    zy: 10,
+                    lo: 0,
+                    hi: 255,
+                },
+            };
+            let a: Vec<u8> = rng.q(rows * k);
+            let b: Vec<i8> = rng.q(k * n);
+            let mut want = vec![0u8; rows * n];
+            qmatmul_loops(&a, &b, &mut want, &q);
+            let mut got = vec![0u8; rows * n];
+            qmatmul(&a, &b, &mut got, &q).unwrap();
+            assert_eq!(got, want, "case {n_case}: {rows}x{k}x{n} trans_b {trans_b}");
+        }
+    }
 }

@@ -94,6 +94,45 @@ impl Requant {
         round_shift(acc as i64 * self.mult as i64, self.shift as u32)
     }
 
+    /// `clamp(round_half_even((bias + acc) · m) + zy, lo, hi)` for a row of
+    /// sums sharing one multiplier (`acc` wraps like the accumulators),
+    /// into `out` (up to the shorter of the two). The same values as
+    /// [`Requant::apply`] and [`clamp`] per element, computed so that the
+    /// loop vectorizes: with `|p| < 2^62`, `p + 2^63` is a u64 whose floor
+    /// shift keeps the parity of `floor(p / 2^shift)` (2^63 is a multiple of
+    /// 2^shift), so the branch-free rounding `floor((p + half - 1 + q_odd)
+    /// / 2^shift)` (`q_odd` the low bit of `floor(p / 2^shift)`) runs on
+    /// logical shifts. (Microcontrollers keep [`Requant::apply`], whose
+    /// instruction counts README reports.)
+    #[inline(always)]
+    pub(crate) fn apply_row<Y: crate::kern::QInt>(
+        &self,
+        bias: i32,
+        acc: &[i32],
+        out: &mut [Y],
+        zy: i32,
+        lo: i32,
+        hi: i32,
+    ) {
+        let (mult, shift) = (self.mult as i64, self.shift as u32);
+        if shift == 0 || shift > 62 {
+            for (y, &a) in out.iter_mut().zip(acc) {
+                *y = Y::from_sat(clamp(self.apply(bias.wrapping_add(a)), zy, lo, hi));
+            }
+            return;
+        }
+        let (zy, lo, hi) = (zy as i64, lo as i64, hi as i64);
+        let half_m1 = (1u64 << (shift - 1)) - 1;
+        let off = 1i64 << (63 - shift);
+        for (y, &a) in out.iter_mut().zip(acc) {
+            let p = bias.wrapping_add(a) as i64 * mult;
+            let u = (p as u64) ^ (1u64 << 63);
+            let odd = (u >> shift) & 1;
+            let v = ((u + half_m1 + odd) >> shift) as i64 - off;
+            *y = Y::from_sat((v + zy).clamp(lo, hi) as i32);
+        }
+    }
+
     /// `round_half_even(sum · m / count)` for averages (`count > 0`;
     /// `count <= 0` gives 0).
     #[inline]
@@ -178,6 +217,21 @@ fn round_shift(p: i64, shift: u32) -> i64 {
     }
 }
 
+/// [`round_shift`] without branches (so that a row of outputs vectorizes
+/// and an unpredictable tie test costs nothing), for `|p| < 2^62` and
+/// `shift <= 62`: `floor((p + half - 1 + q_odd) / 2^shift)` where `q_odd`
+/// is the low bit of `floor(p / 2^shift)`, which rounds up exactly when the
+/// remainder is above half, or at half with `q` odd.
+#[cfg(test)]
+fn round_shift_small(p: i64, shift: u32) -> i64 {
+    if shift == 0 {
+        return p;
+    }
+    let half = 1i64 << (shift - 1);
+    let odd = (p >> shift) & 1;
+    (p + (half - 1) + odd) >> shift
+}
+
 /// `round_half_even(num / den)` for `den > 0`.
 #[inline]
 fn div_round_half_even(num: i128, den: i128) -> i64 {
@@ -222,6 +276,75 @@ mod tests {
                 continue; // a near-tie: either side is within the rule
             }
             assert_eq!(r.apply(acc), reference(acc, m), "acc {acc} m {m}");
+        }
+    }
+
+    #[test]
+    fn branch_free_rounding_is_the_branchy_one() {
+        let mut seed = 3u64;
+        for shift in 0..=62u32 {
+            for i in 0..4000 {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Mostly ties and their neighbours, then arbitrary values.
+                let p = match i % 4 {
+                    0 | 1 if shift > 0 => {
+                        let q = (seed >> 20) as i64 % (1i64 << (62 - shift).min(40));
+                        let r = (1i64 << (shift - 1)) + (i % 3) as i64 - 1;
+                        q * (1i64 << shift) + r
+                    }
+                    _ => (seed as i64) >> 2,
+                };
+                let p = if i % 2 == 0 { p } else { -p };
+                assert_eq!(
+                    round_shift_small(p, shift),
+                    round_shift(p, shift),
+                    "{p} >> {shift}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn row_requantization_is_apply_and_clamp() {
+        let mut seed = 9u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 32) as i32
+        };
+        for t in 0..3000 {
+            let m = match t % 5 {
+                0 => 1.0,
+                1 => 2.0f64.powi(-(t % 60)),
+                2 => 0.5,
+                _ => (next() as u32 as f64 + 1.0) / 2f64.powi(20 + t % 30),
+            };
+            let Ok(r) = Requant::new(m) else { continue };
+            let (bias, zy) = (next() % 100_000, next() % 200);
+            let (lo, hi) = if t % 2 == 0 { (-128, 127) } else { (0, 255) };
+            let mut acc = [0i32; 37];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let i = i as i32;
+                *a = match i % 4 {
+                    0 => next(),
+                    1 => i32::MAX - i,
+                    2 => i32::MIN + i,
+                    _ => next() % 1000,
+                };
+            }
+            let mut got = [0u8; 37];
+            r.apply_row(bias, &acc, &mut got, zy, lo.max(0), hi);
+            let mut got_i8 = [0i8; 37];
+            r.apply_row(bias, &acc, &mut got_i8, zy, lo, hi.min(127));
+            for (i, &a) in acc.iter().enumerate() {
+                let want = clamp(r.apply(bias.wrapping_add(a)), zy, lo.max(0), hi);
+                assert_eq!(got[i] as i32, want, "m {m} acc {a} bias {bias}");
+                let want = clamp(r.apply(bias.wrapping_add(a)), zy, lo, hi.min(127));
+                assert_eq!(got_i8[i] as i32, want, "m {m} acc {a} bias {bias}");
+            }
         }
     }
 

@@ -26,7 +26,7 @@ use alloc::vec::Vec;
 use crate::compiled::export::{Export, Params};
 use crate::compiled::op::OpView;
 use crate::error::{Error, ErrorKind, Result};
-use crate::kern::qconv::{can_conv_in_place, OutQ};
+use crate::kern::qconv::{can_conv_in_place, pack_weights, OutQ};
 use crate::kern::requant::Requant;
 use crate::ops::qlinear::{int_conv_geom, per_channel, with_qint, QInt};
 use crate::ops::{util, InputInfo, OpDef, PrepareCtx, Prepared};
@@ -233,6 +233,12 @@ fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let bias = acc_bias(ctx, 8, &s.acc, 1.0)?.unwrap_or_else(|| alloc::vec![0; p.m]);
     let (xdt, wdt, ydt) = (x.dtype, w.dtype, yz.dtype);
     let depthwise = p.is_depthwise();
+    // Constant weights are packed once for the host's integer GEMM.
+    let packed = match (&w.value, wdt) {
+        (Some(v), DType::I8) => pack_weights(v.as_slice::<i8>()?, &p, s.zx, &s.zw),
+        (Some(v), DType::U8) => pack_weights(v.as_slice::<u8>()?, &p, s.zx, &s.zw),
+        _ => Vec::new(),
+    };
     with_qint!(ydt, "QConv y", Y => {
         let (sy, out) = out_q::<Y>(ctx, 6, 7)?;
         let params = Params::Conv {
@@ -243,6 +249,7 @@ fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             bias,
             mult: multipliers(&s.acc, 1.0, sy)?,
             out,
+            packed,
         };
         let name = if depthwise { "QConv depthwise" } else { "QConv" };
         let prep = Prepared::single(ydt, &shape, Export::new(name, [0, 3], params));

@@ -1,0 +1,300 @@
+//! Integer depthwise convolution on 64-bit hosts, bit-identical to
+//! [`super::qconv::dw_plane`] (the reference loop, which tests the taps of
+//! every output one by one).
+//!
+//! Both paths turn each kernel tap into one contiguous multiply-add of i16
+//! differences `x - zx` (0 over the padding) into i32 sums; the sums are
+//! exact modulo 2^32 like the reference's, so the order does not matter.
+//! - [`DwScratch::flat`]: a plane of up to [`FLAT`] values with its padding
+//!   is copied once into a zero-padded buffer of row width `Wp`; the output
+//!   is a grid of the same row width, so each tap is one multiply-add over
+//!   the whole plane (`acc[t] += w · xp[s·t + off]`, the grid columns past
+//!   the output width are dropped). Strided windows read the buffer split
+//!   by stride phase, so the reads stay contiguous. This is every plane of
+//!   the MLPerf Tiny models, where a row is a handful of values.
+//! - [`DwScratch::rows`]: larger planes, a strip of up to [`STRIP`] outputs
+//!   of a row at a time; each input row a window row reads is copied per
+//!   strip, split by phase.
+//!
+//! The whole channel loop is compiled for AVX2 when the CPU has it.
+
+use super::qconv::{dw_plane, finish_row, tap_range, QConvView};
+use super::{valid_range, QInt};
+
+/// Most values of a padded plane (and of its output grid).
+pub(crate) const FLAT: usize = 4096;
+/// Outputs of one row strip.
+const STRIP: usize = 256;
+/// Most strides.
+const MAX_S: usize = 4;
+/// Most `(k - 1) · dilation` columns of the row path.
+const MAX_REACH: usize = 64;
+/// Most taps of the flat path.
+const MAX_TAPS: usize = 64;
+/// Grid points of the flat path summed in registers at a time.
+const CHUNK: usize = 32;
+/// Inputs one phase of a row strip reads.
+const PHASE: usize = STRIP + MAX_REACH + 1;
+
+/// Stack buffers, reused across the planes of one call (32 KiB).
+pub(crate) struct DwScratch {
+    xp: [i16; FLAT],
+    ph: [i16; FLAT],
+    acc: [i32; FLAT],
+}
+
+impl DwScratch {
+    pub(crate) fn new() -> Self {
+        DwScratch {
+            xp: [0; FLAT],
+            ph: [0; FLAT],
+            acc: [0; FLAT],
+        }
+    }
+
+    /// Channel `c`: `xp` its input plane, `wp` its kernel, `yo` its output
+    /// plane; `false` (nothing written) when neither path takes the
+    /// geometry (3-D windows, strides above 4, very wide windows).
+    #[inline(always)]
+    pub(crate) fn plane<X: QInt, W: QInt, Y: QInt>(
+        &mut self,
+        xp: &[X],
+        wp: &[W],
+        yo: &mut [Y],
+        c: usize,
+        q: &QConvView<'_>,
+    ) -> bool {
+        self.flat(xp, wp, yo, c, q) || self.rows(xp, wp, yo, c, q)
+    }
+
+    /// The padded-plane path (equal strides on both axes).
+    #[inline(always)]
+    pub(crate) fn flat<X: QInt, W: QInt, Y: QInt>(
+        &mut self,
+        xp: &[X],
+        wp: &[W],
+        yo: &mut [Y],
+        c: usize,
+        q: &QConvView<'_>,
+    ) -> bool {
+        let g = &q.p.g;
+        let [o0, o1, o2] = g.out;
+        let [i0, i1, i2] = g.inp;
+        let [k0, k1, k2] = g.k;
+        let s = g.s[1];
+        if o0 != 1 || i0 != 1 || k0 != 1 || g.s[2] != s || s == 0 || s > MAX_S {
+            return false;
+        }
+        if o1 == 0 || o2 == 0 || k1 == 0 || k2 == 0 {
+            return false;
+        }
+        if xp.len() < i1 * i2 || wp.len() < k1 * k2 || yo.len() < o1 * o2 {
+            return false;
+        }
+        let (d1, d2, p1, p2) = (g.d[1], g.d[2], g.pb[1], g.pb[2]);
+        if k1 * k2 > MAX_TAPS {
+            return false;
+        }
+        // Padded width: every column a valid output reads, and the input.
+        let wpd = ((o2 - 1) * s + (k2 - 1) * d2 + 1).max(p2 + i2);
+        // Grid points, rounded up to whole chunks (the extra ones are
+        // computed on zeros and dropped).
+        let grid = ((o1 - 1) * wpd + o2).div_ceil(CHUNK) * CHUNK;
+        // One past the highest padded index any grid point reads.
+        let reach = s * (grid - 1) + (k1 - 1) * d1 * wpd + (k2 - 1) * d2 + 1;
+        let len = reach.max((p1 + i1) * wpd);
+        let plen = len.div_ceil(s);
+        if len > FLAT || grid > FLAT || plen * s > FLAT {
+            return false;
+        }
+        let (Some(&zw), Some(&b), Some(r)) = (q.zw.get(c), q.bias.get(c), q.mult.get(c)) else {
+            return false;
+        };
+        let DwScratch { xp: buf, ph, acc } = self;
+        let buf = &mut buf[..len];
+        buf.fill(0);
+        for (ih, row) in xp.chunks_exact(i2).take(i1).enumerate() {
+            let dst = &mut buf[(ih + p1) * wpd + p2..][..i2];
+            for (d, v) in dst.iter_mut().zip(row) {
+                *d = (v.get() - q.zx) as i16;
+            }
+        }
+        let src: &[i16] = if s == 1 {
+            buf
+        } else {
+            // Phase f holds buf[s·u + f] at u.
+            let ph = &mut ph[..plen * s];
+            for (f, phase) in ph.chunks_exact_mut(plen).enumerate() {
+                for (u, v) in phase.iter_mut().enumerate() {
+                    *v = buf.get(s * u + f).copied().unwrap_or(0);
+                }
+            }
+            ph
+        };
+        // Each tap: its weight and where grid point 0 reads it.
+        let mut taps = [(0i32, 0usize); MAX_TAPS];
+        for (i, t) in taps.iter_mut().take(k1 * k2).enumerate() {
+            let (kh, kw) = (i / k2, i % k2);
+            let off = kh * d1 * wpd + kw * d2;
+            *t = (wp[i].get() - zw, (off % s) * plen + off / s);
+        }
+        let taps = &taps[..k1 * k2];
+        // A chunk of sums stays in registers across the taps.
+        for (t0, out) in (0..grid).step_by(CHUNK).zip(acc.chunks_exact_mut(CHUNK)) {
+            let mut a = [b; CHUNK];
+            for &(wv, base) in taps {
+                let Some(xs) = src.get(base + t0..base + t0 + CHUNK) else {
+                    continue;
+                };
+                for (x, &v) in a.iter_mut().zip(xs) {
+                    *x = x.wrapping_add(v as i32 * wv);
+                }
+            }
+            out.copy_from_slice(&a);
+        }
+        for (oh, yrow) in yo.chunks_exact_mut(o2).take(o1).enumerate() {
+            finish_row(yrow, &acc[oh * wpd..][..o2], 0, r, &q.out);
+        }
+        true
+    }
+
+    /// The row-strip path.
+    #[inline(always)]
+    pub(crate) fn rows<X: QInt, W: QInt, Y: QInt>(
+        &mut self,
+        xp: &[X],
+        wp: &[W],
+        yo: &mut [Y],
+        c: usize,
+        q: &QConvView<'_>,
+    ) -> bool {
+        let g = &q.p.g;
+        let [o0, o1, o2] = g.out;
+        let [i0, i1, i2] = g.inp;
+        let [k0, k1, k2] = g.k;
+        let (s, d, pb) = (g.s[2], g.d[2], g.pb[2]);
+        let reach = k2.saturating_sub(1) * d;
+        if o0 != 1 || i0 != 1 || k0 != 1 || s == 0 || s > MAX_S || reach > MAX_REACH {
+            return false;
+        }
+        if xp.len() < i1 * i2 || wp.len() < k1 * k2 || yo.len() < o1 * o2 {
+            return false;
+        }
+        let (Some(&zw), Some(&b), Some(r)) = (q.zw.get(c), q.bias.get(c), q.mult.get(c)) else {
+            return false;
+        };
+        let DwScratch { ph, acc, .. } = self;
+        for oh in 0..o1 {
+            let rh = tap_range(g, 1, oh);
+            let mut ow0 = 0;
+            while ow0 < o2 {
+                let wl = STRIP.min(o2 - ow0);
+                let tl = wl + reach / s + 1;
+                let acc = &mut acc[..wl];
+                acc.fill(b);
+                for kh in rh.0..rh.1 {
+                    let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
+                    let xrow = &xp[ih * i2..][..i2];
+                    // Phase f, entry t: input column (ow0 + t)·s + f - pb.
+                    for (f, phase) in ph.chunks_exact_mut(PHASE).take(s).enumerate() {
+                        let phase = &mut phase[..tl];
+                        let (lo, hi) = valid_range(tl, s, ow0 * s + f, pb, i2);
+                        phase[..lo].fill(0);
+                        phase[hi..].fill(0);
+                        for (t, v) in phase[lo..hi].iter_mut().enumerate() {
+                            *v = (xrow[(ow0 + lo + t) * s + f - pb].get() - q.zx) as i16;
+                        }
+                    }
+                    let wrow = &wp[kh * k2..][..k2];
+                    for (kw, wv) in wrow.iter().enumerate() {
+                        let wv = (wv.get() - zw) as i16 as i32;
+                        let off = kw * d;
+                        let src = &ph[(off % s) * PHASE + off / s..][..wl];
+                        for (a, &xv) in acc.iter_mut().zip(src) {
+                            *a = a.wrapping_add(xv as i32 * wv);
+                        }
+                    }
+                }
+                finish_row(&mut yo[oh * o2 + ow0..][..wl], acc, 0, r, &q.out);
+                ow0 += wl;
+            }
+        }
+        true
+    }
+}
+
+/// Every plane of a depthwise convolution whose lengths `qconv_dw` checked.
+pub(crate) fn planes<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
+        // `cpu::enable_avx2_fma`). The same integer code compiled for AVX2.
+        unsafe { planes_avx2(x, w, y, q) };
+        return;
+    }
+    planes_body(x, w, y, q);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn planes_avx2<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
+    planes_body(x, w, y, q);
+}
+
+#[inline(always)]
+fn planes_body<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
+    let p = &q.p;
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let mut sc = DwScratch::new();
+    for i in 0..p.batch * p.c {
+        let c = i % p.c;
+        let (Some(xp), Some(yo), Some(wc)) = (
+            x.get(i * in_sz..(i + 1) * in_sz),
+            y.get_mut(i * out_sz..(i + 1) * out_sz),
+            w.get(c * k_sz..(c + 1) * k_sz),
+        ) else {
+            return;
+        };
+        if !sc.plane(xp, wc, yo, c, q) {
+            dw_plane(xp, wc, yo, c, q);
+        }
+    }
+}
+
+/// [`planes`] with the output over the input (`qconv_in_place` checked
+/// the lengths and that a plane fits `INPLACE_PLANE`).
+pub(crate) fn planes_in_place<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
+        // SAFETY: as in `planes`.
+        unsafe { in_place_avx2(w, y, q) };
+        return;
+    }
+    in_place_body(w, y, q);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn in_place_avx2<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
+    in_place_body(w, y, q);
+}
+
+#[inline(always)]
+fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
+    let p = &q.p;
+    let (sz, k_sz) = (p.g.in_size(), p.g.k_size());
+    let mut sc = DwScratch::new();
+    let mut saved = [T::default(); super::qconv::INPLACE_PLANE];
+    let Some(saved) = saved.get_mut(..sz) else {
+        return;
+    };
+    for (i, plane) in y.chunks_exact_mut(sz.max(1)).enumerate() {
+        let c = i % p.c.max(1);
+        saved.copy_from_slice(plane);
+        let wc = &w[c * k_sz..][..k_sz];
+        if !sc.plane(saved, wc, plane, c, q) {
+            dw_plane(saved, wc, plane, c, q);
+        }
+    }
+}

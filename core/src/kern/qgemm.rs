@@ -1,0 +1,369 @@
+//! Register-blocked integer GEMM for 64-bit hosts: the int8 / uint8
+//! convolutions and matrix products of the fused QDQ nodes, bit-identical
+//! to the reference loops of [`super::qconv`].
+//!
+//! `C[i, j] = Σ_p A(i, p) · B(p, j)` where A and B are 8-bit values minus
+//! their zero points. The differences lie in `[-255, 255]`, so they are
+//! widened to i16 and multiplied in pairs of k steps into i32
+//! (`vpmaddwd` on AVX2: two products of at most 255² each, whose sum fits
+//! an i32 exactly). Sums wrap like the reference's `wrapping_add`, and
+//! integer addition is associative, so the result is the reference's bit
+//! for bit whatever the blocking. The zero points must fit that range
+//! ([`zero_points_fit`]); a model whose zero points do not (only a hand-made
+//! `.mote` could) runs the reference loops.
+//!
+//! Blocking, all on the stack (no arena scratch, about 70 KiB):
+//! - rows are cut in chunks of up to [`MC`]; for each chunk, columns in
+//!   blocks of `nc` (≤ [`NC`], a multiple of [`NR`], so that `mc × nc` i32
+//!   sums fit the accumulator block);
+//! - k in blocks of [`KC`]: B's `kc × nc` block is packed once as i16
+//!   pairs, `NR` columns a panel, then each `MR`-row tile of A is packed
+//!   (pairs as one i32 to broadcast) and multiplied with every panel;
+//! - after the last k block, the chunk's sums are handed to the output
+//!   ([`QIo::store`]), which adds the bias and requantizes.
+//!
+//! B is read before any output of its columns is written when the row
+//! chunk covers all rows and k fits one block, which is what lets the
+//! in-place pointwise convolution use this driver ([`fits_one_pass`]).
+
+use super::cpu::{self, Kernels};
+
+/// Rows of a register tile.
+pub(crate) const MR: usize = 6;
+/// Columns of a register tile (two AVX2 vectors of i32).
+pub(crate) const NR: usize = 16;
+/// Steps of k per block (even: k runs in pairs).
+pub(crate) const KC: usize = 256;
+/// Most columns of a block.
+pub(crate) const NC: usize = 64;
+/// Most rows of a chunk (a multiple of MR).
+pub(crate) const MC: usize = 504;
+/// i32 sums of one chunk × block.
+const ACC: usize = 8192;
+
+/// The left operand, row-major: `A(i, p) = a[i * lda + p] - z(i)`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QMatA<'a, T> {
+    pub a: &'a [T],
+    pub lda: usize,
+    /// One zero point for all rows, or one per row.
+    pub z: Zero<'a>,
+    /// The same values packed once by [`pack_a`] (constant weights), or
+    /// empty: the driver then packs each tile as it goes.
+    pub packed: &'a [i32],
+}
+
+/// i32 words of [`pack_a`] for `m × k`.
+pub(crate) fn packed_len(m: usize, k: usize) -> usize {
+    m.div_ceil(MR) * MR * k.div_ceil(2)
+}
+
+/// A packed for the micro-kernel once: `[row tile][pair of k][MR]`, each
+/// word a pair of `a - z` (rows past `m` and the odd last step are 0).
+/// What the driver would pack tile by tile, for weights reused every run.
+#[cfg(feature = "alloc")]
+pub(crate) fn pack_a<T: super::QInt>(m: usize, k: usize, a: &QMatA<'_, T>) -> alloc::vec::Vec<i32> {
+    let kq = k.div_ceil(2);
+    let mut out = alloc::vec![0i32; packed_len(m, k)];
+    if a.lda < k || a.a.len() < m.saturating_sub(1) * a.lda + k {
+        return alloc::vec::Vec::new();
+    }
+    for (t, tile) in out.chunks_exact_mut((kq * MR).max(1)).enumerate() {
+        let rows = MR.min(m - t * MR);
+        pack_tile(a, t * MR, rows, 0, k, tile);
+    }
+    out
+}
+
+/// Rows `i0 .. i0 + rows` of A, steps `p0 .. p0 + kc`, into `at`
+/// (`[pair][MR]`, zero elsewhere).
+#[inline(always)]
+fn pack_tile<T: super::QInt>(
+    a: &QMatA<'_, T>,
+    i0: usize,
+    rows: usize,
+    p0: usize,
+    kc: usize,
+    at: &mut [i32],
+) {
+    at.fill(0);
+    for r in 0..rows {
+        let gi = i0 + r;
+        let z = a.z.of(gi);
+        let Some(src) = a.a.get(gi * a.lda + p0..gi * a.lda + p0 + kc) else {
+            return;
+        };
+        let mut ps = src.chunks_exact(2);
+        for (q, two) in (&mut ps).enumerate() {
+            if let Some(w) = at.get_mut(q * MR + r) {
+                *w = pair(two[0].get() - z, two[1].get() - z);
+            }
+        }
+        if let [last] = ps.remainder() {
+            if let Some(w) = at.get_mut(kc / 2 * MR + r) {
+                *w = pair(last.get() - z, 0);
+            }
+        }
+    }
+}
+
+/// Zero points of A's rows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Zero<'a> {
+    All(i32),
+    Rows(&'a [i32]),
+}
+
+impl Zero<'_> {
+    #[inline]
+    fn of(&self, i: usize) -> i32 {
+        match self {
+            Zero::All(z) => *z,
+            Zero::Rows(z) => z.get(i).copied().unwrap_or(0),
+        }
+    }
+}
+
+/// The right operand and the output of one product.
+pub(crate) trait QIo {
+    /// `B(p, j0 + j) - zero point` for `j < out.len()` (`out.len() <= NC`).
+    fn b_row(&self, p: usize, j0: usize, out: &mut [i16]);
+    /// The finished sums of row `i`, columns `j0 ..` (`acc.len()` of them).
+    fn store(&mut self, i: usize, j0: usize, acc: &[i32]);
+}
+
+/// Whether every zero point keeps `value - zero` within i16 products that
+/// cannot overflow a pair sum (`|diff| <= 255` for 8-bit values).
+pub(crate) fn zero_points_fit(zs: &[i32]) -> bool {
+    zs.iter().all(|z| (-128..=255).contains(z))
+}
+
+/// Whether `m` rows and `k` steps run in one pass per column block: every
+/// column block of B is read before any output of it is stored.
+pub(crate) fn fits_one_pass(m: usize, k: usize) -> bool {
+    m <= MC && k <= KC
+}
+
+/// Packs `a` pairs: `lo` in the low half, `hi` in the high half.
+#[inline(always)]
+fn pair(lo: i32, hi: i32) -> i32 {
+    ((lo as u16 as u32) | ((hi as u16 as u32) << 16)) as i32
+}
+
+/// `C = A · B` for `m × k` by `k × n`, handed row segment by row segment
+/// to `io.store`. `false` (nothing stored) when A is short or a size is
+/// beyond the blocking.
+pub(crate) fn qgemm<T: super::QInt, IO: QIo>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: QMatA<'_, T>,
+    io: &mut IO,
+) -> bool {
+    let kind = kernels_now();
+    qgemm_with(kind, m, n, k, a, io)
+}
+
+fn kernels_now() -> Kernels {
+    if cfg!(target_pointer_width = "64") {
+        cpu::kernels()
+    } else {
+        Kernels::Reference
+    }
+}
+
+/// Whether the blocked integer kernels run (else callers use their
+/// reference loops).
+pub(crate) fn enabled() -> bool {
+    kernels_now() != Kernels::Reference
+}
+
+pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
+    kind: Kernels,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: QMatA<'_, T>,
+    io: &mut IO,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if kind == Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
+        // `cpu::enable_avx2_fma`) or the build targets it. The driver and
+        // the operand's packing and stores compiled for AVX2.
+        return unsafe { driver_avx2(m, n, k, a, io) };
+    }
+    driver(kind, m, n, k, a, io)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn driver_avx2<T: super::QInt, IO: QIo>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: QMatA<'_, T>,
+    io: &mut IO,
+) -> bool {
+    driver(Kernels::Avx2Fma, m, n, k, a, io)
+}
+
+#[inline(always)]
+fn driver<T: super::QInt, IO: QIo>(
+    kind: Kernels,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: QMatA<'_, T>,
+    io: &mut IO,
+) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k > 0 && (a.lda < k || a.a.len() < (m - 1) * a.lda + k) {
+        return false;
+    }
+    if let Zero::Rows(z) = a.z {
+        if z.len() < m {
+            return false;
+        }
+    }
+    let mut bpack = [0i16; KC * NC];
+    let mut apack = [0i32; MR * KC / 2];
+    let mut acc = [0i32; ACC];
+    let mut rows = [0i16; 2 * NC];
+    let (kq_all, pk_len) = (k.div_ceil(2), packed_len(m, k));
+    let mut i_c = 0;
+    while i_c < m {
+        let mc = MC.min(m - i_c);
+        let mc_up = mc.div_ceil(MR) * MR;
+        // Columns per block: a multiple of NR with mc_up × nc sums in `acc`.
+        let nc = ((ACC / mc_up) / NR * NR).clamp(NR, NC);
+        let mut j0 = 0;
+        while j0 < n {
+            let ncur = nc.min(n - j0);
+            let panels = ncur.div_ceil(NR);
+            let accb = &mut acc[..mc_up * nc];
+            accb.fill(0);
+            let mut p0 = 0;
+            while p0 < k {
+                let kc = KC.min(k - p0);
+                let kq = kc.div_ceil(2);
+                // B block: panel q-major, `[panel][pair][NR][2]`.
+                let bb = &mut bpack[..panels * kq * NR * 2];
+                for q in 0..kq {
+                    let (r0, r1) = rows.split_at_mut(NC);
+                    r0.fill(0);
+                    r1.fill(0);
+                    io.b_row(p0 + 2 * q, j0, &mut r0[..ncur]);
+                    if 2 * q + 1 < kc {
+                        io.b_row(p0 + 2 * q + 1, j0, &mut r1[..ncur]);
+                    }
+                    for pn in 0..panels {
+                        let dst = &mut bb[(pn * kq + q) * NR * 2..][..NR * 2];
+                        let (x0, x1) = (&r0[pn * NR..][..NR], &r1[pn * NR..][..NR]);
+                        for ((d, &u), &v) in dst.chunks_exact_mut(2).zip(x0).zip(x1) {
+                            d[0] = u;
+                            d[1] = v;
+                        }
+                    }
+                }
+                let mut i0 = 0;
+                while i0 < mc {
+                    let mr = MR.min(mc - i0);
+                    let gi = i_c + i0;
+                    // A tile: `[pair][MR]`, rows past mr are zero.
+                    let at: &[i32] = if a.packed.len() == pk_len {
+                        &a.packed[((gi / MR) * kq_all + p0 / 2) * MR..][..kq * MR]
+                    } else {
+                        pack_tile(&a, gi, mr, p0, kc, &mut apack[..kq * MR]);
+                        &apack[..kq * MR]
+                    };
+                    for pn in 0..panels {
+                        let bp = &bb[pn * kq * NR * 2..][..kq * NR * 2];
+                        let c = &mut accb[i0 * nc + pn * NR..];
+                        ukr(kind, kq, at, bp, c, nc);
+                    }
+                    i0 += MR;
+                }
+                p0 += KC;
+            }
+            for r in 0..mc {
+                io.store(i_c + r, j0, &accb[r * nc..][..ncur]);
+            }
+            j0 += nc;
+        }
+        i_c += mc;
+    }
+    true
+}
+
+/// `c[r * ldc + j] += Σ_q A pair (q, r) · B pair (q, j)` for `r < MR`,
+/// `j < NR`: `at` is `kq × MR` pairs, `bp` is `kq × NR × 2`, `c` holds
+/// `(MR - 1) * ldc + NR` sums.
+#[inline]
+fn ukr(kind: Kernels, kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize) {
+    if at.len() < kq * MR || bp.len() < kq * NR * 2 || c.len() < (MR - 1) * ldc + NR {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kind == Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
+        // `cpu::enable_avx2_fma`) or the build targets it; the lengths were
+        // checked above.
+        unsafe { ukr_avx2(kq, at, bp, c, ldc) };
+        return;
+    }
+    let _ = kind;
+    ukr_portable(kq, at, bp, c, ldc);
+}
+
+#[inline(always)]
+fn ukr_portable(kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize) {
+    let mut s = [[0i32; NR]; MR];
+    for (ap, bq) in at.chunks_exact(MR).zip(bp.chunks_exact(NR * 2)).take(kq) {
+        for (sr, &w) in s.iter_mut().zip(ap) {
+            let (a0, a1) = (w as i16 as i32, (w >> 16) as i16 as i32);
+            for (x, b) in sr.iter_mut().zip(bq.chunks_exact(2)) {
+                *x = x.wrapping_add(a0 * b[0] as i32 + a1 * b[1] as i32);
+            }
+        }
+    }
+    for (r, sr) in s.iter().enumerate() {
+        for (cv, &v) in c[r * ldc..][..NR].iter_mut().zip(sr) {
+            *cv = cv.wrapping_add(v);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn ukr_avx2(kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize) {
+    use core::arch::x86_64::*;
+    let mut s = [[_mm256_setzero_si256(); 2]; MR];
+    let (ap, bpp) = (at.as_ptr(), bp.as_ptr());
+    for q in 0..kq {
+        // SAFETY: q < kq; `ukr` checked `at` holds kq × MR pairs and `bp`
+        // kq × NR × 2 halves.
+        unsafe {
+            let b = bpp.add(q * NR * 2);
+            let b0 = _mm256_loadu_si256(b as *const __m256i);
+            let b1 = _mm256_loadu_si256(b.add(NR) as *const __m256i);
+            let aq = ap.add(q * MR);
+            for (r, sr) in s.iter_mut().enumerate() {
+                let av = _mm256_set1_epi32(*aq.add(r));
+                sr[0] = _mm256_add_epi32(sr[0], _mm256_madd_epi16(av, b0));
+                sr[1] = _mm256_add_epi32(sr[1], _mm256_madd_epi16(av, b1));
+            }
+        }
+    }
+    for (r, sr) in s.iter().enumerate() {
+        // SAFETY: r < MR and `ukr` checked c holds (MR - 1) * ldc + NR sums.
+        unsafe {
+            let p = c.as_mut_ptr().add(r * ldc) as *mut __m256i;
+            _mm256_storeu_si256(p, _mm256_add_epi32(_mm256_loadu_si256(p), sr[0]));
+            let p = p.add(1);
+            _mm256_storeu_si256(p, _mm256_add_epi32(_mm256_loadu_si256(p), sr[1]));
+        }
+    }
+}
