@@ -201,6 +201,27 @@ impl Requant2 {
     }
 }
 
+impl Requant2 {
+    /// [`Requant2::apply`] for 8-bit differences (`|da|, |db| <= 2^16`, so
+    /// `|p| < 2^50` and nothing saturates), with the branch-free rounding of
+    /// [`Requant::apply_row`].
+    #[inline(always)]
+    pub(crate) fn apply_small(&self, da: i32, db: i32) -> i64 {
+        let (da, db) = (
+            da.clamp(-65536, 65536) as i64,
+            db.clamp(-65536, 65536) as i64,
+        );
+        let p = da * self.ma + db * self.mb;
+        let shift = self.shift;
+        if shift == 0 {
+            return p;
+        }
+        let u = (p as u64) ^ (1u64 << 63);
+        let odd = (u >> shift) & 1;
+        ((u + ((1u64 << (shift - 1)) - 1) + odd) >> shift) as i64 - (1i64 << (63 - shift))
+    }
+}
+
 /// `round_half_even(p / 2^shift)`.
 #[inline]
 fn round_shift(p: i64, shift: u32) -> i64 {
@@ -344,6 +365,30 @@ mod tests {
                 assert_eq!(got[i] as i32, want, "m {m} acc {a} bias {bias}");
                 let want = clamp(r.apply(bias.wrapping_add(a)), zy, lo, hi.min(127));
                 assert_eq!(got_i8[i] as i32, want, "m {m} acc {a} bias {bias}");
+            }
+        }
+    }
+
+    #[test]
+    fn small_two_input_rounding_is_apply() {
+        let mut seed = 21u64;
+        for t in 0..2000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let ma = (seed >> 40) as f64 / 2f64.powi((t % 40) as i32);
+            let mb = (seed >> 45 & 0xffff) as f64 / 2f64.powi((t % 33) as i32);
+            let Ok(r) = Requant2::new(ma.min(1e9), mb.min(1e9)) else {
+                continue;
+            };
+            for da in (-255..=255).step_by(7) {
+                for db in [-255, -128, -1, 0, 1, 77, 255] {
+                    assert_eq!(
+                        r.apply_small(da, db),
+                        r.apply(da, db),
+                        "{ma} {mb} {da} {db}"
+                    );
+                }
             }
         }
     }
