@@ -376,8 +376,8 @@ mod tests {
             seed = seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let ma = (seed >> 40) as f64 / 2f64.powi((t % 40) as i32);
-            let mb = (seed >> 45 & 0xffff) as f64 / 2f64.powi((t % 33) as i32);
+            let ma = (seed >> 40) as f64 / 2f64.powi(t % 40);
+            let mb = (seed >> 45 & 0xffff) as f64 / 2f64.powi(t % 33);
             let Ok(r) = Requant2::new(ma.min(1e9), mb.min(1e9)) else {
                 continue;
             };
