@@ -58,8 +58,9 @@ pub fn kernels() -> Kernels {
 }
 
 /// Forces the reference kernels (`true`), or goes back to the default of
-/// this build (`false`). Results of the two differ only by float rounding
-/// order (within the ONNX tolerance); integer kernels are unaffected.
+/// this build (`false`). f32 results of the two differ only by float
+/// rounding order (within the ONNX tolerance); the integer kernels switch
+/// too (on 64-bit hosts) and give the same bytes either way.
 pub fn force_reference(on: bool) {
     SELECTED.store(if on { REFERENCE } else { UNSET }, Ordering::Relaxed);
 }
