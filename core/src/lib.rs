@@ -29,6 +29,7 @@ mod dtype;
 mod error;
 mod kern;
 pub use kern::cpu;
+pub use kern::par;
 pub mod math;
 pub mod tensor;
 

@@ -25,6 +25,9 @@ pub enum Error {
     /// A caller's input does not fit the model (name, dtype, shape).
     #[error("{0}")]
     Input(String),
+    /// A session option this build cannot honour (a thread count).
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Result with [`Error`].

@@ -21,6 +21,7 @@ mod npy;
 pub mod quantize;
 mod session;
 mod tensor;
+pub mod threads;
 
 pub use error::{Error, Result};
 pub use mote_core;

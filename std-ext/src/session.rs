@@ -8,6 +8,7 @@ use mote_core::{DType, ErrorKind, IoInfo, Model, Plan, TensorView};
 
 use crate::error::{Error, Result};
 use crate::tensor::{fmt_shape, Tensor};
+use crate::threads::Pool;
 
 /// Reads and imports an ONNX file. Errors name the file, and the node and
 /// tensor when the model itself is at fault.
@@ -109,15 +110,19 @@ pub struct Session {
     model: Arc<Model>,
     plan: Plan,
     arena: Vec<u128>,
+    threads: usize,
+    pool: Pool,
 }
 
-/// Options of a [`Session`]: symbolic dims, input shapes, memory budget.
+/// Options of a [`Session`]: symbolic dims, input shapes, memory budget,
+/// threads.
 #[derive(Debug, Clone)]
 pub struct SessionBuilder {
     source: Source,
     dims: Vec<(String, usize)>,
     shapes: Vec<(String, Vec<usize>)>,
     max_arena: Option<usize>,
+    threads: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -134,6 +139,7 @@ impl SessionBuilder {
             dims: Vec::new(),
             shapes: Vec::new(),
             max_arena: None,
+            threads: 1,
         }
     }
     /// Binds a symbolic dimension such as `batch`.
@@ -151,8 +157,19 @@ impl SessionBuilder {
         self.max_arena = Some(bytes);
         self
     }
+    /// Intra-op threads (like onnxruntime's `intra_op_num_threads`; default
+    /// 1): with `n > 1` the session runs on its own pool of `n` threads,
+    /// and GEMMs, Conv output channels and batches are split among them.
+    /// Results are bit-identical to one thread's. `n > 1` needs the `rayon`
+    /// feature (on by default); [`SessionBuilder::build`] refuses 0, and
+    /// `n > 1` without the feature.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n;
+        self
+    }
     /// Loads the model (if given by path) and plans it.
     pub fn build(self) -> Result<Session> {
+        crate::threads::check(self.threads)?;
         crate::cpu::init();
         let model = match self.source {
             Source::Path(p) => Arc::new(load_model(&p)?),
@@ -179,7 +196,14 @@ impl SessionBuilder {
         }
         let plan = b.plan().map_err(|e| explain(&model, &e))?;
         let arena = vec![0u128; plan.arena_bytes().div_ceil(16).max(1)];
-        Ok(Session { model, plan, arena })
+        let pool = Pool::new(self.threads)?;
+        Ok(Session {
+            model,
+            plan,
+            arena,
+            threads: self.threads,
+            pool,
+        })
     }
 }
 
@@ -195,11 +219,16 @@ impl Session {
             dims: Vec::new(),
             shapes: Vec::new(),
             max_arena: None,
+            threads: 1,
         }
     }
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+    /// Intra-op threads ([`SessionBuilder::threads`]).
+    pub fn threads(&self) -> usize {
+        self.threads
     }
     /// The plan.
     pub fn plan(&self) -> &Plan {
@@ -263,16 +292,19 @@ impl Session {
         let views: Vec<(&str, TensorView<'_>)> =
             inputs.iter().map(|(n, t)| (*n, t.view())).collect();
         let model = &*self.model;
+        let plan = &self.plan;
         let arena: &mut [u8] = bytemuck::cast_slice_mut(&mut self.arena);
-        let mut s =
-            mote_core::Session::new(model, &self.plan, arena).map_err(|e| explain(model, &e))?;
-        s.run(&views).map_err(|e| explain(model, &e))?;
-        (0..self.plan.outputs().len())
-            .map(|i| {
-                s.output(i)
-                    .map(|v| Tensor::from_view(&v))
-                    .map_err(|e| explain(model, &e))
-            })
-            .collect()
+        self.pool.install(|| {
+            let mut s =
+                mote_core::Session::new(model, plan, arena).map_err(|e| explain(model, &e))?;
+            s.run(&views).map_err(|e| explain(model, &e))?;
+            (0..plan.outputs().len())
+                .map(|i| {
+                    s.output(i)
+                        .map(|v| Tensor::from_view(&v))
+                        .map_err(|e| explain(model, &e))
+                })
+                .collect()
+        })
     }
 }

@@ -13,6 +13,7 @@
 pub mod cpu;
 #[cfg(feature = "alloc")]
 pub(crate) mod dwconv;
+pub mod par;
 pub(crate) mod qbin;
 pub(crate) mod qconv;
 pub(crate) mod qdw;

@@ -21,7 +21,7 @@
 //! check every kernel against them on edge sizes.
 
 use super::cpu::{self, Kernels};
-use super::Geom;
+use super::{par, Geom};
 
 /// Rows of a register tile.
 pub(crate) const MR: usize = 6;
@@ -200,9 +200,10 @@ fn kernels_now() -> Kernels {
 /// `C = alpha · A·B + beta · C` with `beta == 0` never reading C. The
 /// caller has checked that A, B and C hold every element the shapes reach
 /// (`m`, `n`, `k` > 0 or the call does nothing); this function checks again
-/// and does nothing (returns `false`) if they do not.
+/// and does nothing (returns `false`) if they do not. Split among the
+/// workers of [`par`] when it is large enough.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn sgemm<B: SrcB>(
+pub(crate) fn sgemm<B: SrcB + Sync>(
     m: usize,
     n: usize,
     k: usize,
@@ -214,13 +215,39 @@ pub(crate) fn sgemm<B: SrcB>(
     beta: f32,
 ) -> bool {
     let kind = kernels_now();
-    sgemm_with(kind, m, n, k, a, b, c, ldc, alpha, beta)
+    sgemm_with(kind, par::workers(), m, n, k, a, b, c, ldc, alpha, beta)
 }
 
+/// [`sgemm`] on the calling thread only (the caller already split its work
+/// among the workers).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_serial<B: SrcB + Sync>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatA<'_>,
+    b: &B,
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) -> bool {
+    let kind = kernels_now();
+    sgemm_with(kind, 1, m, n, k, a, b, c, ldc, alpha, beta)
+}
+
+/// The driver. With `workers > 1` the output is cut into rectangles of
+/// whole column panels (`NR`) and whole row tiles (`MR`), columns first (a
+/// task then packs only its own panels of B); each rectangle is one task
+/// that runs the same loops as the single-task run restricted to it — the
+/// same k blocks, the same tiles, the same micro-kernel — so every element
+/// of C gets the same operations in the same order, and the result is
+/// bit-identical for any number of workers. k is never split.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
-fn sgemm_with<B: SrcB>(
+fn sgemm_with<B: SrcB + Sync>(
     kind: Kernels,
+    workers: usize,
     m: usize,
     n: usize,
     k: usize,
@@ -262,54 +289,137 @@ fn sgemm_with<B: SrcB>(
         }
         return true;
     }
-    let mut panel = [0f32; KC * NR];
-    let mut tile = [0f32; MR * NR];
-    let mut p0 = 0;
-    while p0 < k {
-        let kc = KC.min(k - p0);
-        let overwrite = p0 == 0 && beta == 0.0;
-        let mut j0 = 0;
-        while j0 < n {
-            let nr = NR.min(n - j0);
-            let (bp, b_rs): (&[f32], usize) = match dense {
-                Some((bb, ldb)) if nr == NR => (&bb[p0 * ldb + j0..], ldb),
-                _ => {
-                    b.pack(p0, kc, j0, nr, &mut panel);
-                    (&panel[..], NR)
-                }
-            };
-            let mut i0 = 0;
-            while i0 < m {
-                let mr = MR.min(m - i0);
-                let ap = &a.a[i0 * a.rs + p0 * a.cs..];
-                ukr(kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, &mut tile);
-                for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
-                    let crow = &mut c[(i0 + r) * ldc + j0..][..nr];
-                    if overwrite {
-                        for (cv, &t) in crow.iter_mut().zip(trow) {
-                            *cv = alpha * t;
-                        }
-                    } else {
-                        for (cv, &t) in crow.iter_mut().zip(trow) {
-                            *cv += alpha * t;
+    let (panels, row_tiles) = (n.div_ceil(NR), m.div_ceil(MR));
+    let macs = m.saturating_mul(n).saturating_mul(k);
+    let t = par::tasks(workers, macs, panels.saturating_mul(row_tiles));
+    let c = par::SharedMut::new(c);
+    let blk = Block {
+        kind,
+        k,
+        a,
+        b,
+        dense,
+        c: &c,
+        ldc,
+        alpha,
+        beta,
+    };
+    if t <= 1 {
+        return blk.run((0, m), (0, n));
+    }
+    let tc = t.min(panels);
+    let tr = t.div_ceil(tc).min(row_tiles);
+    let failed = par::Failed::new();
+    par::for_each(tc * tr, &|task| {
+        let (pl, ph) = par::chunk(panels, tc, task % tc);
+        let (rl, rh) = par::chunk(row_tiles, tr, task / tc);
+        let cols = (pl * NR, (ph * NR).min(n));
+        let rows = (rl * MR, (rh * MR).min(m));
+        if !blk.run(rows, cols) {
+            failed.set();
+        }
+    });
+    !failed.get()
+}
+
+/// One GEMM, shared by the tasks of [`sgemm_with`] (bounds already checked).
+struct Block<'s, 'a, B> {
+    kind: Kernels,
+    k: usize,
+    a: MatA<'a>,
+    b: &'s B,
+    dense: Option<(&'s [f32], usize)>,
+    c: &'s par::SharedMut<'s, f32>,
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+}
+
+impl<B: SrcB> Block<'_, '_, B> {
+    /// C over rows `[i_lo, i_hi)` and columns `[j_lo, j_hi)`, where `i_lo`
+    /// is a multiple of `MR` and `i_hi` one too or `m` (the same for the
+    /// columns and `NR`): exactly the tiles the full loops would compute
+    /// there. `false` if a part of C was out of bounds.
+    fn run(&self, (i_lo, i_hi): (usize, usize), (j_lo, j_hi): (usize, usize)) -> bool {
+        let (a, k, ldc, alpha) = (self.a, self.k, self.ldc, self.alpha);
+        let mut panel = [0f32; KC * NR];
+        let mut tile = [0f32; MR * NR];
+        let mut p0 = 0;
+        while p0 < k {
+            let kc = KC.min(k - p0);
+            let overwrite = p0 == 0 && self.beta == 0.0;
+            let mut j0 = j_lo;
+            while j0 < j_hi {
+                let nr = NR.min(j_hi - j0);
+                let (bp, b_rs): (&[f32], usize) = match self.dense {
+                    Some((bb, ldb)) if nr == NR => (&bb[p0 * ldb + j0..], ldb),
+                    _ => {
+                        self.b.pack(p0, kc, j0, nr, &mut panel);
+                        (&panel[..], NR)
+                    }
+                };
+                let mut i0 = i_lo;
+                while i0 < i_hi {
+                    let mr = MR.min(i_hi - i0);
+                    let ap = &a.a[i0 * a.rs + p0 * a.cs..];
+                    ukr(self.kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, &mut tile);
+                    for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
+                        // SAFETY: row i0 + r and columns j0..j0 + nr belong
+                        // to this task's rectangle; rectangles of the tasks
+                        // are disjoint and ldc >= n (checked), so no other
+                        // live slice overlaps this one.
+                        let Some(crow) = (unsafe { self.c.slice((i0 + r) * ldc + j0, nr) }) else {
+                            return false;
+                        };
+                        if overwrite {
+                            for (cv, &t) in crow.iter_mut().zip(trow) {
+                                *cv = alpha * t;
+                            }
+                        } else {
+                            for (cv, &t) in crow.iter_mut().zip(trow) {
+                                *cv += alpha * t;
+                            }
                         }
                     }
+                    i0 += MR;
                 }
-                i0 += MR;
+                j0 += NR;
             }
-            j0 += NR;
+            p0 += KC;
         }
-        p0 += KC;
+        true
     }
-    true
 }
+
+/// Columns of C per unit of a [`dots`] split (a task never shares a cache
+/// line of C with another).
+const DOT_COLS: usize = 16;
 
 /// `C = alpha · A·Bᵀ + beta · C` as `m × n` dot products, for B stored
 /// transposed (`b[j * ldb + p]`) and A with contiguous rows: a Linear layer
 /// at batch 1, where packing B would cost more than the product. `false`
-/// (nothing written) when a slice is short.
+/// (nothing written) when a slice is short. Split over the columns among
+/// the workers of [`par`]: each element is still one dot product.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dots(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) -> bool {
+    dots_with(par::workers(), m, n, k, a, lda, b, ldb, c, ldc, alpha, beta)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dots_with(
+    workers: usize,
     m: usize,
     n: usize,
     k: usize,
@@ -331,31 +441,55 @@ pub(crate) fn dots(
         return false;
     }
     let kind = kernels_now();
-    for i in 0..m {
-        let arow = &a[i * lda..i * lda + k];
-        for j in 0..n {
-            let brow = &b[j * ldb..j * ldb + k];
-            #[cfg(target_arch = "x86_64")]
-            let d = if kind == Kernels::Avx2Fma {
-                // SAFETY: as in `ukr`, AVX2 + FMA are present when selected.
-                unsafe { dot_avx2(arow, brow) }
-            } else {
-                dot_portable(arow, brow)
+    let units = n.div_ceil(DOT_COLS);
+    // Rows of C that overlap (ldc < n) stay on one task, in order.
+    let t = if m > 1 && ldc < n {
+        1
+    } else {
+        par::tasks(workers, m.saturating_mul(n).saturating_mul(k), units)
+    };
+    let c = par::SharedMut::new(c);
+    let failed = par::Failed::new();
+    let task = |ti: usize| {
+        let (ul, uh) = par::chunk(units, t, ti);
+        let (j_lo, j_hi) = (ul * DOT_COLS, (uh * DOT_COLS).min(n));
+        for i in 0..m {
+            let arow = &a[i * lda..i * lda + k];
+            // SAFETY: with one task only one slice is alive at a time; with
+            // several, ldc >= n, so row i's columns j_lo..j_hi of this task
+            // overlap no other task's.
+            let Some(crow) = (unsafe { c.slice(i * ldc + j_lo, j_hi - j_lo) }) else {
+                failed.set();
+                return;
             };
-            #[cfg(not(target_arch = "x86_64"))]
-            let d = {
-                let _ = kind;
-                dot_portable(arow, brow)
-            };
-            let cv = &mut c[i * ldc + j];
-            *cv = if beta == 0.0 {
-                alpha * d
-            } else {
-                alpha * d + beta * *cv
-            };
+            for (j, cv) in (j_lo..j_hi).zip(crow) {
+                let brow = &b[j * ldb..j * ldb + k];
+                #[cfg(target_arch = "x86_64")]
+                let d = if kind == Kernels::Avx2Fma {
+                    // SAFETY: as in `ukr`, AVX2 + FMA are present when selected.
+                    unsafe { dot_avx2(arow, brow) }
+                } else {
+                    dot_portable(arow, brow)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let d = {
+                    let _ = kind;
+                    dot_portable(arow, brow)
+                };
+                *cv = if beta == 0.0 {
+                    alpha * d
+                } else {
+                    alpha * d + beta * *cv
+                };
+            }
         }
+    };
+    if t <= 1 {
+        task(0);
+    } else {
+        par::for_each(t, &task);
     }
-    true
+    !failed.get()
 }
 
 /// Dot product over 8 lanes (vectorized by LLVM), then the lanes summed.
@@ -600,6 +734,7 @@ mod tests {
                                 let ok = if tb {
                                     sgemm_with(
                                         kind,
+                                        1,
                                         m,
                                         n,
                                         k,
@@ -613,6 +748,7 @@ mod tests {
                                 } else {
                                     sgemm_with(
                                         kind,
+                                        1,
                                         m,
                                         n,
                                         k,
@@ -676,6 +812,7 @@ mod tests {
             };
             assert!(sgemm_with(
                 kind,
+                1,
                 m,
                 n,
                 k,
@@ -702,6 +839,7 @@ mod tests {
         };
         assert!(!sgemm_with(
             Kernels::Blocked,
+            1,
             2,
             2,
             3,
@@ -759,6 +897,179 @@ mod tests {
                     };
                     assert_eq!(panel[p * NR + j], want, "p{p} j{}", j0 + j);
                 }
+            }
+        }
+    }
+
+    /// C of one `sgemm_with` call with the provider of `par::testing`.
+    #[allow(clippy::too_many_arguments)]
+    fn par_gemm(
+        kind: Kernels,
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        b: &[f32],
+        tb: bool,
+        c0: &[f32],
+        ldc: usize,
+        beta: f32,
+    ) -> Vec<f32> {
+        let ma = MatA { a, rs: k, cs: 1 };
+        let mut c = c0.to_vec();
+        let ok = if tb {
+            let src = Trans { b, ldb: k };
+            sgemm_with(
+                kind,
+                par::workers(),
+                m,
+                n,
+                k,
+                ma,
+                &src,
+                &mut c,
+                ldc,
+                1.5,
+                beta,
+            )
+        } else {
+            let src = Dense { b, ldb: n };
+            sgemm_with(
+                kind,
+                par::workers(),
+                m,
+                n,
+                k,
+                ma,
+                &src,
+                &mut c,
+                ldc,
+                1.5,
+                beta,
+            )
+        };
+        assert!(ok);
+        c
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn split_gemm_is_bit_identical() {
+        let mut seed = 5;
+        // Shapes that split (panels and row tiles, full and partial, k over
+        // several blocks), one too small to split, and a padded ldc.
+        let shapes = [
+            (64, 256, 300, 256),
+            (6, 1000, 64, 1000),
+            (100, 17, 200, 17),
+            (7, 33, 513, 40),
+            (1, 16, 4096, 16),
+            (3, 5, 7, 5),
+        ];
+        for kind in kinds() {
+            for &(m, n, k, ldc) in &shapes {
+                let a = rand(m * k, &mut seed);
+                let b = rand(k * n, &mut seed);
+                let c0 = rand(m * ldc, &mut seed);
+                for tb in [false, true] {
+                    for beta in [0.0, 1.0, -0.5] {
+                        let calls = par::testing::split_calls();
+                        let [one, two, three] = par::testing::each(|| {
+                            par_gemm(kind, (m, n, k), &a, &b, tb, &c0, ldc, beta)
+                        });
+                        let split = par::testing::split_calls() > calls;
+                        assert_eq!(split, m * n * k >= 2 * par::MIN_TASK_MACS, "m{m} n{n} k{k}");
+                        let what = alloc::format!("{kind:?} m{m} n{n} k{k} tb{tb} beta{beta}");
+                        assert_eq!(bits(&one), bits(&two), "2 workers: {what}");
+                        assert_eq!(bits(&one), bits(&three), "3 workers: {what}");
+                        // Padding columns of C are never written.
+                        for i in 0..m {
+                            assert_eq!(
+                                bits(&one[i * ldc + n..(i + 1) * ldc]),
+                                bits(&c0[i * ldc + n..(i + 1) * ldc])
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn split_im2col_gemm_is_bit_identical() {
+        // 8 channels of 20x20, 3x3 kernel, pad 1: a Conv GEMM of 16 x 400
+        // x 72, split over output positions.
+        let g = Geom {
+            inp: [1, 20, 20],
+            out: [1, 20, 20],
+            k: [1, 3, 3],
+            s: [1, 1, 1],
+            d: [1, 1, 1],
+            pb: [0, 1, 1],
+            pe: [0, 1, 1],
+        };
+        let mut seed = 9;
+        let x = rand(8 * 400, &mut seed);
+        let w = rand(16 * 72, &mut seed);
+        for kind in kinds() {
+            let calls = par::testing::split_calls();
+            let [one, two, three] = par::testing::each(|| {
+                let mut y = vec![0f32; 16 * 400];
+                let src = Im2col { x: &x, g: &g };
+                let ma = MatA {
+                    a: &w,
+                    rs: 72,
+                    cs: 1,
+                };
+                assert!(sgemm_with(
+                    kind,
+                    par::workers(),
+                    16,
+                    400,
+                    72,
+                    ma,
+                    &src,
+                    &mut y,
+                    400,
+                    1.0,
+                    0.0
+                ));
+                y
+            });
+            assert!(par::testing::split_calls() >= calls + 2, "did not split");
+            assert_eq!(bits(&one), bits(&two), "{kind:?}");
+            assert_eq!(bits(&one), bits(&three), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn split_dots_are_bit_identical() {
+        let mut seed = 13;
+        for (m, n, k, ldc) in [
+            (1, 1000, 512, 1000),
+            (3, 257, 300, 260),
+            (2, 40, 9, 40),
+            (1, 33, 5000, 33),
+        ] {
+            let a = rand(m * k, &mut seed);
+            let b = rand(n * k, &mut seed);
+            let c0 = rand(m * ldc, &mut seed);
+            for beta in [0.0, 0.5] {
+                let calls = par::testing::split_calls();
+                let [one, two, three] = par::testing::each(|| {
+                    let mut c = c0.clone();
+                    assert!(dots(m, n, k, &a, k, &b, k, &mut c, ldc, 2.0, beta));
+                    c
+                });
+                let split = par::testing::split_calls() > calls;
+                assert_eq!(
+                    split,
+                    m * n * k >= 2 * par::MIN_TASK_MACS,
+                    "dots m{m} n{n} k{k}"
+                );
+                assert_eq!(bits(&one), bits(&two), "dots m{m} n{n} k{k}");
+                assert_eq!(bits(&one), bits(&three), "dots m{m} n{n} k{k}");
             }
         }
     }

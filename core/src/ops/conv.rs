@@ -11,6 +11,7 @@ use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::kern::dwconv;
+use crate::kern::par;
 use crate::kern::sgemm::{self, MatA};
 use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
@@ -464,6 +465,11 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
 /// is packed one panel at a time from X ([`sgemm::Im2col`]), or X itself for
 /// a pointwise layer. Lengths were checked by the caller; `false` if the
 /// kernels refused them (the caller then runs the direct loops).
+///
+/// With several workers ([`par`]): many (image, group) GEMMs — grouped
+/// layers, batches — are shared out whole, a run of them per task; a few
+/// large ones run one after the other, each split inside [`sgemm::sgemm`].
+/// Either way each output element is computed as in the single-thread run.
 fn conv_blocked(
     x: &[f32],
     w: &[f32],
@@ -473,73 +479,156 @@ fn conv_blocked(
     pointwise: bool,
 ) -> bool {
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let (out_sz, k_sz) = (g.out_size(), g.k_size());
     let (cg, mg) = (p.c / p.group, p.m / p.group);
-    let kk = cg * k_sz;
-    for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
-        let Some(xb) = x.get(ni * p.c * in_sz..(ni + 1) * p.c * in_sz) else {
-            return false;
-        };
-        for (grp, yg) in yb.chunks_exact_mut(mg * out_sz).enumerate() {
-            let (Some(xg), Some(wg)) = (
-                xb.get(grp * cg * in_sz..(grp + 1) * cg * in_sz),
-                w.get(grp * mg * kk..(grp + 1) * mg * kk),
-            ) else {
-                return false;
-            };
-            let beta = match b.and_then(|b| b.get(grp * mg..(grp + 1) * mg)) {
-                Some(bias) => {
-                    for (row, &bv) in yg.chunks_exact_mut(out_sz).zip(bias) {
-                        row.fill(bv);
-                    }
-                    1.0
-                }
-                None => 0.0,
-            };
-            let a = MatA {
-                a: wg,
-                rs: kk,
-                cs: 1,
-            };
-            let ok = if pointwise {
-                let src = sgemm::Dense { b: xg, ldb: in_sz };
-                sgemm::sgemm(mg, out_sz, kk, a, &src, yg, out_sz, 1.0, beta)
-            } else {
-                let src = sgemm::Im2col { x: xg, g };
-                sgemm::sgemm(mg, out_sz, kk, a, &src, yg, out_sz, 1.0, beta)
-            };
-            if !ok {
+    let pairs = p.batch * p.group;
+    let y_len = mg * out_sz;
+    if y_len == 0 {
+        return true;
+    }
+    let workers = par::workers();
+    let gemm_macs = mg.saturating_mul(out_sz).saturating_mul(cg * k_sz);
+    let t = par::tasks(workers, gemm_macs.saturating_mul(pairs), pairs);
+    let outer = t > 1 && (pairs >= 2 * workers || par::tasks(workers, gemm_macs, usize::MAX) <= 1);
+    if !outer {
+        for (idx, yg) in y.chunks_exact_mut(y_len).take(pairs).enumerate() {
+            if !conv_gemm(idx, x, w, b, yg, p, pointwise, false) {
                 return false;
             }
         }
+        return true;
     }
-    true
+    let ys = par::SharedMut::new(y);
+    let failed = par::Failed::new();
+    par::for_each(t, &|ti| {
+        let (lo, hi) = par::chunk(pairs, t, ti);
+        for idx in lo..hi {
+            // SAFETY: pair idx owns y[idx * y_len..][..y_len], and the runs
+            // of pairs of the tasks are disjoint.
+            let Some(yg) = (unsafe { ys.slice(idx * y_len, y_len) }) else {
+                failed.set();
+                return;
+            };
+            if !conv_gemm(idx, x, w, b, yg, p, pointwise, true) {
+                failed.set();
+                return;
+            }
+        }
+    });
+    !failed.get()
+}
+
+/// The GEMM of (image, group) pair `idx` (`image * group + group index`)
+/// into its output channels `yg`; `serial`: on this thread only.
+fn conv_gemm(
+    idx: usize,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    yg: &mut [f32],
+    p: &ConvParams,
+    pointwise: bool,
+    serial: bool,
+) -> bool {
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let (cg, mg) = (p.c / p.group, p.m / p.group);
+    let kk = cg * k_sz;
+    // Images are `group × cg` input planes, so pair idx's input channels
+    // start at idx * cg planes; its weights are those of its group.
+    let grp = idx % p.group.max(1);
+    let (Some(xg), Some(wg)) = (
+        x.get(idx * cg * in_sz..(idx + 1) * cg * in_sz),
+        w.get(grp * mg * kk..(grp + 1) * mg * kk),
+    ) else {
+        return false;
+    };
+    let beta = match b.and_then(|b| b.get(grp * mg..(grp + 1) * mg)) {
+        Some(bias) => {
+            for (row, &bv) in yg.chunks_exact_mut(out_sz).zip(bias) {
+                row.fill(bv);
+            }
+            1.0
+        }
+        None => 0.0,
+    };
+    let a = MatA {
+        a: wg,
+        rs: kk,
+        cs: 1,
+    };
+    if pointwise {
+        let src = sgemm::Dense { b: xg, ldb: in_sz };
+        gemm_on(serial, mg, out_sz, kk, a, &src, yg, beta)
+    } else {
+        let src = sgemm::Im2col { x: xg, g };
+        gemm_on(serial, mg, out_sz, kk, a, &src, yg, beta)
+    }
+}
+
+/// `Y = W · B + beta · Y` (Y `m × n`, dense), on this thread or split.
+fn gemm_on<B: sgemm::SrcB + Sync>(
+    serial: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatA<'_>,
+    b: &B,
+    y: &mut [f32],
+    beta: f32,
+) -> bool {
+    if serial {
+        sgemm::sgemm_serial(m, n, k, a, b, y, n, 1.0, beta)
+    } else {
+        sgemm::sgemm(m, n, k, a, b, y, n, 1.0, beta)
+    }
 }
 
 /// f32 depthwise Conv (one input and one output channel per group), plane
 /// by plane on [`dwconv::plane`]; `false` (the caller runs the direct
-/// loops) when the window is not 2-D.
+/// loops) when the window is not 2-D. With several workers ([`par`]) the
+/// planes are shared out, a run of them per task (each plane is computed
+/// whole by one task, as in the single-thread run).
 fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &ConvParams) -> bool {
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    if g.k[0] != 1 || g.inp[0] != 1 || g.out[0] != 1 {
+    if g.k[0] != 1 || g.inp[0] != 1 || g.out[0] != 1 || out_sz == 0 {
         return false;
     }
-    let mut flat = dwconv::Flat::new();
-    for (i, yp) in y.chunks_exact_mut(out_sz).enumerate() {
-        let c = i % p.m;
-        let (Some(xp), Some(wk)) = (
-            x.get(i * in_sz..(i + 1) * in_sz),
-            w.get(c * k_sz..(c + 1) * k_sz),
-        ) else {
-            return false;
-        };
-        let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
-        if !flat.plane(yp, xp, wk, bias, g) && !dwconv::plane(yp, xp, wk, bias, g) {
-            return false;
+    let planes = y.len() / out_sz;
+    let macs = y.len().saturating_mul(k_sz);
+    let t = par::tasks(par::workers(), macs, planes);
+    let ys = par::SharedMut::new(y);
+    let failed = par::Failed::new();
+    let task = |ti: usize| {
+        let (lo, hi) = par::chunk(planes, t, ti);
+        let mut flat = dwconv::Flat::new();
+        for i in lo..hi {
+            let c = i % p.m.max(1);
+            // SAFETY: plane i is y[i * out_sz..][..out_sz]; the runs of
+            // planes of the tasks are disjoint, and a task holds one plane
+            // at a time.
+            let (Some(yp), Some(xp), Some(wk)) = (
+                unsafe { ys.slice(i * out_sz, out_sz) },
+                x.get(i * in_sz..(i + 1) * in_sz),
+                w.get(c * k_sz..(c + 1) * k_sz),
+            ) else {
+                failed.set();
+                return;
+            };
+            let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
+            if !flat.plane(yp, xp, wk, bias, g) && !dwconv::plane(yp, xp, wk, bias, g) {
+                failed.set();
+                return;
+            }
         }
+    };
+    if t <= 1 {
+        task(0);
+    } else {
+        par::for_each(t, &task);
     }
-    true
+    !failed.get()
 }
 
 /// Accumulates one input plane convolved with one kernel into an output plane.
@@ -1458,5 +1547,60 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    /// Conv outputs (as bits) with no provider and with 2 and 3 workers
+    /// must be equal, and close to the naive loops.
+    fn check_split_conv(
+        xs: [usize; 4],
+        m: usize,
+        k: usize,
+        s: usize,
+        pad: usize,
+        group: usize,
+        splits: bool,
+    ) {
+        let ws = [m, xs[1] / group, k, k];
+        let x = rnd(xs.iter().product(), 4);
+        let w = rnd(ws.iter().product(), 5);
+        let b = rnd(m, 6);
+        let (want, _) = naive_conv(&x, xs, &w, ws, Some(&b), [s, s], [1, 1], [pad; 4], group);
+        let attrs = vec![
+            ("strides", ints(&[s as i64, s as i64])),
+            ("group", AttrValue::Int(group as i64)),
+            ("pads", ints(&[pad as i64; 4])),
+        ];
+        let inputs = vec![t(&xs, &x), t(&ws, &w), t(&[m], &b)];
+        let calls = crate::kern::par::testing::split_calls();
+        let runs = crate::kern::par::testing::each(|| {
+            let out = run("Conv", 11, attrs.clone(), &inputs, 1).unwrap();
+            vals::<f32>(&out[0])
+        });
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let what = alloc::format!("x{xs:?} m{m} k{k} s{s} group{group}");
+        let split = crate::kern::par::testing::split_calls() > calls;
+        assert_eq!(split, splits, "split: {what}");
+        assert_eq!(bits(&runs[0]), bits(&runs[1]), "2 workers: {what}");
+        assert_eq!(bits(&runs[0]), bits(&runs[2]), "3 workers: {what}");
+        assert_close(&runs[0], &want, 1e-4);
+    }
+
+    #[test]
+    fn split_conv_is_bit_identical() {
+        // One large GEMM, split inside sgemm.
+        check_split_conv([1, 16, 32, 32], 32, 3, 1, 1, 1, true);
+        // Pointwise.
+        check_split_conv([1, 64, 16, 16], 64, 1, 1, 0, 1, true);
+        // Grouped and batched: (image, group) GEMMs shared out whole.
+        check_split_conv([2, 32, 16, 16], 32, 3, 1, 1, 4, true);
+        // A few GEMMs, each split inside; strided.
+        check_split_conv([3, 8, 41, 41], 16, 3, 2, 1, 1, true);
+        // Depthwise, planes shared out: small planes (the flat path) and
+        // large ones (row by row), stride 1 and 2.
+        check_split_conv([2, 32, 40, 40], 32, 3, 1, 1, 32, true);
+        check_split_conv([1, 32, 64, 64], 32, 3, 1, 1, 32, true);
+        check_split_conv([1, 24, 96, 96], 24, 3, 2, 1, 24, true);
+        // Too small to split.
+        check_split_conv([1, 4, 5, 5], 4, 3, 1, 1, 1, false);
     }
 }
