@@ -91,7 +91,7 @@ pub(crate) fn valid_range(
 }
 
 /// An 8-bit quantized element type (int8 / uint8).
-pub(crate) trait QInt: Element + Copy + Default {
+pub(crate) trait QInt: Element + Copy + Default + Send + Sync {
     /// Saturation bounds, as f64 (for float requantization paths).
     const MIN: f64;
     /// Upper saturation bound, as f64.

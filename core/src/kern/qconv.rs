@@ -2,6 +2,7 @@
 //! kernels of the fused QDQ nodes `mote.QConv`, `mote.QMatMul` and
 //! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
 
+use super::par::SharedMut;
 use super::qdw;
 use super::qgemm::{self, zero_points_fit, QIo, QMatA, Zero};
 use super::requant::{clamp, Requant};
@@ -202,7 +203,7 @@ struct ConvIo<'a, X, Y> {
     zx: i32,
     g: &'a Geom,
     /// The group's output planes.
-    y: &'a mut [Y],
+    y: SharedMut<'a, Y>,
     bias: &'a [i32],
     mult: &'a [Requant],
     out: OutQ,
@@ -258,12 +259,14 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
     }
 
     #[inline(always)]
-    fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
+    fn store(&self, i: usize, j0: usize, acc: &[i32]) {
         let out_sz = self.g.out_size();
         let (Some(&b), Some(r)) = (self.bias.get(i), self.mult.get(i)) else {
             return;
         };
-        if let Some(yrow) = self.y.get_mut(i * out_sz + j0..i * out_sz + j0 + acc.len()) {
+        // SAFETY: `qgemm` stores each (row, column) once, from the task
+        // that owns the column (`QIo::store`): no other live slice overlaps.
+        if let Some(yrow) = unsafe { self.y.slice(i * out_sz + j0, acc.len()) } {
             finish_row(yrow, acc, b, r, &self.out);
         }
     }
@@ -296,16 +299,16 @@ fn conv_gemm<X: QInt, W: QInt, Y: QInt>(
                     .get(grp * per_group..(grp + 1) * per_group)
                     .unwrap_or(&[]),
             };
-            let mut io = ConvIo {
+            let io = ConvIo {
                 x: &x[(ni * p.c + grp * cg) * in_sz..][..cg * in_sz],
                 zx: q.zx,
                 g,
-                y: &mut y[(ni * p.m + oc0) * out_sz..][..mg * out_sz],
+                y: SharedMut::new(&mut y[(ni * p.m + oc0) * out_sz..][..mg * out_sz]),
                 bias: &q.bias[oc0..oc0 + mg],
                 mult: &q.mult[oc0..oc0 + mg],
                 out: q.out,
             };
-            if !qgemm::qgemm(mg, out_sz, kk, a, &mut io) {
+            if !qgemm::qgemm(mg, out_sz, kk, a, &io) {
                 return Err(crate::Error::new(crate::ErrorKind::Internal(
                     "QConv: integer GEMM refused its operands",
                 )));
@@ -547,8 +550,12 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
                 z: Zero::Rows(q.zw),
                 packed: q.packed,
             };
-            let mut io = InPlaceIo { img, sz, q };
-            if !qgemm::qgemm(p.m, sz, kk, a, &mut io) {
+            let io = InPlaceIo {
+                img: SharedMut::new(img),
+                sz,
+                q,
+            };
+            if !qgemm::qgemm(p.m, sz, kk, a, &io) {
                 return Err(crate::Error::new(crate::ErrorKind::Internal(
                     "QConv: integer GEMM refused its operands",
                 )));
@@ -582,7 +589,7 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
 /// B and output of [`qgemm`]; the driver reads a column block whole before
 /// storing into it (`fits_one_pass`).
 struct InPlaceIo<'a, 'q, T> {
-    img: &'a mut [T],
+    img: SharedMut<'a, T>,
     sz: usize,
     q: &'a QConvView<'q>,
 }
@@ -591,9 +598,11 @@ impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
     #[inline(always)]
     fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
         let zx = self.q.zx;
-        match self.img.get(p * self.sz + j0..p * self.sz + j0 + out.len()) {
+        // SAFETY: a task reads only the columns it owns, before storing
+        // them (`QIo::store`); the slice does not outlive this call.
+        match unsafe { self.img.slice(p * self.sz + j0, out.len()) } {
             Some(src) => {
-                for (o, v) in out.iter_mut().zip(src) {
+                for (o, v) in out.iter_mut().zip(src.iter()) {
                     *o = (v.get() - zx) as i16;
                 }
             }
@@ -602,13 +611,14 @@ impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
     }
 
     #[inline(always)]
-    fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
+    fn store(&self, i: usize, j0: usize, acc: &[i32]) {
         let q = self.q;
         let (Some(&b), Some(r)) = (q.bias.get(i), q.mult.get(i)) else {
             return;
         };
-        let at = i * self.sz + j0;
-        if let Some(yrow) = self.img.get_mut(at..at + acc.len()) {
+        // SAFETY: as in `ConvIo::store`; the reads of these columns
+        // (`b_row`) are over, the driver packs a column block whole first.
+        if let Some(yrow) = unsafe { self.img.slice(i * self.sz + j0, acc.len()) } {
             finish_row(yrow, acc, b, r, &q.out);
         }
     }
@@ -618,7 +628,7 @@ impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
 /// [`qgemm`]; bias and multipliers are per column.
 struct MmIo<'a, 'q, B, Y> {
     b: &'a [B],
-    y: &'a mut [Y],
+    y: SharedMut<'a, Y>,
     q: &'a QMmView<'q>,
 }
 
@@ -642,11 +652,12 @@ impl<B: QInt, Y: QInt> QIo for MmIo<'_, '_, B, Y> {
     }
 
     #[inline(always)]
-    fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
+    fn store(&self, i: usize, j0: usize, acc: &[i32]) {
         let q = self.q;
         let at = i * q.n + j0;
         let (Some(yrow), Some(bias), Some(mult)) = (
-            self.y.get_mut(at..at + acc.len()),
+            // SAFETY: as in `ConvIo::store`.
+            unsafe { self.y.slice(at, acc.len()) },
             q.bias.get(j0..j0 + acc.len()),
             q.mult.get(j0..j0 + acc.len()),
         ) else {
@@ -684,8 +695,12 @@ pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
             z: Zero::All(q.za),
             packed: &[],
         };
-        let mut io = MmIo { b, y, q };
-        if !qgemm::qgemm(q.rows, n, k, a, &mut io) {
+        let io = MmIo {
+            b,
+            y: SharedMut::new(y),
+            q,
+        };
+        if !qgemm::qgemm(q.rows, n, k, a, &io) {
             return Err(crate::Error::new(crate::ErrorKind::Internal(
                 "QMatMul: integer GEMM refused its operands",
             )));
@@ -771,6 +786,7 @@ pub(crate) fn qrequant<X: QInt, Y: QInt>(
 
 #[cfg(all(test, feature = "alloc"))]
 mod tests {
+    extern crate std;
     use super::*;
     use crate::kern::cpu::Kernels;
     use alloc::vec;
@@ -815,8 +831,7 @@ mod tests {
         b: &'a [u8],
         zb: &'a [i32],
         n: usize,
-        c: Vec<i32>,
-        stores: usize,
+        c: std::sync::Mutex<(Vec<i32>, usize)>,
     }
     impl QIo for Raw<'_> {
         fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
@@ -824,9 +839,10 @@ mod tests {
                 *o = (self.b[p * self.n + j0 + j] as i32 - self.zb[j0 + j]) as i16;
             }
         }
-        fn store(&mut self, i: usize, j0: usize, acc: &[i32]) {
-            self.c[i * self.n + j0..][..acc.len()].copy_from_slice(acc);
-            self.stores += acc.len();
+        fn store(&self, i: usize, j0: usize, acc: &[i32]) {
+            let mut c = self.c.lock().unwrap();
+            c.0[i * self.n + j0..][..acc.len()].copy_from_slice(acc);
+            c.1 += acc.len();
         }
     }
 
@@ -851,30 +867,36 @@ mod tests {
                 let b: Vec<u8> = rng.q(k * n);
                 let za: Vec<i32> = (0..m).map(|_| rng.zp::<i8>()).collect();
                 let zb: Vec<i32> = (0..n).map(|_| rng.zp::<u8>()).collect();
-                let mut io = Raw {
-                    b: &b,
-                    zb: &zb,
-                    n,
-                    c: vec![i32::MIN; m * n],
-                    stores: 0,
-                };
-                let am = QMatA {
-                    a: &a,
-                    lda: k,
-                    z: Zero::Rows(&za),
-                    packed: &[],
-                };
-                assert!(qgemm::qgemm_with(kind, m, n, k, am, &mut io));
-                assert_eq!(io.stores, m * n, "{kind:?} {m}x{n}x{k}: every output once");
-                for i in 0..m {
-                    for j in 0..n {
-                        let want = (0..k).fold(0i32, |s, p| {
+                let want: Vec<i32> = (0..m * n)
+                    .map(|ij| {
+                        let (i, j) = (ij / n, ij % n);
+                        (0..k).fold(0i32, |s, p| {
                             s.wrapping_add(
                                 (a[i * k + p] as i32 - za[i]) * (b[p * n + j] as i32 - zb[j]),
                             )
-                        });
-                        assert_eq!(io.c[i * n + j], want, "{kind:?} {m}x{n}x{k} at {i},{j}");
-                    }
+                        })
+                    })
+                    .collect();
+                // No provider, then 2 and 3 workers (columns split when the
+                // product is big enough).
+                for workers in [1, 2, 3] {
+                    let _g = crate::kern::par::testing::with(if workers == 1 { 0 } else { workers });
+                    let io = Raw {
+                        b: &b,
+                        zb: &zb,
+                        n,
+                        c: std::sync::Mutex::new((vec![i32::MIN; m * n], 0)),
+                    };
+                    let am = QMatA {
+                        a: &a,
+                        lda: k,
+                        z: Zero::Rows(&za),
+                        packed: &[],
+                    };
+                    assert!(qgemm::qgemm_with(kind, workers, m, n, k, am, &io));
+                    let (c, stores) = io.c.into_inner().unwrap();
+                    assert_eq!(stores, m * n, "{kind:?} {m}x{n}x{k}: every output once");
+                    assert_eq!(c, want, "{kind:?} {m}x{n}x{k}, {workers} workers");
                 }
             }
         }
@@ -883,12 +905,11 @@ mod tests {
     #[test]
     fn qgemm_refuses_short_operands() {
         let a = [0i8; 5];
-        let mut io = Raw {
+        let io = Raw {
             b: &[],
             zb: &[],
             n: 1,
-            c: vec![0; 2],
-            stores: 0,
+            c: std::sync::Mutex::new((vec![0; 2], 0)),
         };
         let am = QMatA {
             a: &a,
@@ -896,8 +917,8 @@ mod tests {
             z: Zero::All(0),
             packed: &[],
         };
-        assert!(!qgemm::qgemm_with(Kernels::Blocked, 2, 1, 3, am, &mut io));
-        assert_eq!(io.stores, 0);
+        assert!(!qgemm::qgemm_with(Kernels::Blocked, 1, 2, 1, 3, am, &io));
+        assert_eq!(io.c.into_inner().unwrap().1, 0);
     }
 
     struct Case {

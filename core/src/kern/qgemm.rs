@@ -124,12 +124,16 @@ impl Zero<'_> {
     }
 }
 
-/// The right operand and the output of one product.
-pub(crate) trait QIo {
+/// The right operand and the output of one product, shared by the tasks
+/// of [`qgemm`].
+pub(crate) trait QIo: Sync {
     /// `B(p, j0 + j) - zero point` for `j < out.len()` (`out.len() <= NC`).
     fn b_row(&self, p: usize, j0: usize, out: &mut [i16]);
     /// The finished sums of row `i`, columns `j0 ..` (`acc.len()` of them).
-    fn store(&mut self, i: usize, j0: usize, acc: &[i32]);
+    /// [`qgemm`] stores each (row, column) once, and a task reads B
+    /// (`b_row`) and stores only over the columns it owns, so outputs
+    /// written through a [`super::par::SharedMut`] never overlap.
+    fn store(&self, i: usize, j0: usize, acc: &[i32]);
 }
 
 /// Whether every zero point keeps `value - zero` within i16 products that
@@ -151,17 +155,20 @@ fn pair(lo: i32, hi: i32) -> i32 {
 }
 
 /// `C = A · B` for `m × k` by `k × n`, handed row segment by row segment
-/// to `io.store`. `false` (nothing stored) when A is short or a size is
-/// beyond the blocking.
+/// to `io.store`, each (row, column) exactly once. With a parallel-for
+/// provider ([`super::par`]) the columns are cut into ranges, one task
+/// each: a task reads B and stores C only over its own columns, and every
+/// sum is formed as in one task, so the result is the same. `false`
+/// (nothing stored) when A is short.
 pub(crate) fn qgemm<T: super::QInt, IO: QIo>(
     m: usize,
     n: usize,
     k: usize,
     a: QMatA<'_, T>,
-    io: &mut IO,
+    io: &IO,
 ) -> bool {
     let kind = kernels_now();
-    qgemm_with(kind, m, n, k, a, io)
+    qgemm_with(kind, super::par::workers(), m, n, k, a, io)
 }
 
 fn kernels_now() -> Kernels {
@@ -180,42 +187,12 @@ pub(crate) fn enabled() -> bool {
 
 pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
     kind: Kernels,
+    workers: usize,
     m: usize,
     n: usize,
     k: usize,
     a: QMatA<'_, T>,
-    io: &mut IO,
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if kind == Kernels::Avx2Fma {
-        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
-        // `cpu::enable_avx2_fma`) or the build targets it. The driver and
-        // the operand's packing and stores compiled for AVX2.
-        return unsafe { driver_avx2(m, n, k, a, io) };
-    }
-    driver(kind, m, n, k, a, io)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn driver_avx2<T: super::QInt, IO: QIo>(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: QMatA<'_, T>,
-    io: &mut IO,
-) -> bool {
-    driver(Kernels::Avx2Fma, m, n, k, a, io)
-}
-
-#[inline(always)]
-fn driver<T: super::QInt, IO: QIo>(
-    kind: Kernels,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: QMatA<'_, T>,
-    io: &mut IO,
+    io: &IO,
 ) -> bool {
     if m == 0 || n == 0 {
         return true;
@@ -228,6 +205,62 @@ fn driver<T: super::QInt, IO: QIo>(
             return false;
         }
     }
+    let blocks = n.div_ceil(NR);
+    let macs = m.saturating_mul(n).saturating_mul(k.max(1));
+    let t = super::par::tasks(workers, macs, blocks);
+    if t <= 1 {
+        run_cols(kind, m, (0, n), k, &a, io);
+        return true;
+    }
+    super::par::for_each(t, &|ti| {
+        let (lo, hi) = super::par::chunk(blocks, t, ti);
+        run_cols(kind, m, (lo * NR, (hi * NR).min(n)), k, &a, io);
+    });
+    true
+}
+
+/// The driver over columns `cols`, compiled for AVX2 when selected.
+fn run_cols<T: super::QInt, IO: QIo>(
+    kind: Kernels,
+    m: usize,
+    cols: (usize, usize),
+    k: usize,
+    a: &QMatA<'_, T>,
+    io: &IO,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kind == Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
+        // `cpu::enable_avx2_fma`) or the build targets it. The driver and
+        // the operand's packing and stores compiled for AVX2.
+        unsafe { driver_avx2(m, cols, k, a, io) };
+        return;
+    }
+    driver(kind, m, cols, k, a, io)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn driver_avx2<T: super::QInt, IO: QIo>(
+    m: usize,
+    cols: (usize, usize),
+    k: usize,
+    a: &QMatA<'_, T>,
+    io: &IO,
+) {
+    driver(Kernels::Avx2Fma, m, cols, k, a, io)
+}
+
+/// Rows `0..m`, columns `cols.0 .. cols.1` (`qgemm_with` checked A).
+#[inline(always)]
+fn driver<T: super::QInt, IO: QIo>(
+    kind: Kernels,
+    m: usize,
+    cols: (usize, usize),
+    k: usize,
+    a: &QMatA<'_, T>,
+    io: &IO,
+) {
     let mut bpack = [0i16; KC * NC];
     let mut apack = [0i32; MR * KC / 2];
     let mut acc = [0i32; ACC];
@@ -239,7 +272,7 @@ fn driver<T: super::QInt, IO: QIo>(
         let mc_up = mc.div_ceil(MR) * MR;
         // Columns per block: a multiple of NR with mc_up × nc sums in `acc`.
         let nc = ((ACC / mc_up) / NR * NR).clamp(NR, NC);
-        let mut j0 = 0;
+        let (mut j0, n) = cols;
         while j0 < n {
             let ncur = nc.min(n - j0);
             let panels = ncur.div_ceil(NR);
@@ -276,7 +309,7 @@ fn driver<T: super::QInt, IO: QIo>(
                     let at: &[i32] = if a.packed.len() == pk_len {
                         &a.packed[((gi / MR) * kq_all + p0 / 2) * MR..][..kq * MR]
                     } else {
-                        pack_tile(&a, gi, mr, p0, kc, &mut apack[..kq * MR]);
+                        pack_tile(a, gi, mr, p0, kc, &mut apack[..kq * MR]);
                         &apack[..kq * MR]
                     };
                     for pn in 0..panels {
@@ -295,7 +328,6 @@ fn driver<T: super::QInt, IO: QIo>(
         }
         i_c += mc;
     }
-    true
 }
 
 /// `c[r * ldc + j] += Σ_q A pair (q, r) · B pair (q, j)` for `r < MR`,
