@@ -32,14 +32,12 @@ pub(crate) struct Latency {
     pub p99: f64,
 }
 
-/// The one place that decides which thread counts this build can run.
-/// Replace it when std-ext gains a multithreaded provider.
-fn check_threads(n: usize) -> Result<()> {
-    match n {
-        0 => bail!("--threads must be at least 1"),
-        1 => Ok(()),
-        n => bail!("--threads {n}: this build has no multithreaded provider (rayon) yet"),
+/// Which thread counts this build can run (mote-std's `threads::check`).
+pub(crate) fn check_threads(n: usize) -> Result<()> {
+    if n == 0 {
+        bail!("--threads must be at least 1");
     }
+    mote_std::threads::check(n).map_err(|e| anyhow::anyhow!("--threads {n}: {e}"))
 }
 
 /// min, median (mean of the middle two for an even count) and the
@@ -135,7 +133,7 @@ pub(crate) fn bench(
         let model = load_model(path)?;
         let Planned {
             mut session, feeds, ..
-        } = plan_with_inputs(path, model, given, dims, opt.seed, out)?;
+        } = plan_with_inputs(path, model, given, dims, opt.seed, opt.threads, out)?;
         let (names, tensors): (Vec<String>, Vec<Tensor>) = feeds.into_iter().unzip();
         let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
         let arena = session.plan().arena_bytes();
@@ -211,13 +209,12 @@ mod tests {
     }
 
     #[test]
-    fn threads_other_than_one_are_refused() {
+    fn thread_counts_follow_the_build() {
         assert!(check_threads(1).is_ok());
-        let e = check_threads(2).unwrap_err().to_string();
+        assert_eq!(check_threads(2).is_ok(), cfg!(feature = "rayon"));
         assert_eq!(
-            e,
-            "--threads 2: this build has no multithreaded provider (rayon) yet"
+            check_threads(0).unwrap_err().to_string(),
+            "--threads must be at least 1"
         );
-        assert!(check_threads(0).is_err());
     }
 }

@@ -61,6 +61,9 @@ enum Cmd {
         /// Seed of the random data for inputs not given.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Intra-op threads (rayon provider; results identical to 1 thread).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
         /// Stores the f32 weights of Conv, ConvTranspose, MatMul and Gemm as
         /// f16 (`Model::weights_to_f16`): half the weight bytes.
         #[arg(long)]
@@ -74,7 +77,7 @@ enum Cmd {
     Bench {
         /// The .onnx file (or a .mote file from `mote compile`).
         model: PathBuf,
-        /// Threads of the provider (only 1 in this build).
+        /// Intra-op threads (rayon provider; results identical to 1 thread).
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// Timed runs.
@@ -276,19 +279,23 @@ fn main() {
             dims,
             output_dir,
             seed,
+            threads,
             f16_weights,
             json,
         } => {
             out.json = json;
-            run(
-                &model,
-                &inputs,
-                &dims,
-                output_dir.as_deref(),
-                seed,
-                f16_weights,
-                &mut out,
-            )
+            bench::check_threads(threads).and_then(|()| {
+                run(
+                    &model,
+                    &inputs,
+                    &dims,
+                    output_dir.as_deref(),
+                    seed,
+                    threads,
+                    f16_weights,
+                    &mut out,
+                )
+            })
         }
         Cmd::Bench {
             model,
@@ -905,6 +912,7 @@ fn plan_with_inputs(
     given: &[(String, PathBuf)],
     dims: &[(String, usize)],
     seed: u64,
+    threads: usize,
     out: &mut Out,
 ) -> Result<Planned> {
     let model = Arc::new(model);
@@ -917,7 +925,7 @@ fn plan_with_inputs(
         check_declared(&model, name, t.dtype(), t.shape())?;
         feeds.push((name.clone(), t, file.display().to_string()));
     }
-    let mut b = SessionBuilder::from_model(model.clone());
+    let mut b = SessionBuilder::from_model(model.clone()).threads(threads);
     for (n, v) in dims {
         b = b.dim(n, *v);
     }
@@ -969,6 +977,7 @@ fn run(
     dims: &[(String, usize)],
     output_dir: Option<&Path>,
     seed: u64,
+    threads: usize,
     f16_weights: bool,
     out: &mut Out,
 ) -> Result<()> {
@@ -987,7 +996,7 @@ fn run(
         mut session,
         feeds,
         inputs_json,
-    } = plan_with_inputs(path, model, given, dims, seed, out)?;
+    } = plan_with_inputs(path, model, given, dims, seed, threads, out)?;
     let (names, tensors): (Vec<String>, Vec<Tensor>) = feeds.into_iter().unzip();
     let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
     let outputs = session.run(&args)?;

@@ -250,13 +250,26 @@ fn bench_json_reports_every_field() {
 }
 
 #[test]
-fn bench_threads_2_is_a_one_line_error() {
-    let (rc, out, err) = mote(&["bench", &digits_mlp(), "--threads", "2", "--iters", "1"]);
-    assert_eq!(rc, 1, "{out}{err}");
-    assert_eq!(
-        err.trim_end(),
-        "error: --threads 2: this build has no multithreaded provider (rayon) yet"
-    );
+fn threads_2_on_run_and_bench() {
+    let m = digits_mlp();
+    let (rc, one, err) = mote(&["run", &m, "--json", "--threads", "1"]);
+    assert_eq!(rc, 0, "{err}");
+    let (rc, two, err) = mote(&["run", &m, "--json", "--threads", "2"]);
+    if cfg!(feature = "rayon") {
+        assert_eq!(rc, 0, "{err}");
+        // Same seeded inputs, same output summary (values are bit-identical).
+        assert_eq!(one, two);
+        let (rc, out, err) = mote(&["bench", &m, "--threads", "2", "--iters", "2", "--json"]);
+        assert_eq!(rc, 0, "{err}");
+        assert!(out.contains("\"threads\":2"), "{out}");
+    } else {
+        assert_eq!(rc, 1, "{two}{err}");
+    }
+    for cmd in ["run", "bench"] {
+        let (rc, _, err) = mote(&[cmd, &m, "--threads", "0"]);
+        assert_eq!(rc, 1);
+        assert_eq!(err.trim_end(), "error: --threads must be at least 1");
+    }
 }
 
 /// x [1,2,3,3] → Conv (1×1) → BatchNormalization → Identity → y.
