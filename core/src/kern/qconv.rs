@@ -880,7 +880,8 @@ mod tests {
                 // No provider, then 2 and 3 workers (columns split when the
                 // product is big enough).
                 for workers in [1, 2, 3] {
-                    let _g = crate::kern::par::testing::with(if workers == 1 { 0 } else { workers });
+                    let _g =
+                        crate::kern::par::testing::with(if workers == 1 { 0 } else { workers });
                     let io = Raw {
                         b: &b,
                         zb: &zb,
@@ -1064,6 +1065,72 @@ mod tests {
         conv_cases::<u8, i8>(1);
         conv_cases::<i8, i8>(2);
         conv_cases::<u8, u8>(3);
+    }
+
+    #[test]
+    fn split_convolutions_are_bit_identical() {
+        use crate::kern::par::testing;
+        let mut rng = Rng(17);
+        for (n, &(c, m, group, hw, k, s)) in [
+            (16, 32, 1, 20, 3, 1),
+            (16, 16, 16, 40, 3, 1),
+            (24, 24, 24, 57, 3, 2),
+            (12, 36, 3, 31, 5, 2),
+            (96, 16, 1, 30, 1, 1),
+            (8, 8, 8, 120, 3, 1),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let mut g = Geom::unit();
+            for ax in 1..3 {
+                g.k[ax] = k;
+                g.s[ax] = s;
+                g.pb[ax] = k / 2;
+                g.pe[ax] = k / 2;
+                g.inp[ax] = hw;
+                g.out[ax] = (hw + 2 * (k / 2) - k) / s + 1;
+            }
+            let p = IntConv {
+                batch: 1,
+                c,
+                m,
+                group,
+                g,
+            };
+            let cs = Case {
+                p,
+                zx: rng.zp::<u8>(),
+                zw: (0..m).map(|_| rng.zp::<i8>()).collect(),
+                bias: (0..m).map(|_| rng.next() as i32 % 3000).collect(),
+                mult: (0..m).map(|_| Requant::new(0.001).unwrap()).collect(),
+                out: OutQ {
+                    zy: 0,
+                    lo: 0,
+                    hi: 255,
+                },
+                packed: Vec::new(),
+            };
+            let q = cs.view();
+            let x: Vec<u8> = rng.q(c * g.in_size());
+            let w: Vec<i8> = rng.q(m * (c / group) * g.k_size());
+            let mut want = vec![0u8; m * g.out_size()];
+            qconv_body(&x, &w, &mut want, &q);
+            let calls = testing::split_calls();
+            let outs = testing::each(|| {
+                let mut y = vec![0u8; want.len()];
+                if p.is_depthwise() {
+                    qconv_dw(&x, &w, &mut y, &q).unwrap();
+                } else {
+                    qconv(&x, &w, &mut y, &q).unwrap();
+                }
+                y
+            });
+            assert!(testing::split_calls() > calls, "case {n} did not split");
+            for (i, y) in outs.iter().enumerate() {
+                assert_eq!(y, &want, "case {n}, run {i}: {p:?}");
+            }
+        }
     }
 
     #[test]

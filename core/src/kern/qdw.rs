@@ -18,6 +18,7 @@
 //!
 //! The whole channel loop is compiled for AVX2 when the CPU has it.
 
+use super::par::{self, SharedMut};
 use super::qconv::{dw_plane, finish_row, tap_range, QConvView};
 use super::{valid_range, QInt};
 
@@ -246,19 +247,37 @@ fn planes_body<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QCo
     let p = &q.p;
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let mut sc = DwScratch::new();
-    for i in 0..p.batch * p.c {
-        let c = i % p.c;
-        let (Some(xp), Some(yo), Some(wc)) = (
-            x.get(i * in_sz..(i + 1) * in_sz),
-            y.get_mut(i * out_sz..(i + 1) * out_sz),
-            w.get(c * k_sz..(c + 1) * k_sz),
-        ) else {
-            return;
-        };
-        if !sc.plane(xp, wc, yo, c, q) {
-            dw_plane(xp, wc, yo, c, q);
+    let planes = p.batch * p.c;
+    let macs = planes.saturating_mul(out_sz).saturating_mul(k_sz);
+    let t = par::tasks(par::workers(), macs, planes);
+    let ys = SharedMut::new(y);
+    // Planes [lo, hi), each with its own output plane.
+    let run = |lo: usize, hi: usize| {
+        let mut sc = DwScratch::new();
+        for i in lo..hi {
+            let c = i % p.c;
+            // SAFETY: each plane index belongs to one task (`chunk`), so
+            // the output planes of live slices never overlap.
+            let yo = unsafe { ys.slice(i * out_sz, out_sz) };
+            let (Some(xp), Some(yo), Some(wc)) = (
+                x.get(i * in_sz..(i + 1) * in_sz),
+                yo,
+                w.get(c * k_sz..(c + 1) * k_sz),
+            ) else {
+                return;
+            };
+            if !sc.plane(xp, wc, yo, c, q) {
+                dw_plane(xp, wc, yo, c, q);
+            }
         }
+    };
+    if t <= 1 {
+        run(0, planes);
+    } else {
+        par::for_each(t, &|ti| {
+            let (lo, hi) = par::chunk(planes, t, ti);
+            run(lo, hi);
+        });
     }
 }
 
