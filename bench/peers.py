@@ -16,7 +16,7 @@ engine order rotated every round) and takes the median over rounds.
 
 Engines:
   mote      target/release/mote bench --json (1 thread)
-  mote-2t   mote bench --threads 2 (skipped with a note while mote has no
+  mote-2t   mote bench --threads 2 (skipped with a note if this mote build has no
             multithreaded provider)
   ort-1t    onnxruntime, intra_op_num_threads 1, inter_op 1, sequential,
             ORT_ENABLE_ALL

@@ -121,6 +121,12 @@ pub(crate) fn bench(
         if !dims.is_empty() {
             bail!("--dim does not apply to a compiled model");
         }
+        if opt.threads > 1 {
+            bail!(
+                "--threads {}: a compiled model runs on one thread",
+                opt.threads
+            );
+        }
         let f = mote_std::compiled::MoteFile::open(path)?;
         let inputs = mote_inputs(&f, given, opt.seed, out)?;
         let arena = f.model()?.arena_bytes();

@@ -985,6 +985,9 @@ fn run(
         if f16_weights || !dims.is_empty() {
             bail!("--f16-weights and --dim do not apply to a compiled model");
         }
+        if threads > 1 {
+            bail!("--threads {threads}: a compiled model runs on one thread");
+        }
         return run_mote(path, given, output_dir, seed, out);
     }
     let mut model = load_model(path)?;
