@@ -101,3 +101,21 @@ pub fn python() -> String {
     let s = String::from_utf8_lossy(&out.stdout);
     s.lines().last().unwrap_or("python3").trim().to_string()
 }
+
+/// Deterministic f32 inputs for every input of `s` (values in [-1, 1)),
+/// shared by the tests that compare two runs of one model.
+pub fn patterned_inputs(s: &mote_std::Session) -> Vec<(String, mote_std::Tensor)> {
+    s.inputs()
+        .iter()
+        .map(|i| {
+            let n: usize = i.shape.iter().product();
+            let v = (0..n)
+                .map(|k| ((k * 7919) % 1000) as f32 / 500.0 - 1.0)
+                .collect();
+            (
+                i.name.clone(),
+                mote_std::Tensor::from_f32(&i.shape, v).expect("input"),
+            )
+        })
+        .collect()
+}

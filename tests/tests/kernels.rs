@@ -10,26 +10,10 @@ use mote_core::cpu::{self, Kernels};
 use mote_std::{Session, Tensor};
 use mote_tests::quant_dir;
 
-fn inputs(s: &Session) -> Vec<(String, Tensor)> {
-    s.inputs()
-        .iter()
-        .map(|i| {
-            let n: usize = i.shape.iter().product();
-            let v = (0..n)
-                .map(|k| ((k * 7919) % 1000) as f32 / 500.0 - 1.0)
-                .collect();
-            (
-                i.name.clone(),
-                Tensor::from_f32(&i.shape, v).expect("input"),
-            )
-        })
-        .collect()
-}
-
 fn run(file: &str) -> Vec<Tensor> {
     let path = quant_dir().join(file);
     let mut s = Session::from_file(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
-    let owned = inputs(&s);
+    let owned = mote_tests::patterned_inputs(&s);
     let ins: Vec<(&str, Tensor)> = owned.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     s.run(&ins).unwrap_or_else(|e| panic!("{file}: {e}"))
 }

@@ -12,20 +12,7 @@ fn run(file: &str, threads: usize) -> Vec<Tensor> {
         .build()
         .unwrap_or_else(|e| panic!("{file}: {e}"));
     assert_eq!(s.threads(), threads);
-    let ins: Vec<(String, Tensor)> = s
-        .inputs()
-        .iter()
-        .map(|i| {
-            let n: usize = i.shape.iter().product();
-            let v = (0..n)
-                .map(|k| ((k * 7919) % 1000) as f32 / 500.0 - 1.0)
-                .collect();
-            (
-                i.name.clone(),
-                Tensor::from_f32(&i.shape, v).expect("input"),
-            )
-        })
-        .collect();
+    let ins = mote_tests::patterned_inputs(&s);
     let ins: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     s.run(&ins).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
