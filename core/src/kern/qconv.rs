@@ -160,7 +160,12 @@ pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
 /// hosts unless the reference kernels are forced, with zero points that
 /// keep the differences within i16 pairs (see [`qgemm`]).
 pub(super) fn fast(q: &QConvView<'_>) -> bool {
-    CONTIGUOUS && qgemm::enabled() && zero_points_fit(&[q.zx]) && zero_points_fit(q.zw)
+    fast_for(q.zx, q.zw)
+}
+
+/// [`fast`] from the zero points alone (prepare, before the view exists).
+fn fast_for(zx: i32, zw: &[i32]) -> bool {
+    CONTIGUOUS && qgemm::enabled() && zero_points_fit(&[zx]) && zero_points_fit(zw)
 }
 
 /// The weights of a (not depthwise) convolution packed for [`conv_gemm`],
@@ -176,8 +181,12 @@ pub(crate) fn pack_weights<W: QInt>(
 ) -> alloc::vec::Vec<i32> {
     let (cg, mg) = (p.c / p.group.max(1), p.m / p.group.max(1));
     let kk = cg * p.g.k_size();
-    let fast = CONTIGUOUS && qgemm::enabled() && zero_points_fit(&[zx]) && zero_points_fit(zw);
-    if !fast || p.is_depthwise() || w.len() != p.m * kk || zw.len() != p.m || p.group == 0 {
+    if !fast_for(zx, zw)
+        || p.is_depthwise()
+        || w.len() != p.m * kk
+        || zw.len() != p.m
+        || p.group == 0
+    {
         return alloc::vec::Vec::new();
     }
     let mut out = alloc::vec::Vec::with_capacity(p.group * qgemm::packed_len(mg, kk));

@@ -20,6 +20,7 @@
 
 use super::par::{self, SharedMut};
 use super::qconv::{dw_plane, finish_row, tap_range, QConvView};
+use super::requant::Requant;
 use super::{valid_range, QInt};
 
 /// Most values of a padded plane (and of its output grid).
@@ -79,17 +80,14 @@ impl DwScratch {
         q: &QConvView<'_>,
     ) -> bool {
         let g = &q.p.g;
-        let [o0, o1, o2] = g.out;
-        let [i0, i1, i2] = g.inp;
-        let [k0, k1, k2] = g.k;
+        let [_, o1, o2] = g.out;
+        let [_, i1, i2] = g.inp;
+        let [_, k1, k2] = g.k;
         let s = g.s[1];
-        if o0 != 1 || i0 != 1 || k0 != 1 || g.s[2] != s || s == 0 || s > MAX_S {
+        if !two_d_fits(xp, wp, yo, q) || g.s[2] != s {
             return false;
         }
         if o1 == 0 || o2 == 0 || k1 == 0 || k2 == 0 {
-            return false;
-        }
-        if xp.len() < i1 * i2 || wp.len() < k1 * k2 || yo.len() < o1 * o2 {
             return false;
         }
         let (d1, d2, p1, p2) = (g.d[1], g.d[2], g.pb[1], g.pb[2]);
@@ -108,7 +106,7 @@ impl DwScratch {
         if len > FLAT || grid > FLAT || plen * s > FLAT {
             return false;
         }
-        let (Some(&zw), Some(&b), Some(r)) = (q.zw.get(c), q.bias.get(c), q.mult.get(c)) else {
+        let Some((zw, b, r)) = channel(q, c) else {
             return false;
         };
         let DwScratch { xp: buf, ph, acc } = self;
@@ -170,18 +168,15 @@ impl DwScratch {
         q: &QConvView<'_>,
     ) -> bool {
         let g = &q.p.g;
-        let [o0, o1, o2] = g.out;
-        let [i0, i1, i2] = g.inp;
-        let [k0, k1, k2] = g.k;
+        let [_, o1, o2] = g.out;
+        let [_, _, i2] = g.inp;
+        let [_, _, k2] = g.k;
         let (s, d, pb) = (g.s[2], g.d[2], g.pb[2]);
         let reach = k2.saturating_sub(1) * d;
-        if o0 != 1 || i0 != 1 || k0 != 1 || s == 0 || s > MAX_S || reach > MAX_REACH {
+        if !two_d_fits(xp, wp, yo, q) || reach > MAX_REACH {
             return false;
         }
-        if xp.len() < i1 * i2 || wp.len() < k1 * k2 || yo.len() < o1 * o2 {
-            return false;
-        }
-        let (Some(&zw), Some(&b), Some(r)) = (q.zw.get(c), q.bias.get(c), q.mult.get(c)) else {
+        let Some((zw, b, r)) = channel(q, c) else {
             return false;
         };
         let DwScratch { ph, acc, .. } = self;
@@ -222,6 +217,28 @@ impl DwScratch {
         }
         true
     }
+}
+
+/// Whether both paths can take the window: 2-D (or 1-D), a row stride in
+/// `1..=MAX_S`, and planes that hold what the geometry reaches.
+#[inline(always)]
+fn two_d_fits<X, W, Y>(xp: &[X], wp: &[W], yo: &[Y], q: &QConvView<'_>) -> bool {
+    let g = &q.p.g;
+    let ([o0, o1, o2], [i0, i1, i2], [k0, k1, k2]) = (g.out, g.inp, g.k);
+    let s = g.s[2];
+    o0 == 1
+        && i0 == 1
+        && k0 == 1
+        && (1..=MAX_S).contains(&s)
+        && xp.len() >= i1 * i2
+        && wp.len() >= k1 * k2
+        && yo.len() >= o1 * o2
+}
+
+/// Channel `c`'s weight zero point, bias and multiplier.
+#[inline(always)]
+fn channel<'q>(q: &QConvView<'q>, c: usize) -> Option<(i32, i32, &'q Requant)> {
+    Some((*q.zw.get(c)?, *q.bias.get(c)?, q.mult.get(c)?))
 }
 
 /// Every plane of a depthwise convolution whose lengths `qconv_dw` checked.
