@@ -252,6 +252,62 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// Calls `f` on every constant of this graph and of its subgraphs
+    /// (initializers, `Constant` values, tensor attributes, bodies).
+    pub fn for_each_const_mut(
+        &mut self,
+        f: &mut dyn FnMut(&mut Const) -> Result<()>,
+    ) -> Result<()> {
+        for t in &mut self.tensors {
+            if let Some(c) = &mut t.value {
+                f(c)?;
+            }
+        }
+        for n in &mut self.nodes {
+            for a in &mut n.attrs {
+                match &mut a.value {
+                    AttrValue::Tensor(c) => f(c)?,
+                    AttrValue::Graph(g) => g.for_each_const_mut(f)?,
+                    AttrValue::Graphs(gs) => {
+                        for g in gs {
+                            g.for_each_const_mut(f)?;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies every constant that still slices a shared model buffer into
+    /// owned storage, so that the buffer can be freed.
+    ///
+    /// A model imported with [`Model::from_onnx_shared`] keeps the whole
+    /// file alive while any weight slices it; after rewrites that replace
+    /// most weights (BatchNorm folding makes new convolution weights), that
+    /// is the file's size held for a few slices.
+    pub fn unshare_consts(&mut self) -> Result<()> {
+        self.for_each_const_mut(&mut |c| {
+            if let ConstData::Shared(b) = &c.data {
+                c.data = ConstData::from_bytes(b)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Bytes of the constants that slice a shared model buffer.
+    pub fn shared_const_bytes(&mut self) -> usize {
+        let mut n = 0;
+        let _ = self.for_each_const_mut(&mut |c| {
+            if let ConstData::Shared(b) = &c.data {
+                n += b.len();
+            }
+            Ok(())
+        });
+        n
+    }
+
     /// Names this graph reads but neither defines, receives nor holds as
     /// constants: the outer-scope values a control-flow body captures.
     /// Sorted, without repeats.

@@ -77,10 +77,25 @@ impl Model {
 
     /// Imports from a shared buffer: weight bytes are sliced out of `bytes`
     /// (no copy) where aligned, copied once where not.
+    ///
+    ///
+    /// The buffer stays alive as long as a weight slices it. Where less
+    /// than half of it would stay in use (most weights were not 8-byte
+    /// aligned in the file and had to be copied, or the rewrites replace
+    /// them: BatchNorm folding makes new convolution weights), the weights
+    /// still in it are copied out instead, so that the file's memory is
+    /// given back before the rewrites allocate.
     pub fn from_onnx_shared(bytes: Bytes) -> Result<Model> {
+        let file = bytes.len();
         let proto = mote_proto::decode_model(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
         let mut m = import_model(proto)?;
+        if m.graph.shared_const_bytes() < file / 2 {
+            m.graph.unshare_consts()?;
+        }
         crate::optimize::run(&mut m);
+        if m.graph.shared_const_bytes() < file / 2 {
+            m.graph.unshare_consts()?;
+        }
         Ok(m)
     }
 }

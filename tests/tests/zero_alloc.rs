@@ -7,22 +7,34 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 static BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Bytes allocated and not yet freed, and the most there were.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grow(n: usize) {
+    let now = LIVE.fetch_add(n, Ordering::SeqCst) + n;
+    PEAK.fetch_max(now, Ordering::SeqCst);
+}
 
 // SAFETY: forwards to the system allocator, only counting calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::SeqCst);
         BYTES.fetch_add(l.size(), Ordering::SeqCst);
+        grow(l.size());
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Ordering::SeqCst);
         // SAFETY: same contract as the caller's.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::SeqCst);
         BYTES.fetch_add(n, Ordering::SeqCst);
+        LIVE.fetch_sub(l.size(), Ordering::SeqCst);
+        grow(n);
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(p, l, n) }
     }
@@ -89,4 +101,148 @@ fn weights_are_copied_at_most_once_on_load() {
         allocated < weights + weights / 4 + 64 * 1024,
         "allocated {allocated} B for {weights} B of weights"
     );
+}
+
+/// A chain of `n` Conv (c → c, 3×3) + BatchNormalization, weights as
+/// `raw_data`.
+fn conv_bn_chain(n: usize, c: usize) -> Vec<u8> {
+    use mote_proto as pb;
+    use prost::Message;
+    let f32s = |name: String, dims: &[i64], v: f32| {
+        let len: i64 = dims.iter().product();
+        pb::TensorProto {
+            name: Some(name),
+            dims: dims.to_vec(),
+            data_type: Some(1),
+            raw_data: Some(
+                (0..len)
+                    .flat_map(|i| (v + (i % 7) as f32 * 1e-3).to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+            ),
+            ..Default::default()
+        }
+    };
+    let vi = |name: &str| {
+        use pb::tensor_shape_proto::{dimension::Value, Dimension};
+        let dims = [1, c as i64, 8, 8];
+        pb::ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(pb::TypeProto {
+                value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(pb::TensorShapeProto {
+                        dim: dims
+                            .iter()
+                            .map(|&d| Dimension {
+                                value: Some(Value::DimValue(d)),
+                                denotation: None,
+                            })
+                            .collect(),
+                    }),
+                })),
+                denotation: None,
+            }),
+            ..Default::default()
+        }
+    };
+    let ci = c as i64;
+    let (mut nodes, mut inits) = (Vec::new(), Vec::new());
+    let mut x = "x".to_string();
+    for k in 0..n {
+        let (w, y, z) = (format!("w{k}"), format!("c{k}"), format!("b{k}"));
+        inits.push(f32s(w.clone(), &[ci, ci, 3, 3], 0.01));
+        let p: Vec<String> = ["g", "be", "m", "v"]
+            .iter()
+            .map(|p| format!("{p}{k}"))
+            .collect();
+        for (name, v) in p.iter().zip([1.5, 0.1, 0.2, 0.9]) {
+            inits.push(f32s(name.clone(), &[ci], v));
+        }
+        nodes.push(pb::NodeProto {
+            op_type: Some("Conv".into()),
+            input: vec![x.clone(), w],
+            output: vec![y.clone()],
+            attribute: vec![pb::AttributeProto {
+                name: Some("pads".into()),
+                r#type: Some(7),
+                ints: vec![1, 1, 1, 1],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let mut ins = vec![y];
+        ins.extend(p);
+        nodes.push(pb::NodeProto {
+            op_type: Some("BatchNormalization".into()),
+            input: ins,
+            output: vec![z.clone()],
+            ..Default::default()
+        });
+        x = z;
+    }
+    pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(13),
+        }],
+        graph: Some(pb::GraphProto {
+            node: nodes,
+            name: Some("g".into()),
+            input: vec![vi("x")],
+            output: vec![vi(&x)],
+            initializer: inits,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Loading a file whose convolutions fold a BatchNormalization never holds
+/// three copies of the weights (file, aligned copies, folded weights), and
+/// gives the file back once loaded. The file is shifted by 0..8 bytes, so
+/// that its weights are 8-byte aligned (kept in the file) for one shift and
+/// misaligned (copied) for the others.
+#[test]
+fn folding_on_load_holds_at_most_two_copies_of_the_weights() {
+    let _g = LOCK.lock();
+    let file = conv_bn_chain(6, 96);
+    let weights = 6 * 96 * 96 * 9 * 4;
+    for shift in 0..8 {
+        let base = LIVE.load(Ordering::SeqCst);
+        PEAK.store(base, Ordering::SeqCst);
+        let mut buf = Vec::with_capacity(shift + file.len());
+        buf.resize(shift, 0u8);
+        buf.extend_from_slice(&file);
+        let bytes = mote_proto::bytes::Bytes::from(buf).slice(shift..);
+        let model = mote_core::Model::from_onnx_shared(bytes).expect("import");
+        let peak = PEAK.load(Ordering::SeqCst) - base;
+        let kept = LIVE.load(Ordering::SeqCst).saturating_sub(base);
+        assert!(
+            model
+                .rewrites
+                .iter()
+                .filter(|r| r.detail.contains("folded"))
+                .count()
+                == 6,
+            "{:?}",
+            model.rewrites
+        );
+        println!(
+            "shift {shift}: file {} B, weights {weights} B, peak {peak} B, kept {kept} B",
+            file.len()
+        );
+        // The file plus one copy of the weights, and one folded layer.
+        assert!(
+            peak < file.len() + weights + weights / 4,
+            "shift {shift}: peak {peak} B on load for {weights} B of weights"
+        );
+        assert!(
+            kept < weights + weights / 8,
+            "shift {shift}: {kept} B kept after load for {weights} B of weights"
+        );
+        drop(model);
+    }
 }

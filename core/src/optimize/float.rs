@@ -213,6 +213,20 @@ impl Edit {
 }
 
 fn apply(g: &mut Graph, e: Edit) {
+    // Constants the replaced or removed nodes read: freed below once nobody
+    // reads them, so that a pass over a big model (BatchNorm folding makes
+    // new weights) never holds the old and the new weights together.
+    let mut old: Vec<TensorId> = e
+        .set
+        .iter()
+        .map(|(i, _)| *i)
+        .chain(e.remove.iter().copied())
+        .filter_map(|i| g.nodes.get(i))
+        .flat_map(|n| n.inputs.iter().flatten().copied())
+        .filter(|&t| value(g, t).is_some())
+        .collect();
+    old.sort_unstable();
+    old.dedup();
     g.tensors.extend(e.tensors);
     for (i, n) in e.set {
         if let Some(slot) = g.nodes.get_mut(i) {
@@ -234,6 +248,16 @@ fn apply(g: &mut Graph, e: Edit) {
     for &i in remove.iter().rev() {
         if i < g.nodes.len() {
             g.nodes.remove(i);
+        }
+    }
+    if !old.is_empty() {
+        let ix = Ix::new(g);
+        for t in old {
+            if ix.unused(t) {
+                if let Some(info) = g.tensors.get_mut(t as usize) {
+                    info.value = None;
+                }
+            }
         }
     }
 }
