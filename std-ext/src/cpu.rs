@@ -4,7 +4,8 @@
 //! `MOTE_KERNELS=reference` forces the reference loops (to check a result
 //! against them, or to rule the optimized kernels out of a bug hunt);
 //! `MOTE_KERNELS=blocked` keeps the portable blocked kernels even on an
-//! AVX2 CPU.
+//! AVX2 CPU or on aarch64 (whose default is the NEON micro-kernel: NEON is
+//! baseline there, nothing to detect).
 
 use std::sync::Once;
 
@@ -17,7 +18,7 @@ static INIT: Once = Once::new();
 pub fn init() -> Kernels {
     INIT.call_once(|| match std::env::var("MOTE_KERNELS").as_deref() {
         Ok("reference") => mote_core::cpu::force_reference(true),
-        Ok("blocked") => {}
+        Ok("blocked") => mote_core::cpu::force_blocked(),
         _ => detect(),
     });
     mote_core::cpu::kernels()

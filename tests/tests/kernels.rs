@@ -26,6 +26,9 @@ fn modes() -> Vec<Kernels> {
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         v.push(Kernels::Avx2Fma);
     }
+    // NEON is baseline on aarch64: the default there, nothing to detect.
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    v.push(Kernels::Neon);
     v
 }
 
@@ -37,6 +40,8 @@ fn select(k: Kernels) {
             // SAFETY: only pushed by `modes` after the CPU reported AVX2+FMA.
             unsafe { cpu::enable_avx2_fma() };
         }
+        Kernels::Blocked => cpu::force_blocked(),
+        // Neon: the default of aarch64 builds.
         _ => cpu::force_reference(false),
     }
     assert_eq!(cpu::kernels(), k, "selection");

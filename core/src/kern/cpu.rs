@@ -3,11 +3,13 @@
 //!
 //! no_std builds decide at compile time: the blocked kernels are the default
 //! on 64-bit hosts (x86_64, aarch64), AVX2+FMA when the build targets it
-//! (`-C target-feature=+avx2,+fma`); microcontrollers keep the reference
-//! loops, which need no stack tile. std builds detect the CPU at run time
-//! (mote-std does it once, before its first session) and honour
+//! (`-C target-feature=+avx2,+fma`), NEON on aarch64 (baseline there: every
+//! aarch64 Linux target has it, so no run-time check); microcontrollers keep
+//! the reference loops, which need no stack tile. std builds detect the CPU
+//! at run time (mote-std does it once, before its first session) and honour
 //! `MOTE_KERNELS=reference`, so that any result can be checked against the
-//! reference path.
+//! reference path, and `MOTE_KERNELS=blocked` ([`force_blocked`]), to rule
+//! the SIMD micro-kernels out.
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -21,12 +23,15 @@ pub enum Kernels {
     Blocked,
     /// Register-blocked GEMM with AVX2 + FMA micro-kernels (x86_64).
     Avx2Fma,
+    /// Register-blocked GEMM with NEON micro-kernels (aarch64).
+    Neon,
 }
 
 const UNSET: u8 = 0;
 const REFERENCE: u8 = 1;
 const BLOCKED: u8 = 2;
 const AVX2_FMA: u8 = 3;
+const NEON: u8 = 4;
 
 static SELECTED: AtomicU8 = AtomicU8::new(UNSET);
 
@@ -37,6 +42,8 @@ const fn default_code() -> u8 {
         target_feature = "fma"
     )) {
         AVX2_FMA
+    } else if cfg!(all(target_arch = "aarch64", target_feature = "neon")) {
+        NEON
     } else if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
         BLOCKED
     } else {
@@ -52,6 +59,7 @@ pub fn kernels() -> Kernels {
     };
     match code {
         AVX2_FMA => Kernels::Avx2Fma,
+        NEON => Kernels::Neon,
         BLOCKED => Kernels::Blocked,
         _ => Kernels::Reference,
     }
@@ -63,6 +71,16 @@ pub fn kernels() -> Kernels {
 /// too (on 64-bit hosts) and give the same bytes either way.
 pub fn force_reference(on: bool) {
     SELECTED.store(if on { REFERENCE } else { UNSET }, Ordering::Relaxed);
+}
+
+/// Selects the portable blocked kernels (no SIMD intrinsics) on 64-bit
+/// hosts, even where this build defaults to AVX2+FMA or NEON; a no-op on
+/// other targets (they keep their default). [`force_reference`]`(false)`
+/// goes back to the default.
+pub fn force_blocked() {
+    if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        SELECTED.store(BLOCKED, Ordering::Relaxed);
+    }
 }
 
 /// Selects the AVX2 + FMA micro-kernels; a no-op on other architectures.

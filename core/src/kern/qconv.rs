@@ -832,6 +832,10 @@ mod tests {
                 v.push(Kernels::Avx2Fma);
             }
         }
+        // aarch64's default selection (the int8 paths run portable code
+        // under it).
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        v.push(Kernels::Neon);
         v
     }
 

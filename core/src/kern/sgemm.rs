@@ -588,6 +588,13 @@ fn ukr(
         unsafe { dispatch!(ukr_avx2) };
         return;
     }
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    if kind == Kernels::Neon {
+        // SAFETY: this build targets NEON (cfg above; baseline on aarch64
+        // Linux), and the driver checked the bounds `ukr_neon` reads.
+        unsafe { dispatch!(ukr_neon) };
+        return;
+    }
     let _ = kind;
     dispatch!(ukr_portable);
 }
@@ -659,6 +666,64 @@ unsafe fn ukr_avx2<const R: usize>(
     }
 }
 
+/// The NEON micro-kernel: the contract of `ukr_avx2` (A read through its row
+/// and column strides, B rows of NR floats at stride `b_rs`, the `R × NR`
+/// product of `kc` steps written to the first R rows of `tile`). R rows of 4
+/// q-register accumulators (24 of the 32 for R = 6), 4 for the row of B, and
+/// each A(r, p) multiplied in by lane (`fmla v.4s, v.4s, v.s[0]`).
+///
+/// # Safety
+/// `a` holds A(r, p) at `r * a_rs + p * a_cs` for `r < R`, `p < kc`, and `b`
+/// holds `kc` rows of NR floats at stride `b_rs` (the driver checks both).
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn ukr_neon<const R: usize>(
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    tile: &mut [f32; MR * NR],
+) {
+    use core::arch::aarch64::*;
+    let mut acc = [[vdupq_n_f32(0.0); 4]; R];
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
+    for p in 0..kc {
+        // SAFETY: p < kc and the caller guarantees that B holds kc rows of
+        // NR floats at stride b_rs and A holds R rows (stride a_rs) of kc
+        // columns (stride a_cs).
+        unsafe {
+            let brow = bp.add(p * b_rs);
+            let bv = [
+                vld1q_f32(brow),
+                vld1q_f32(brow.add(4)),
+                vld1q_f32(brow.add(8)),
+                vld1q_f32(brow.add(12)),
+            ];
+            let acol = ap.add(p * a_cs);
+            for (r, accr) in acc.iter_mut().enumerate() {
+                let av = *acol.add(r * a_rs);
+                for (x, &v) in accr.iter_mut().zip(&bv) {
+                    *x = vfmaq_n_f32(*x, v, av);
+                }
+            }
+        }
+    }
+    for (r, accr) in acc.iter().enumerate() {
+        // SAFETY: r < R <= MR, so the 4 stores of 4 floats fall inside row r
+        // of the MR × NR tile.
+        unsafe {
+            let t = tile.as_mut_ptr().add(r * NR);
+            vst1q_f32(t, accr[0]);
+            vst1q_f32(t.add(4), accr[1]);
+            vst1q_f32(t.add(8), accr[2]);
+            vst1q_f32(t.add(12), accr[3]);
+        }
+    }
+}
+
 #[cfg(all(test, feature = "alloc"))]
 mod tests {
     use super::*;
@@ -685,6 +750,9 @@ mod tests {
                 v.push(Kernels::Avx2Fma);
             }
         }
+        // NEON is baseline on aarch64: no detection.
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        v.push(Kernels::Neon);
         v
     }
 
