@@ -93,6 +93,9 @@ pub fn run(g: &mut Graph) -> Vec<Rewrite> {
     // Every rewrite removes a node or moves a Transpose one producer up;
     // the bound only guards against a pattern that would undo another.
     let mut budget = 4 * g.nodes.len() + 16;
+    // Constants the edits freed (count, bytes), reported with the others
+    // that `compact` drops.
+    let mut freed = (0, 0);
     'outer: loop {
         let mut changed = false;
         for pass in local {
@@ -106,7 +109,9 @@ pub fn run(g: &mut Graph) -> Vec<Rewrite> {
                 budget -= 1;
                 changed = true;
                 notes.push(edit.note.clone());
-                apply(g, edit);
+                let (n, b) = apply(g, edit);
+                freed.0 += n;
+                freed.1 += b;
             }
         }
         if !changed {
@@ -114,7 +119,7 @@ pub fn run(g: &mut Graph) -> Vec<Rewrite> {
         }
     }
     dead_nodes(g, &mut notes);
-    compact(g, &mut notes);
+    compact(g, &mut notes, freed);
     notes
 }
 
@@ -212,7 +217,8 @@ impl Edit {
     }
 }
 
-fn apply(g: &mut Graph, e: Edit) {
+/// Applies `e`; returns the count and bytes of the constants it freed.
+fn apply(g: &mut Graph, e: Edit) -> (usize, usize) {
     // Constants the replaced or removed nodes read: freed below once nobody
     // reads them, so that a pass over a big model (BatchNorm folding makes
     // new weights) never holds the old and the new weights together.
@@ -250,16 +256,19 @@ fn apply(g: &mut Graph, e: Edit) {
             g.nodes.remove(i);
         }
     }
+    let mut freed = (0, 0);
     if !old.is_empty() {
         let ix = Ix::new(g);
         for t in old {
             if ix.unused(t) {
-                if let Some(info) = g.tensors.get_mut(t as usize) {
-                    info.value = None;
+                if let Some(c) = g.tensors.get_mut(t as usize).and_then(|i| i.value.take()) {
+                    freed.0 += 1;
+                    freed.1 += c.byte_len();
                 }
             }
         }
     }
+    freed
 }
 
 fn find(g: &Graph, ix: &Ix, pass: Pass, i: usize) -> Option<Edit> {
@@ -936,7 +945,7 @@ fn dead_nodes(g: &mut Graph, notes: &mut Vec<Rewrite>) {
 }
 
 /// Drops the tensors no node, input or output names, renumbering the rest.
-fn compact(g: &mut Graph, notes: &mut Vec<Rewrite>) {
+fn compact(g: &mut Graph, notes: &mut Vec<Rewrite>, freed: (usize, usize)) {
     let nt = g.tensors.len();
     let mut used = alloc::vec![false; nt];
     let ids = g
@@ -953,7 +962,7 @@ fn compact(g: &mut Graph, notes: &mut Vec<Rewrite>) {
     if used.iter().all(|&u| u) {
         return;
     }
-    let (mut consts, mut bytes) = (0usize, 0usize);
+    let (mut consts, mut bytes) = freed;
     let mut map: Vec<TensorId> = alloc::vec![TensorId::MAX; nt];
     let old = core::mem::take(&mut g.tensors);
     for (k, t) in old.into_iter().enumerate() {
