@@ -6,6 +6,8 @@
 //! `.ci/run` generates them first; a test run without them generates them
 //! on first use.
 
+pub mod onnx;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -111,6 +111,18 @@ pub enum ErrorKind {
         /// The file's version.
         got: u16,
     },
+    /// A `Loop` ran into the session's iteration bound
+    /// ([`crate::SessionBuilder::max_loop_iterations`]).
+    LoopLimit {
+        /// The bound.
+        limit: u64,
+    },
+    /// The heap refused an allocation (a model's weights or a constant
+    /// folded at build time); nothing was aborted.
+    Alloc {
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// A bug in mote: an internal invariant failed (please report).
     Internal(&'static str),
 }
@@ -218,6 +230,11 @@ impl core::fmt::Display for ErrorKind {
                 f,
                 "compiled model format version {got}, this build reads version {supported} (recompile with `mote compile`)"
             ),
+            ErrorKind::LoopLimit { limit } => write!(
+                f,
+                "Loop ran past the session's bound of {limit} iterations (max_loop_iterations)"
+            ),
+            ErrorKind::Alloc { bytes } => write!(f, "out of memory: could not allocate {bytes} bytes"),
             ErrorKind::Internal(s) => write!(f, "internal error (a bug in mote): {s}"),
         }
     }

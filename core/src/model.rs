@@ -45,7 +45,7 @@ impl ConstData {
         let mut words = Vec::new();
         words
             .try_reserve_exact(n)
-            .map_err(|_| Error::new(ErrorKind::Overflow))?;
+            .map_err(|_| Error::new(ErrorKind::Alloc { bytes: len }))?;
         words.resize(n, 0);
         Ok(ConstData::Owned { words, len })
     }
@@ -342,6 +342,13 @@ impl Graph {
         v
     }
 
+    /// Bytes of the constants (weights) the graph holds.
+    pub fn const_bytes(&self) -> usize {
+        self.tensors
+            .iter()
+            .filter_map(|t| t.value.as_ref())
+            .fold(0usize, |a, c| a.saturating_add(c.byte_len()))
+    }
     /// The tensor of this name.
     pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
         self.tensors

@@ -88,6 +88,19 @@ impl Model {
     pub fn from_onnx_shared(bytes: Bytes) -> Result<Model> {
         let file = bytes.len();
         let proto = mote_proto::decode_model(bytes).map_err(|_| Error::new(ErrorKind::Decode))?;
+        Model::from_proto_sized(proto, file)
+    }
+
+    /// Imports a decoded `ModelProto` (weights sliced out of its buffers
+    /// where aligned), with the rewrites of [`Model::from_onnx`]. For a
+    /// caller that edits the message first: mote-std fills in tensors
+    /// stored in external files this way.
+    pub fn from_proto(proto: mote_proto::ModelProto) -> Result<Model> {
+        let file = proto.encoded_len();
+        Model::from_proto_sized(proto, file)
+    }
+
+    fn from_proto_sized(proto: mote_proto::ModelProto, file: usize) -> Result<Model> {
         let mut m = import_model(proto)?;
         if m.graph.shared_const_bytes() < file / 2 {
             m.graph.unshare_consts()?;
@@ -100,14 +113,52 @@ impl Model {
     }
 }
 
-/// Imports a decoded `ModelProto`.
-pub fn import_model(proto: mote_proto::ModelProto) -> Result<Model> {
+fn opset_imports(proto: &mote_proto::ModelProto) -> Vec<(String, i64)> {
     let mut opsets = Vec::new();
     for o in &proto.opset_import {
         let dom = o.domain.clone().unwrap_or_default();
         let dom = if dom == "ai.onnx" { String::new() } else { dom };
         opsets.push((dom, o.version.unwrap_or(0)));
     }
+    opsets
+}
+
+/// An import error displayed with the names of the node and tensor it
+/// points at: `proto` is imported again as far as it goes, which gives
+/// the ids of [`Model::from_onnx`]'s errors their names.
+pub fn explain_import(proto: mote_proto::ModelProto, e: &Error) -> String {
+    let opsets = opset_imports(&proto);
+    let mut b = Builder {
+        graph: Graph::default(),
+    };
+    if let Some(g) = proto.graph {
+        let _ = import_graph_into(&mut b, g, &opsets, 0);
+    }
+    crate::model::Explained {
+        graph: Some(&b.graph),
+        error: e,
+    }
+    .to_string()
+}
+
+/// [`explain_import`] of the model's bytes (as given to
+/// [`Model::from_onnx`]).
+///
+/// ```
+/// let bad = b"not a model";
+/// let e = mote_core::Model::from_onnx(bad).unwrap_err();
+/// assert!(mote_core::onnx::explain_import_bytes(bad, &e).contains("not a valid ONNX model"));
+/// ```
+pub fn explain_import_bytes(bytes: &[u8], e: &Error) -> String {
+    match mote_proto::ModelProto::decode(bytes) {
+        Ok(p) => explain_import(p, e),
+        Err(_) => e.kind.to_string(),
+    }
+}
+
+/// Imports a decoded `ModelProto`.
+pub fn import_model(proto: mote_proto::ModelProto) -> Result<Model> {
+    let opsets = opset_imports(&proto);
     let default = opsets.iter().find(|(d, _)| d.is_empty()).map(|&(_, v)| v);
     match default {
         // ONNX says an absent import means opset 1; ask for a real one
@@ -185,11 +236,57 @@ fn declare(t: &mut TensorInfo, tp: &Option<mote_proto::TypeProto>) {
     }
 }
 
+/// An initializer's stored dtype and shape against a declaration of the
+/// same name (graph input or value info): a model that says one thing and
+/// stores another is refused rather than guessed at.
+fn check_declared_const(t: &TensorInfo, tp: &Option<mote_proto::TypeProto>) -> Result<()> {
+    let Some(type_proto::Value::TensorType(tt)) = tp.as_ref().and_then(|t| t.value.as_ref()) else {
+        return Ok(());
+    };
+    let Some(c) = t.value.as_ref() else {
+        return Ok(());
+    };
+    if let Some(code) = tt.elem_type.filter(|&c| c != 0) {
+        if code != c.dtype.onnx_code() {
+            return Err(Error::new(ErrorKind::Invalid(
+                "an initializer's stored dtype differs from its declared one",
+            )));
+        }
+    }
+    if let Some(sh) = &tt.shape {
+        let fixed_mismatch = sh.dim.len() != c.shape.len()
+            || sh.dim.iter().zip(&c.shape).any(|(d, &v)| {
+                matches!(&d.value, Some(dimension::Value::DimValue(x)) if *x >= 0 && *x as u64 != v as u64)
+            });
+        if fixed_mismatch {
+            return Err(Error::new(ErrorKind::Invalid(
+                "an initializer's stored shape differs from its declared one",
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn import_graph(
     g: mote_proto::GraphProto,
     opsets: &[(String, i64)],
     depth: usize,
 ) -> Result<Graph> {
+    let mut b = Builder {
+        graph: Graph::default(),
+    };
+    import_graph_into(&mut b, g, opsets, depth)?;
+    Ok(b.graph)
+}
+
+/// Imports `g` into `b`. On error, `b` holds what was imported so far,
+/// including the node being imported (so that the error's ids have names).
+fn import_graph_into(
+    b: &mut Builder,
+    g: mote_proto::GraphProto,
+    opsets: &[(String, i64)],
+    depth: usize,
+) -> Result<()> {
     if depth > MAX_GRAPH_DEPTH {
         return Err(Error::new(ErrorKind::Invalid(
             "subgraphs nested too deeply",
@@ -198,9 +295,6 @@ fn import_graph(
     if !g.sparse_initializer.is_empty() {
         return Err(Error::new(ErrorKind::Unsupported("sparse initializers")));
     }
-    let mut b = Builder {
-        graph: Graph::default(),
-    };
     // Initializers first: their names shadow graph inputs of the same name.
     for t in g.initializer {
         let name = t.name.clone().unwrap_or_default();
@@ -231,7 +325,10 @@ fn import_graph(
             .get_mut(id as usize)
             .ok_or(Error::new(ErrorKind::Internal("tensor id")))?;
         if info.value.is_some() {
-            continue; // an initializer with a declared input: a constant here
+            // An initializer with a declared input: a constant here, whose
+            // declaration must agree with what is stored.
+            check_declared_const(info, &vi.r#type).map_err(|e| e.at_tensor(id))?;
+            continue;
         }
         declare(info, &vi.r#type);
         if b.graph.inputs.contains(&id) {
@@ -245,10 +342,12 @@ fn import_graph(
         if let Some(info) = b.graph.tensors.get_mut(id as usize) {
             if info.value.is_none() {
                 declare(info, &vi.r#type);
+            } else {
+                check_declared_const(info, &vi.r#type).map_err(|e| e.at_tensor(id))?;
             }
         }
     }
-    for (ni, n) in g.node.into_iter().enumerate() {
+    for n in g.node {
         let domain = match n.domain.as_deref() {
             None | Some("ai.onnx") => String::new(),
             Some(d) => d.to_string(),
@@ -260,6 +359,17 @@ fn import_graph(
             .unwrap_or(0);
         let op_type = n.op_type.clone().unwrap_or_default();
         let node_id = b.graph.nodes.len() as u32;
+        // The node goes in first, bare, so that an error while importing
+        // its attributes still names it (see `explain_import`).
+        b.graph.nodes.push(Node {
+            name: n.name.clone().unwrap_or_default(),
+            op_type,
+            domain,
+            opset,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            attrs: Vec::new(),
+        });
         let mut attrs = Vec::with_capacity(n.attribute.len());
         for a in n.attribute {
             attrs.push(import_attr(a, opsets, depth).map_err(|e| e.at_node(node_id))?);
@@ -277,22 +387,20 @@ fn import_graph(
             .iter()
             .map(|s| if s.is_empty() { None } else { Some(b.id(s)) })
             .collect();
-        let node = Node {
-            name: n.name.clone().unwrap_or_default(),
-            op_type,
-            domain,
-            opset,
-            inputs,
-            outputs,
-            attrs,
-        };
+        let node = b
+            .graph
+            .nodes
+            .last_mut()
+            .ok_or(Error::new(ErrorKind::Internal("node")))?;
+        node.inputs = inputs;
+        node.outputs = outputs;
+        node.attrs = attrs;
         if node.op_type == "Constant" && node.domain.is_empty() {
             let out = node.outputs.first().copied().flatten().ok_or(
-                Error::new(ErrorKind::Invalid("Constant node without output")).at_node(ni as u32),
+                Error::new(ErrorKind::Invalid("Constant node without output")).at_node(node_id),
             )?;
-            // Keep a placeholder node so errors keep pointing at it; its
-            // value lives on the output tensor.
-            let c = constant_value(&node).map_err(|e| e.at_node(node_id))?;
+            // The value lives on the output tensor; the node goes.
+            let c = constant_value(node).map_err(|e| e.at_node(node_id))?;
             let info = b
                 .graph
                 .tensors
@@ -308,9 +416,8 @@ fn import_graph(
             info.dtype = Some(c.dtype);
             info.shape = Some(c.shape.iter().map(|&d| Dim::Fixed(d)).collect());
             info.value = Some(c);
-            continue;
+            b.graph.nodes.pop();
         }
-        b.graph.nodes.push(node);
     }
     for vi in &g.output {
         let name = vi.name.clone().unwrap_or_default();
@@ -322,7 +429,7 @@ fn import_graph(
         }
         b.graph.outputs.push(id);
     }
-    Ok(b.graph)
+    Ok(())
 }
 
 fn attr_err(problem: &'static str) -> Error {
@@ -377,15 +484,20 @@ fn import_attr(
         T::Tensor => AttrValue::Tensor(tensor_from_proto(
             a.t.ok_or(attr_err("TENSOR attribute without tensor"))?,
         )?),
-        T::Graph => AttrValue::Graph(Box::new(import_graph(
-            a.g.ok_or(attr_err("GRAPH attribute without graph"))?,
-            opsets,
-            depth + 1,
-        )?)),
+        // Ids inside a subgraph would be read as the outer graph's: an
+        // error there keeps its kind and points at the node that holds it.
+        T::Graph => AttrValue::Graph(Box::new(
+            import_graph(
+                a.g.ok_or(attr_err("GRAPH attribute without graph"))?,
+                opsets,
+                depth + 1,
+            )
+            .map_err(|e| Error::new(e.kind))?,
+        )),
         T::Graphs => {
             let mut v = Vec::new();
             for g in a.graphs {
-                v.push(import_graph(g, opsets, depth + 1)?);
+                v.push(import_graph(g, opsets, depth + 1).map_err(|e| Error::new(e.kind))?);
             }
             AttrValue::Graphs(v)
         }

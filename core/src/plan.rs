@@ -60,7 +60,54 @@ pub struct IoInfo {
     pub bound: bool,
 }
 
-/// Session options: shape bindings and memory budget.
+/// Loop iterations a session runs by default before [`ErrorKind::LoopLimit`]
+/// (see [`SessionBuilder::max_loop_iterations`]).
+pub const DEFAULT_MAX_LOOP_ITERATIONS: u64 = 1 << 24;
+
+/// Heap bytes a session build may allocate for what a model's values and
+/// dims decide (constants computed at build time, kernel tables) when no
+/// [`SessionBuilder::max_memory`] is given: a model that would take more
+/// (a `ConstantOfShape` of 10^12 elements, say) gets
+/// [`ErrorKind::OverBudget`] before anything is allocated.
+pub const DEFAULT_MAX_BUILD_HEAP: usize = 1 << 30;
+
+/// Bounds a session build enforces on itself and on the kernels it makes
+/// (bodies of If/Loop/Scan inherit them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Iterations one Loop node may run per invocation (folding included).
+    pub loop_iterations: u64,
+    /// Heap bytes the build may still take for constants computed at
+    /// build time and tables sized by dims (the caller's
+    /// [`SessionBuilder::max_memory`] less what is already held).
+    pub heap_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            loop_iterations: DEFAULT_MAX_LOOP_ITERATIONS,
+            heap_bytes: DEFAULT_MAX_BUILD_HEAP,
+        }
+    }
+}
+
+impl Limits {
+    /// Takes `bytes` of the budget, or refuses before anything is
+    /// allocated.
+    pub(crate) fn take_heap(&mut self, bytes: usize) -> Result<()> {
+        self.heap_bytes =
+            self.heap_bytes
+                .checked_sub(bytes)
+                .ok_or(Error::new(ErrorKind::OverBudget {
+                    needed: bytes,
+                    budget: self.heap_bytes,
+                }))?;
+        Ok(())
+    }
+}
+
+/// Session options: shape bindings, memory budgets and run-time bounds.
 ///
 /// The analogue of onnxruntime's free-dimension overrides and tract's
 /// `with_input_fact`.
@@ -71,6 +118,8 @@ pub struct SessionBuilder<'m> {
     shapes: Vec<(String, Vec<usize>)>,
     values: Vec<(String, DType, Vec<u8>)>,
     max_arena: Option<usize>,
+    max_memory: Option<usize>,
+    max_loop: Option<u64>,
     in_place: bool,
 }
 
@@ -112,6 +161,29 @@ impl<'m> SessionBuilder<'m> {
     /// Refuses plans whose arena exceeds `bytes`.
     pub fn max_arena_bytes(mut self, bytes: usize) -> Self {
         self.max_arena = Some(bytes);
+        self
+    }
+    /// Refuses, with [`ErrorKind::OverBudget`] and before allocating it,
+    /// a plan whose memory exceeds `bytes`: the model's weights, the
+    /// constants folded at build time (each checked before it is
+    /// computed) and the arena, together. The budget of a device, or of a
+    /// service loading models it does not trust.
+    pub fn max_memory(mut self, bytes: usize) -> Self {
+        self.max_memory = Some(bytes);
+        self
+    }
+    /// Bounds the iterations of every `Loop` node, per run (and when a
+    /// Loop is folded at build time): a Loop that would go further fails
+    /// with [`ErrorKind::LoopLimit`] instead of running on. Default
+    /// [`DEFAULT_MAX_LOOP_ITERATIONS`]; a Loop whose condition never turns
+    /// false and has no trip count would otherwise never end.
+    pub fn max_loop_iterations(mut self, n: u64) -> Self {
+        self.max_loop = Some(n);
+        self
+    }
+    pub(crate) fn with_limits(mut self, l: Limits) -> Self {
+        self.max_loop = Some(l.loop_iterations);
+        self.max_memory = Some(l.heap_bytes);
         self
     }
     /// Whether element-wise ops may overwrite their dying input (default on).
@@ -308,7 +380,19 @@ fn read_record(bytes: &[u8], at: usize) -> Result<Vec<usize>> {
 }
 
 /// Runs one node on constant inputs with heap buffers (folding; op tests).
+#[cfg(test)]
 pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> Result<Vec<Const>> {
+    eval_const_within(node, opset, inputs, &mut Limits::default())
+}
+
+/// [`eval_const`] under `limits`; the folded bytes are taken from its
+/// budget before they are allocated.
+pub(crate) fn eval_const_within(
+    node: &Node,
+    opset: i64,
+    inputs: &[Option<&Const>],
+    limits: &mut Limits,
+) -> Result<Vec<Const>> {
     let def = ops::find(&node.domain, &node.op_type, opset)
         .ok_or(Error::new(ErrorKind::UnsupportedOp { opset }))?;
     let infos: Vec<Option<InputInfo<'_>>> = inputs
@@ -321,9 +405,10 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
             })
         })
         .collect();
-    let ctx = PrepareCtx::new(node, opset, &infos);
+    let ctx = PrepareCtx::new(node, opset, &infos).with_limits(*limits);
     let prep = (def.prepare)(&ctx)?;
     if let Some(v) = prep.values {
+        limits.take_heap(v.iter().map(Const::byte_len).sum())?;
         return Ok(v);
     }
     let mut slots: Vec<Slot> = Vec::new();
@@ -353,6 +438,7 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
             .copied()
             .flatten()
             .ok_or(Error::new(ErrorKind::MissingInput { index: 0 }))?;
+        limits.take_heap(src.byte_len())?;
         return Ok(alloc::vec![Const {
             dtype: o.dtype,
             shape: o.shape.clone(),
@@ -399,6 +485,7 @@ pub(crate) fn eval_const(node: &Node, opset: i64, inputs: &[Option<&Const>]) -> 
         off.checked_add(prep.scratch)
             .ok_or(Error::new(ErrorKind::Overflow))?
     };
+    limits.take_heap(total)?;
     let mut buf = ConstData::zeroed(total)?;
     let graph = crate::model::Graph::default();
     {
@@ -475,6 +562,20 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         }
     }
     let order = g.topo_order()?;
+    let mut limits = Limits {
+        loop_iterations: opts.max_loop.unwrap_or(DEFAULT_MAX_LOOP_ITERATIONS),
+        heap_bytes: DEFAULT_MAX_BUILD_HEAP,
+    };
+    let weights = g.const_bytes();
+    if let Some(budget) = opts.max_memory {
+        limits.heap_bytes =
+            budget
+                .checked_sub(weights)
+                .ok_or(Error::new(ErrorKind::OverBudget {
+                    needed: weights,
+                    budget,
+                }))?;
+    }
     let mut slots: Vec<Slot> = g
         .tensors
         .iter()
@@ -504,6 +605,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         let mut s = bind_input(model, i, opts, &mut defaulted)?;
         let name = &g.tensor(i)?.name;
         if let Some((_, dt, bytes)) = opts.values.iter().find(|(n, _, _)| n == name) {
+            limits.take_heap(bytes.len()).map_err(|e| e.at_tensor(i))?;
             if *dt != s.dtype {
                 return Err(Error::new(ErrorKind::DTypeMismatch {
                     expected: s.dtype,
@@ -578,7 +680,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 }
             }
         }
-        let ctx = PrepareCtx::new(node, opset, &infos);
+        let ctx = PrepareCtx::new(node, opset, &infos).with_limits(limits);
         let prep = (def.prepare)(&ctx).map_err(|e| e.at_node(ni))?;
         if prep.outputs.len()
             < node
@@ -598,6 +700,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         let n_inputs = node.inputs.iter().flatten().count();
         if let Some(values) = prep.values {
             // Known from shapes alone (Shape, Size).
+            limits
+                .take_heap(values.iter().map(Const::byte_len).sum())
+                .map_err(|e| e.at_node(ni))?;
             for (o, v) in node.outputs.iter().zip(values) {
                 if let Some(o) = o {
                     folded.push(v);
@@ -677,7 +782,8 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 });
             }
             let refs: Vec<Option<&Const>> = consts.iter().map(|c| c.as_ref()).collect();
-            let values = eval_const(node, opset, &refs).map_err(|e| e.at_node(ni))?;
+            let values =
+                eval_const_within(node, opset, &refs, &mut limits).map_err(|e| e.at_node(ni))?;
             for (o, v) in node.outputs.iter().zip(values) {
                 if let Some(o) = o {
                     folded.push(v);
@@ -926,6 +1032,15 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 needed: arena_bytes,
                 budget: max,
             }));
+        }
+    }
+    if let Some(budget) = opts.max_memory {
+        let folded_bytes: usize = folded.iter().map(Const::byte_len).sum();
+        let needed = weights
+            .saturating_add(folded_bytes)
+            .saturating_add(arena_bytes);
+        if needed > budget {
+            return Err(Error::new(ErrorKind::OverBudget { needed, budget }));
         }
     }
     for t in 0..nt {

@@ -13,7 +13,9 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde_json::json;
 
-use crate::{is_mote, load_model, mote_inputs, num, plan_with_inputs, Out, Planned, Tensor};
+use crate::{
+    is_mote, load_model, mote_inputs, num, plan_with_inputs, Out, Planned, RunOptions, Tensor,
+};
 
 /// What `mote bench` was asked for.
 pub(crate) struct Options {
@@ -139,7 +141,18 @@ pub(crate) fn bench(
         let model = load_model(path)?;
         let Planned {
             mut session, feeds, ..
-        } = plan_with_inputs(path, model, given, dims, opt.seed, opt.threads, out)?;
+        } = plan_with_inputs(
+            path,
+            model,
+            given,
+            dims,
+            &RunOptions {
+                seed: opt.seed,
+                threads: opt.threads,
+                max_memory: None,
+            },
+            out,
+        )?;
         let (names, tensors): (Vec<String>, Vec<Tensor>) = feeds.into_iter().unzip();
         let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
         let arena = session.plan().arena_bytes();

@@ -17,6 +17,7 @@ pub mod compiled;
 pub mod conformance;
 pub mod cpu;
 mod error;
+pub mod external;
 mod npy;
 pub mod quantize;
 mod session;
@@ -24,10 +25,13 @@ mod tensor;
 pub mod threads;
 
 pub use error::{Error, Result};
+pub use external::ExternalData;
 pub use mote_core;
 pub use mote_core::{DType, IoInfo, Model, Plan, TensorView};
-pub use npy::{read_npy, write_npy};
-pub use session::{check_declared, explain, fmt_declared, load_model, Session, SessionBuilder};
+pub use npy::{read_npy, read_npy_bytes, write_npy};
+pub use session::{
+    check_declared, explain, fmt_declared, load_model, load_model_with, Session, SessionBuilder,
+};
 pub use tensor::{fmt_shape, Tensor};
 
 /// A file-safe form of a tensor name: characters outside `[A-Za-z0-9._-]`

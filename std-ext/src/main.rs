@@ -68,6 +68,10 @@ enum Cmd {
         /// f16 (`Model::weights_to_f16`): half the weight bytes.
         #[arg(long)]
         f16_weights: bool,
+        /// Refuses, before running, a model whose weights, build-time
+        /// constants and arena exceed BYTES (suffixes K, M, G: powers of 1024).
+        #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+        max_memory: Option<usize>,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -191,6 +195,22 @@ fn parse_dim(s: &str) -> std::result::Result<(String, usize), String> {
     Ok((n.to_string(), v))
 }
 
+/// `65536`, `64K`, `16M`, `1G` (powers of 1024).
+fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 1usize << 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("'{s}' is not a byte count (like 65536, 64K, 16M, 1G)"))
+}
+
 fn parse_input(s: &str) -> std::result::Result<(String, PathBuf), String> {
     let (n, f) = s
         .split_once('=')
@@ -281,17 +301,22 @@ fn main() {
             seed,
             threads,
             f16_weights,
+            max_memory,
             json,
         } => {
             out.json = json;
+            let opt = RunOptions {
+                seed,
+                threads,
+                max_memory,
+            };
             bench::check_threads(threads).and_then(|()| {
                 run(
                     &model,
                     &inputs,
                     &dims,
                     output_dir.as_deref(),
-                    seed,
-                    threads,
+                    &opt,
                     f16_weights,
                     &mut out,
                 )
@@ -894,6 +919,16 @@ fn num(x: f64) -> Value {
     serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
 }
 
+/// How `mote run` and `mote bench` plan and feed a model.
+pub(crate) struct RunOptions {
+    /// Seed of the random data for inputs not given.
+    pub seed: u64,
+    /// Intra-op threads.
+    pub threads: usize,
+    /// `--max-memory`: budget of weights, folded constants and arena.
+    pub max_memory: Option<usize>,
+}
+
 /// A planned session and its inputs (see [`plan_with_inputs`]).
 struct Planned {
     session: Session,
@@ -911,10 +946,10 @@ fn plan_with_inputs(
     model: Model,
     given: &[(String, PathBuf)],
     dims: &[(String, usize)],
-    seed: u64,
-    threads: usize,
+    opt: &RunOptions,
     out: &mut Out,
 ) -> Result<Planned> {
+    let (seed, threads) = (opt.seed, opt.threads);
     let model = Arc::new(model);
     let mut feeds: Vec<(String, Tensor, String)> = Vec::new();
     for (name, file) in given {
@@ -926,6 +961,9 @@ fn plan_with_inputs(
         feeds.push((name.clone(), t, file.display().to_string()));
     }
     let mut b = SessionBuilder::from_model(model.clone()).threads(threads);
+    if let Some(m) = opt.max_memory {
+        b = b.max_memory(m);
+    }
     for (n, v) in dims {
         b = b.dim(n, *v);
     }
@@ -976,11 +1014,11 @@ fn run(
     given: &[(String, PathBuf)],
     dims: &[(String, usize)],
     output_dir: Option<&Path>,
-    seed: u64,
-    threads: usize,
+    opt: &RunOptions,
     f16_weights: bool,
     out: &mut Out,
 ) -> Result<()> {
+    let threads = opt.threads;
     if is_mote(path) {
         if f16_weights || !dims.is_empty() {
             bail!("--f16-weights and --dim do not apply to a compiled model");
@@ -988,7 +1026,7 @@ fn run(
         if threads > 1 {
             bail!("--threads {threads}: a compiled model runs on one thread");
         }
-        return run_mote(path, given, output_dir, seed, out);
+        return run_mote(path, given, output_dir, opt, out);
     }
     let mut model = load_model(path)?;
     if f16_weights {
@@ -999,7 +1037,7 @@ fn run(
         mut session,
         feeds,
         inputs_json,
-    } = plan_with_inputs(path, model, given, dims, seed, threads, out)?;
+    } = plan_with_inputs(path, model, given, dims, opt, out)?;
     let (names, tensors): (Vec<String>, Vec<Tensor>) = feeds.into_iter().unzip();
     let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
     let outputs = session.run(&args)?;
@@ -1215,12 +1253,23 @@ fn run_mote(
     path: &Path,
     given: &[(String, PathBuf)],
     output_dir: Option<&Path>,
-    seed: u64,
+    opt: &RunOptions,
     out: &mut Out,
 ) -> Result<()> {
     let f = mote_std::compiled::MoteFile::open(path)?;
     let m = f.model()?;
-    let inputs = mote_inputs(&f, given, seed, out)?;
+    if let Some(budget) = opt.max_memory {
+        let needed = m.arena_bytes().saturating_add(m.data_bytes());
+        if needed > budget {
+            bail!(
+                "{}: memory budget exceeded: needs {needed} bytes (arena {} + weights {}), budget {budget}",
+                path.display(),
+                m.arena_bytes(),
+                m.data_bytes()
+            );
+        }
+    }
+    let inputs = mote_inputs(&f, given, opt.seed, out)?;
     let outputs = f.run(&inputs)?;
     if let Some(dir) = output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;

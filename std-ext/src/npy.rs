@@ -56,7 +56,22 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-    let f = NpyFile::new(BufReader::new(file)).map_err(|e| npy_err(path, e))?;
+    read_npy_from(path, BufReader::new(file), file_len)
+}
+
+/// [`read_npy`] over bytes in memory (`name` is used in messages).
+pub fn read_npy_bytes(name: &str, bytes: &[u8]) -> Result<Tensor> {
+    read_npy_from(Path::new(name), bytes, bytes.len() as u64)
+}
+
+/// Reads an npy stream of at most `len` bytes (a bound checked before any
+/// buffer proportional to the declared shape is allocated).
+fn read_npy_from<R: Read>(path: &Path, mut reader: R, len: u64) -> Result<Tensor> {
+    let head = read_header(&mut reader, len).map_err(|e| match e {
+        HeaderError::Io(e) => Error::io(path, e),
+        HeaderError::Bad(what) => npy_err(path, what),
+    })?;
+    let f = NpyFile::new(head.as_slice().chain(reader)).map_err(|e| npy_err(path, e))?;
     let npyz::DType::Plain(ts) = f.dtype() else {
         return Err(Error::Npy(format!(
             "{}: structured npy arrays are not supported",
@@ -94,7 +109,7 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
         .ok()
         .and_then(|n| n.checked_mul(dtype.size()))
         .ok_or_else(|| npy_err(path, "shape too large"))?;
-    if bytes as u64 > file_len {
+    if bytes as u64 > len {
         return Err(npy_err(
             path,
             format!("truncated: shape {:?} needs {bytes} bytes of data", shape),
@@ -130,6 +145,83 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
         data = fortran_to_c(&data, &shape, dtype.size());
     }
     Tensor::from_bytes(dtype, &shape, &data).map_err(|e| npy_err(path, e))
+}
+
+/// Largest npy header read (numpy writes a few hundred bytes).
+const MAX_HEADER: u64 = 64 << 10;
+/// Deepest bracket nesting of a header's dict literal.
+const MAX_NESTING: usize = 8;
+
+enum HeaderError {
+    Io(std::io::Error),
+    Bad(String),
+}
+
+/// The magic, version, length and header dict of an npy stream, checked
+/// before npyz parses them: npyz allocates the declared header length
+/// before reading it (up to 4 GiB in format 2 and 3), and its parser of
+/// the dict literal backtracks exponentially on nested brackets (a
+/// 150-byte header took over 10 s). Data other than npy is passed through
+/// for npyz to refuse.
+fn read_header(r: &mut impl Read, len: u64) -> std::result::Result<Vec<u8>, HeaderError> {
+    let mut head = vec![0u8; 12];
+    let got = read_up_to(r, &mut head).map_err(HeaderError::Io)?;
+    head.truncate(got);
+    if head.len() < 10 || !head.starts_with(b"\x93NUMPY") {
+        return Ok(head);
+    }
+    let (fixed, hlen) = match head[6] {
+        1 => (10u64, u64::from(u16::from_le_bytes([head[8], head[9]]))),
+        _ if head.len() >= 12 => (
+            12,
+            u64::from(u32::from_le_bytes([head[8], head[9], head[10], head[11]])),
+        ),
+        _ => return Ok(head),
+    };
+    if fixed.saturating_add(hlen) > len || hlen > MAX_HEADER {
+        return Err(HeaderError::Bad(format!(
+            "header of {hlen} bytes is longer than the file ({len} bytes) or than {MAX_HEADER}"
+        )));
+    }
+    // `fixed` and `hlen` are at most 64 KiB here.
+    let end = (fixed + hlen) as usize;
+    let start = head.len();
+    head.resize(end.max(start), 0);
+    let got = read_up_to(r, &mut head[start..]).map_err(HeaderError::Io)?;
+    head.truncate(start + got);
+    let (mut depth, mut quote) = (0usize, None::<u8>);
+    for &c in head.get(fixed as usize..).unwrap_or(&[]) {
+        match (quote, c) {
+            (Some(q), _) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'\'' | b'"') => quote = Some(c),
+            (None, b'(' | b'[' | b'{') => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Err(HeaderError::Bad(format!(
+                        "header nests brackets deeper than {MAX_NESTING}"
+                    )));
+                }
+            }
+            (None, b')' | b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(head)
+}
+
+/// Reads until `buf` is full or the stream ends; the bytes read.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 fn typed<T: Element>(v: &TensorView<'_>) -> Vec<T> {

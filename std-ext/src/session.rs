@@ -4,33 +4,63 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mote_core::model::Dim;
-use mote_core::{DType, ErrorKind, IoInfo, Model, Plan, TensorView};
+use mote_core::{DType, IoInfo, Model, Plan, TensorView};
 
 use crate::error::{Error, Result};
+use crate::external::ExternalData;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::threads::Pool;
 
 /// Reads and imports an ONNX file. Errors name the file, and the node and
-/// tensor when the model itself is at fault.
+/// tensor when the model itself is at fault. Tensors in external files
+/// are read from the model's folder only ([`ExternalData`]).
 pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
+    load_model_with(path, ExternalData::default())
+}
+
+/// [`load_model`] with a policy for external tensor data.
+pub fn load_model_with(path: impl AsRef<Path>, external: ExternalData) -> Result<Model> {
     let path = path.as_ref();
     let buf = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let not_onnx = || {
+        Error::Model(format!(
+            "not an ONNX model or truncated: {}",
+            path.display()
+        ))
+    };
     if buf.is_empty() {
         return Err(Error::Model(format!(
             "not an ONNX model or truncated: {} (empty file)",
             path.display()
         )));
     }
-    Model::from_onnx_shared(bytes::Bytes::from(buf)).map_err(|e| match e.kind {
-        ErrorKind::Decode => Error::Model(format!(
-            "not an ONNX model or truncated: {}",
-            path.display()
-        )),
-        _ => Error::Model(format!(
+    // Weights are sliced out of the file's buffer (no copy) where aligned.
+    let mut proto = mote_proto::decode_model(bytes::Bytes::from(buf)).map_err(|_| not_onnx())?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let external_data = crate::external::has_external(&proto);
+    if external_data {
+        crate::external::resolve(&mut proto, dir, external)
+            .map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
+    }
+    Model::from_proto(proto).map_err(|e| {
+        // Import again as far as it goes, for the names of the error's
+        // node and tensor (the error path only: the file is read again
+        // rather than held while the import frees what it can).
+        let mut p = std::fs::read(path)
+            .ok()
+            .and_then(|b| mote_proto::decode_model(bytes::Bytes::from(b)).ok())
+            .unwrap_or_default();
+        if external_data {
+            let _ = crate::external::resolve(&mut p, dir, external);
+        }
+        Error::Model(format!(
             "{}: {}",
             path.display(),
-            Model::default().explain(&e)
-        )),
+            mote_core::onnx::explain_import(p, &e)
+        ))
     })
 }
 
@@ -122,6 +152,9 @@ pub struct SessionBuilder {
     dims: Vec<(String, usize)>,
     shapes: Vec<(String, Vec<usize>)>,
     max_arena: Option<usize>,
+    max_memory: Option<usize>,
+    max_loop: Option<u64>,
+    external: ExternalData,
     threads: usize,
 }
 
@@ -139,6 +172,9 @@ impl SessionBuilder {
             dims: Vec::new(),
             shapes: Vec::new(),
             max_arena: None,
+            max_memory: None,
+            max_loop: None,
+            external: ExternalData::default(),
             threads: 1,
         }
     }
@@ -157,6 +193,27 @@ impl SessionBuilder {
         self.max_arena = Some(bytes);
         self
     }
+    /// Refuses, before allocating anything for it, a plan whose weights,
+    /// folded constants and arena together exceed `bytes`
+    /// ([`mote_core::SessionBuilder::max_memory`]); the model file being
+    /// read is not counted.
+    pub fn max_memory(mut self, bytes: usize) -> Self {
+        self.max_memory = Some(bytes);
+        self
+    }
+    /// Bounds every `Loop` node's iterations per run
+    /// ([`mote_core::SessionBuilder::max_loop_iterations`]).
+    pub fn max_loop_iterations(mut self, n: u64) -> Self {
+        self.max_loop = Some(n);
+        self
+    }
+    /// Where tensors stored in external files may be read from (default:
+    /// inside the model's folder only). Applies when the model is loaded
+    /// from a path by [`SessionBuilder::build`].
+    pub fn external_data(mut self, policy: ExternalData) -> Self {
+        self.external = policy;
+        self
+    }
     /// Intra-op threads (like onnxruntime's `intra_op_num_threads`; default
     /// 1): with `n > 1` the session runs on its own pool of `n` threads,
     /// and GEMMs, Conv output channels and batches are split among them.
@@ -172,7 +229,7 @@ impl SessionBuilder {
         crate::threads::check(self.threads)?;
         crate::cpu::init();
         let model = match self.source {
-            Source::Path(p) => Arc::new(load_model(&p)?),
+            Source::Path(p) => Arc::new(load_model_with(&p, self.external)?),
             Source::Model(m) => m,
         };
         let names: Vec<&str> = model.input_names().collect();
@@ -194,8 +251,22 @@ impl SessionBuilder {
         if let Some(m) = self.max_arena {
             b = b.max_arena_bytes(m);
         }
+        if let Some(m) = self.max_memory {
+            b = b.max_memory(m);
+        }
+        if let Some(n) = self.max_loop {
+            b = b.max_loop_iterations(n);
+        }
         let plan = b.plan().map_err(|e| explain(&model, &e))?;
-        let arena = vec![0u128; plan.arena_bytes().div_ceil(16).max(1)];
+        let words = plan.arena_bytes().div_ceil(16).max(1);
+        let mut arena = Vec::new();
+        arena.try_reserve_exact(words).map_err(|_| {
+            Error::Model(format!(
+                "out of memory: the arena of {} bytes could not be allocated",
+                plan.arena_bytes()
+            ))
+        })?;
+        arena.resize(words, 0u128);
         let pool = Pool::new(self.threads)?;
         Ok(Session {
             model,
@@ -216,10 +287,7 @@ impl Session {
     pub fn builder(path: impl AsRef<Path>) -> SessionBuilder {
         SessionBuilder {
             source: Source::Path(path.as_ref().to_path_buf()),
-            dims: Vec::new(),
-            shapes: Vec::new(),
-            max_arena: None,
-            threads: 1,
+            ..SessionBuilder::from_model(Arc::default())
         }
     }
     /// The model.

@@ -62,6 +62,37 @@ fn bad_npy_is_an_error() {
     assert!(matches!(e, Error::Io { .. }), "{e}");
 }
 
+/// npy preambles the fuzzer (scripts/fuzz.sh, target npy) found: a header
+/// length of 660 MB that npyz allocated before reading, and a 150-byte
+/// header of nested brackets that its parser took over 10 s on.
+#[test]
+fn fuzz_npy_headers() {
+    let mut huge = b"\x93NUMPY\x03\x00".to_vec();
+    huge.extend_from_slice(&0x2759_0000u32.to_le_bytes());
+    huge.extend_from_slice(b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }");
+    let e = read_npy_bytes("huge.npy", &huge).unwrap_err();
+    assert!(e.to_string().contains("longer than the file"), "{e}");
+    let mut nested = b"\x93NUMPY\x01\x00".to_vec();
+    let dict = format!("{{'descr': '<f4', 'fortran_order': {}", "[".repeat(120));
+    nested.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    nested.extend_from_slice(dict.as_bytes());
+    let t = std::time::Instant::now();
+    let e = read_npy_bytes("nested.npy", &nested).unwrap_err();
+    assert!(e.to_string().contains("nests brackets"), "{e}");
+    assert!(t.elapsed().as_secs() < 1);
+    // Brackets inside quoted strings do not count; a normal header reads.
+    let good = tmp("bytes.npy");
+    write_npy(
+        &good,
+        &Tensor::from_f32(&[2, 2], vec![1.0, 2.0, 3.0, 4.0])
+            .unwrap()
+            .view(),
+    )
+    .unwrap();
+    let t = read_npy_bytes("bytes.npy", &std::fs::read(&good).unwrap()).unwrap();
+    assert_eq!(t.shape(), [2, 2]);
+}
+
 #[test]
 fn fortran_order_is_read_row_major() {
     // np.asfortranarray(np.arange(6, dtype='<i4').reshape(2, 3))

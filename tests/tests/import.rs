@@ -3,33 +3,11 @@
 
 use mote_core::{Model, Session, SessionBuilder, TensorView};
 use mote_proto as pb;
+use mote_tests::onnx::vi as vi_typed;
 use prost::Message;
 
 fn vi(name: &str, dims: &[i64]) -> pb::ValueInfoProto {
     vi_typed(name, 1, dims)
-}
-
-fn vi_typed(name: &str, elem_type: i32, dims: &[i64]) -> pb::ValueInfoProto {
-    use pb::tensor_shape_proto::{dimension::Value, Dimension};
-    pb::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(pb::TypeProto {
-            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                elem_type: Some(elem_type),
-                shape: Some(pb::TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            value: Some(Value::DimValue(d)),
-                            denotation: None,
-                        })
-                        .collect(),
-                }),
-            })),
-            denotation: None,
-        }),
-        ..Default::default()
-    }
 }
 
 #[test]

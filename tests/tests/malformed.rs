@@ -3,65 +3,8 @@
 
 use mote_core::{DType, ErrorKind, Model, Session, SessionBuilder, TensorView};
 use mote_proto as pb;
+use mote_tests::onnx::{model, node, vi};
 use prost::Message;
-
-fn vi(name: &str, elem: i32, dims: &[i64]) -> pb::ValueInfoProto {
-    use pb::tensor_shape_proto::{dimension::Value, Dimension};
-    pb::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(pb::TypeProto {
-            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                elem_type: Some(elem),
-                shape: Some(pb::TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            value: Some(Value::DimValue(d)),
-                            denotation: None,
-                        })
-                        .collect(),
-                }),
-            })),
-            denotation: None,
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, name: &str, ins: &[&str], outs: &[&str]) -> pb::NodeProto {
-    pb::NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: outs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-fn model(
-    nodes: Vec<pb::NodeProto>,
-    inputs: Vec<pb::ValueInfoProto>,
-    outputs: Vec<pb::ValueInfoProto>,
-    inits: Vec<pb::TensorProto>,
-) -> Vec<u8> {
-    pb::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(13),
-        }],
-        graph: Some(pb::GraphProto {
-            node: nodes,
-            name: Some("g".into()),
-            input: inputs,
-            output: outputs,
-            initializer: inits,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-    .encode_to_vec()
-}
 
 fn relu_model() -> Vec<u8> {
     model(

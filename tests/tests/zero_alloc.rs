@@ -106,98 +106,36 @@ fn weights_are_copied_at_most_once_on_load() {
 /// A chain of `n` Conv (c → c, 3×3) + BatchNormalization, weights as
 /// `raw_data`.
 fn conv_bn_chain(n: usize, c: usize) -> Vec<u8> {
-    use mote_proto as pb;
-    use prost::Message;
-    let f32s = |name: String, dims: &[i64], v: f32| {
+    use mote_tests::onnx::{attr_ints, model, node, tensor_f32, vi, with_attrs};
+    let f32s = |name: &str, dims: &[i64], v: f32| {
         let len: i64 = dims.iter().product();
-        pb::TensorProto {
-            name: Some(name),
-            dims: dims.to_vec(),
-            data_type: Some(1),
-            raw_data: Some(
-                (0..len)
-                    .flat_map(|i| (v + (i % 7) as f32 * 1e-3).to_le_bytes())
-                    .collect::<Vec<u8>>()
-                    .into(),
-            ),
-            ..Default::default()
-        }
-    };
-    let vi = |name: &str| {
-        use pb::tensor_shape_proto::{dimension::Value, Dimension};
-        let dims = [1, c as i64, 8, 8];
-        pb::ValueInfoProto {
-            name: Some(name.into()),
-            r#type: Some(pb::TypeProto {
-                value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(pb::TensorShapeProto {
-                        dim: dims
-                            .iter()
-                            .map(|&d| Dimension {
-                                value: Some(Value::DimValue(d)),
-                                denotation: None,
-                            })
-                            .collect(),
-                    }),
-                })),
-                denotation: None,
-            }),
-            ..Default::default()
-        }
+        let vals: Vec<f32> = (0..len).map(|i| v + (i % 7) as f32 * 1e-3).collect();
+        tensor_f32(name, dims, &vals)
     };
     let ci = c as i64;
+    let vi = |name: &str| vi(name, 1, &[1, ci, 8, 8]);
     let (mut nodes, mut inits) = (Vec::new(), Vec::new());
     let mut x = "x".to_string();
     for k in 0..n {
         let (w, y, z) = (format!("w{k}"), format!("c{k}"), format!("b{k}"));
-        inits.push(f32s(w.clone(), &[ci, ci, 3, 3], 0.01));
+        inits.push(f32s(&w, &[ci, ci, 3, 3], 0.01));
         let p: Vec<String> = ["g", "be", "m", "v"]
             .iter()
             .map(|p| format!("{p}{k}"))
             .collect();
         for (name, v) in p.iter().zip([1.5, 0.1, 0.2, 0.9]) {
-            inits.push(f32s(name.clone(), &[ci], v));
+            inits.push(f32s(name, &[ci], v));
         }
-        nodes.push(pb::NodeProto {
-            op_type: Some("Conv".into()),
-            input: vec![x.clone(), w],
-            output: vec![y.clone()],
-            attribute: vec![pb::AttributeProto {
-                name: Some("pads".into()),
-                r#type: Some(7),
-                ints: vec![1, 1, 1, 1],
-                ..Default::default()
-            }],
-            ..Default::default()
-        });
-        let mut ins = vec![y];
-        ins.extend(p);
-        nodes.push(pb::NodeProto {
-            op_type: Some("BatchNormalization".into()),
-            input: ins,
-            output: vec![z.clone()],
-            ..Default::default()
-        });
+        nodes.push(with_attrs(
+            node("Conv", "", &[&x, &w], &[&y]),
+            vec![attr_ints("pads", &[1, 1, 1, 1])],
+        ));
+        let mut ins = vec![y.as_str()];
+        ins.extend(p.iter().map(String::as_str));
+        nodes.push(node("BatchNormalization", "", &ins, &[&z]));
         x = z;
     }
-    pb::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(13),
-        }],
-        graph: Some(pb::GraphProto {
-            node: nodes,
-            name: Some("g".into()),
-            input: vec![vi("x")],
-            output: vec![vi(&x)],
-            initializer: inits,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    model(nodes, vec![vi("x")], vec![vi(&x)], inits)
 }
 
 /// Loading a file whose convolutions fold a BatchNormalization never holds

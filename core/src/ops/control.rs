@@ -89,6 +89,7 @@ fn graph_attr<'a>(ctx: &PrepareCtx<'a>, name: &'static str) -> Result<&'a Graph>
 /// Plans `graph` with its formal inputs typed `formal` and the outer values
 /// `captured` (name, type and maybe value, in [`captured_names`] order).
 fn plan_body(
+    ctx: &PrepareCtx<'_>,
     graph: &Graph,
     formal: &[(DType, Vec<usize>)],
     captured: &[(&str, &InputInfo<'_>)],
@@ -140,6 +141,7 @@ fn plan_body(
     // Errors inside the body name body nodes: drop those indices so they
     // are not read as nodes of the outer graph.
     let plan = SessionBuilder::new(&model)
+        .with_limits(ctx.limits)
         .plan()
         .map_err(|e| Error::new(e.kind))?;
     Ok(Body {
@@ -215,11 +217,11 @@ fn prepare_if(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .map(|v| v.bytes().first().is_some_and(|&b| b != 0));
     let then_b = match known {
         Some(false) => None,
-        _ => Some(plan_body(graph_attr(ctx, "then_branch")?, &[], &caps)?),
+        _ => Some(plan_body(ctx, graph_attr(ctx, "then_branch")?, &[], &caps)?),
     };
     let else_b = match known {
         Some(true) => None,
-        _ => Some(plan_body(graph_attr(ctx, "else_branch")?, &[], &caps)?),
+        _ => Some(plan_body(ctx, graph_attr(ctx, "else_branch")?, &[], &caps)?),
     };
     let outputs = match (&then_b, &else_b) {
         (Some(t), Some(e)) => {
@@ -277,7 +279,7 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         let v = ctx.input(2 + k)?;
         formal.push((v.dtype, v.shape.into()));
     }
-    let body = plan_body(g, &formal, &caps)?;
+    let body = plan_body(ctx, g, &formal, &caps)?;
     let outs = body.plan.outputs();
     let k_scan = outs
         .len()
@@ -323,6 +325,7 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let has_m = ctx.opt_input(0).is_some();
     let has_cond = ctx.opt_input(1).is_some();
     let scratch = body.arena();
+    let limit = ctx.limits.loop_iterations;
     let p = Prepared::new(
         outputs,
         kernel("Loop", move |io: &mut KernelIo<'_>| {
@@ -339,6 +342,9 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
             let mut it = 0usize;
             while it < max && cond {
+                if it as u64 >= limit {
+                    return Err(Error::new(ErrorKind::LoopLimit { limit }));
+                }
                 body.feed(io.scratch()?, 0, &(it as i64).to_le_bytes())?;
                 body.feed(io.scratch()?, 1, &[cond as u8])?;
                 for k in 0..n {
@@ -445,7 +451,7 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         in_geo.push(Axis::new(v.shape, a, v.dtype.size()));
     }
     let len = len.unwrap_or(0);
-    let body = plan_body(g, &formal, &caps)?;
+    let body = plan_body(ctx, g, &formal, &caps)?;
     let outs = body.plan.outputs();
     let k_scan = outs
         .len()

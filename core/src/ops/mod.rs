@@ -311,6 +311,7 @@ pub struct PrepareCtx<'a> {
     /// Opset version of the node's domain.
     pub opset: i64,
     pub(crate) inputs: &'a [Option<InputInfo<'a>>],
+    pub(crate) limits: crate::plan::Limits,
 }
 
 fn attr_err(name: &'static str, problem: &'static str) -> Error {
@@ -324,7 +325,30 @@ impl<'a> PrepareCtx<'a> {
             node,
             opset,
             inputs,
+            limits: crate::plan::Limits::default(),
         }
+    }
+    /// Refuses, before it is allocated, heap memory of `numel` elements of
+    /// `elem_bytes` each that this prepare would take in proportion to a
+    /// model's values or dims (window tables, ranges, resize taps) beyond
+    /// what the build may still take ([`crate::SessionBuilder::max_memory`],
+    /// by default [`crate::plan::DEFAULT_MAX_BUILD_HEAP`]).
+    pub fn check_alloc(&self, numel: usize, elem_bytes: usize) -> Result<()> {
+        let bytes = numel
+            .checked_mul(elem_bytes)
+            .ok_or(Error::new(ErrorKind::Overflow))?;
+        if bytes > self.limits.heap_bytes {
+            return Err(Error::new(ErrorKind::OverBudget {
+                needed: bytes,
+                budget: self.limits.heap_bytes,
+            }));
+        }
+        Ok(())
+    }
+    /// The same context under the build's bounds.
+    pub(crate) fn with_limits(mut self, limits: crate::plan::Limits) -> Self {
+        self.limits = limits;
+        self
     }
     /// Number of input slots (including omitted optional ones).
     pub fn num_inputs(&self) -> usize {

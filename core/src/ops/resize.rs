@@ -186,6 +186,7 @@ fn axis_taps(p: &Params, in_len: usize, out_len: usize, scale: f64) -> (usize, V
 
 /// Builds the kernel for output sizes `out` and per-axis scales.
 fn build(
+    ctx: &PrepareCtx<'_>,
     x_dt: DType,
     in_shape: &[usize],
     out: &[usize],
@@ -193,6 +194,14 @@ fn build(
     p: Params,
 ) -> Result<Prepared> {
     let r = in_shape.len();
+    // The tap tables: up to 4 (index, weight) pairs per output coordinate
+    // of every axis, sized by the output dims before they are planned.
+    crate::error::checked_numel(out)?;
+    let coords = out
+        .iter()
+        .try_fold(0usize, |a, &d| a.checked_add(d))
+        .ok_or(Error::new(ErrorKind::Overflow))?;
+    ctx.check_alloc(coords, 2 * 4 * core::mem::size_of::<(usize, f32)>())?;
     if r > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
     }
@@ -339,7 +348,7 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             cubic_a: -0.75,
             exclude_outside: false,
         };
-        return build(x.dtype, x.shape, &out, &scales, p);
+        return build(ctx, x.dtype, x.shape, &out, &scales, p);
     }
     if ctx.attr_int("antialias", 0)? != 0 {
         return Err(Error::new(ErrorKind::Unsupported("Resize antialias")));
@@ -464,7 +473,7 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             )))
         }
     }
-    build(x.dtype, x.shape, &out, &sc, p)
+    build(ctx, x.dtype, x.shape, &out, &sc, p)
 }
 
 fn prepare_upsample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -489,7 +498,7 @@ fn prepare_upsample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         cubic_a: -0.75,
         exclude_outside: false,
     };
-    build(x.dtype, x.shape, &out, &scales, p)
+    build(ctx, x.dtype, x.shape, &out, &scales, p)
 }
 
 #[cfg(test)]

@@ -385,6 +385,7 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             0
         };
         let n = usize::try_from(n.max(0)).map_err(|_| Error::new(ErrorKind::Overflow))?;
+        ctx.check_alloc(n, 8)?;
         let vals = (0..n).map(|k| s + d * k as i128);
         match dt {
             DType::I64 => {
@@ -413,6 +414,7 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if n as u64 > (1u64 << 32) {
             return Err(Error::new(ErrorKind::Overflow));
         }
+        ctx.check_alloc(n, 8)?;
         if dt == DType::F32 {
             let (s, d) = (s as f32, d as f32);
             Const::from_slice::<f32>(&[n], &(0..n).map(|k| s + k as f32 * d).collect::<Vec<_>>())?

@@ -603,6 +603,7 @@ fn window_params(ctx: &PrepareCtx<'_>) -> Result<(usize, f64)> {
 
 fn window(ctx: &PrepareCtx<'_>, f: impl Fn(f64) -> f64) -> Result<Prepared> {
     let (size, den) = window_params(ctx)?;
+    ctx.check_alloc(size, 8)?;
     let pi = core::f64::consts::PI;
     let v: Vec<f64> = (0..size).map(|i| f(i as f64 * pi / den)).collect();
     float_const(ctx, &[size], &v)
@@ -642,8 +643,14 @@ fn prepare_mel(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if bins <= 0 || dft_len <= 0 || rate <= 0 {
         return Err(shape_err("MelWeightMatrix: sizes must be positive"));
     }
-    let nb = bins as usize;
-    let spec = dft_len as usize / 2 + 1;
+    let nb = usize::try_from(bins).map_err(|_| Error::new(ErrorKind::Overflow))?;
+    let spec = usize::try_from(dft_len).map_err(|_| Error::new(ErrorKind::Overflow))? / 2 + 1;
+    ctx.check_alloc(
+        spec.checked_mul(nb)
+            .ok_or(Error::new(ErrorKind::Overflow))?,
+        8,
+    )?;
+    ctx.check_alloc(nb.saturating_add(2), 8)?;
     let ln10 = libm::log(10.0);
     let lo_mel = 2595.0 * libm::log1p(lo / 700.0) / ln10;
     let hi_mel = 2595.0 * libm::log1p(hi / 700.0) / ln10;
