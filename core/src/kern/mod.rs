@@ -80,6 +80,9 @@ pub(crate) fn valid_range(
     pb: usize,
     limit: usize,
 ) -> (usize, usize) {
+    // Strides are checked nonzero (`geom_ok`); `max(1)` keeps a zero from
+    // ever being a division by zero.
+    let s = s.max(1);
     let lo = if off >= pb { 0 } else { (pb - off).div_ceil(s) };
     let hi = if limit + pb <= off {
         0
@@ -145,6 +148,48 @@ macro_rules! qint {
 }
 qint!(i8, -128, 127);
 qint!(u8, 0, 255);
+
+/// `s[at..at + len]`, if in bounds. The kernels index through this (and
+/// `get`) rather than `[]`: a geometry that disagreed with its slices would
+/// be a bug, and it ends in an `Err`, never in a panic (the link check of
+/// `boards/nopanic` holds the compiled-model runtime to that).
+#[inline(always)]
+pub(crate) fn win<T>(s: &[T], at: usize, len: usize) -> Option<&[T]> {
+    s.get(at..at.checked_add(len)?)
+}
+
+/// [`win`], mutable.
+#[inline(always)]
+pub(crate) fn win_mut<T>(s: &mut [T], at: usize, len: usize) -> Option<&mut [T]> {
+    s.get_mut(at..at.checked_add(len)?)
+}
+
+/// The error of a kernel whose checked geometry disagrees with its slices.
+#[cold]
+pub(crate) fn out_of_bounds() -> crate::Error {
+    crate::Error::new(crate::ErrorKind::Internal("kernel index out of bounds"))
+}
+
+/// A test's cases, or under Miri (`cargo miri test`, about 10^4 times
+/// slower) the few given: enough to reach every unsafe path.
+#[cfg(test)]
+pub(crate) fn pick<'a, T>(full: &'a [T], miri: &'a [T]) -> &'a [T] {
+    if cfg!(miri) {
+        miri
+    } else {
+        full
+    }
+}
+
+/// `full` test iterations, `miri` under Miri.
+#[cfg(test)]
+pub(crate) fn count(full: usize, miri: usize) -> usize {
+    if cfg!(miri) {
+        miri
+    } else {
+        full
+    }
+}
 
 /// `Err(Len)` unless `got == want`.
 #[inline]

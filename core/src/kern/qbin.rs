@@ -72,7 +72,10 @@ pub(crate) fn qbinary<T: QInt>(
         }
     }
     for (o, [ia, ib]) in y.iter_mut().zip(StridedIter::new(shape, strides)) {
-        let (da, db) = (a[ia].get() - p.za, b[ib].get() - p.zb);
+        let (Some(va), Some(vb)) = (a.get(ia), b.get(ib)) else {
+            return Err(super::out_of_bounds());
+        };
+        let (da, db) = (va.get() - p.za, vb.get() - p.zb);
         let v = if is_add {
             p.add.apply(da, db)
         } else {

@@ -284,7 +284,9 @@ fn planes_body<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QCo
                 return;
             };
             if !sc.plane(xp, wc, yo, c, q) {
-                dw_plane(xp, wc, yo, c, q);
+                // In bounds: the slices were just taken from the checked
+                // geometry (a `None` could only leave the plane unwritten).
+                let _ = dw_plane(xp, wc, yo, c, q);
             }
         }
     };
@@ -328,9 +330,11 @@ fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
     for (i, plane) in y.chunks_exact_mut(sz.max(1)).enumerate() {
         let c = i % p.c.max(1);
         saved.copy_from_slice(plane);
-        let wc = &w[c * k_sz..][..k_sz];
+        let Some(wc) = super::win(w, c * k_sz, k_sz) else {
+            return;
+        };
         if !sc.plane(saved, wc, plane, c, q) {
-            dw_plane(saved, wc, plane, c, q);
+            let _ = dw_plane(saved, wc, plane, c, q);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! requantized with [`Requant::apply_div`].
 
 use super::requant::{clamp, Requant};
-use super::{check_len, valid_range, Geom, QInt};
+use super::{check_len, out_of_bounds, valid_range, win, Geom, QInt};
 use crate::error::Result;
 
 /// `zx`, `zy` and the multiplier `sx / sy`.
@@ -29,16 +29,17 @@ pub(crate) fn global_avg<T: QInt>(
     check_len(y.len(), n * c)?;
     // Element (b, ch, s) sits at b·img·c + ch·cs + s·ss.
     let (cs, ss) = if cl { (1, c) } else { (img, 1) };
+    let mut ys = y.iter_mut();
     for b in 0..n {
-        let xb = &x[b * img * c..][..img * c];
+        let xb = win(x, b * img * c, img * c).ok_or_else(out_of_bounds)?;
         for ch in 0..c {
             let mut sum = 0i64;
             for s in 0..img {
-                sum += xb[ch * cs + s * ss].get() as i64;
+                sum += xb.get(ch * cs + s * ss).ok_or_else(out_of_bounds)?.get() as i64;
             }
             let sum = sum - p.zx as i64 * img as i64;
             let v = p.r.apply_div(sum, img as i64);
-            y[b * c + ch] = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
+            *ys.next().ok_or_else(out_of_bounds)? = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
         }
     }
     Ok(())
@@ -86,7 +87,9 @@ pub(crate) fn avg_pool<T: QInt>(
                                 let row = (id * i1 + ih) * i2;
                                 for kw in aw..bw {
                                     let iw = ow * s2 + kw - p2;
-                                    sum += (x[xb + (row + iw) * es].get() - p.zx) as i64;
+                                    let v =
+                                        x.get(xb + (row + iw) * es).ok_or_else(out_of_bounds)?;
+                                    sum += (v.get() - p.zx) as i64;
                                 }
                             }
                         }
@@ -94,7 +97,8 @@ pub(crate) fn avg_pool<T: QInt>(
                         let cnt = if include { full } else { taps };
                         let v = p.r.apply_div(sum, cnt);
                         let o = (od * o1 + oh) * o2 + ow;
-                        y[yb + o * es] = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
+                        *y.get_mut(yb + o * es).ok_or_else(out_of_bounds)? =
+                            T::from_sat(clamp(v, p.zy, T::LO, T::HI));
                     }
                 }
             }
