@@ -13,7 +13,7 @@
 # leaves the input in fuzz/artifacts/TARGET/ (replay it with
 # `cargo +nightly fuzz run TARGET fuzz/artifacts/TARGET/FILE`).
 # Per-run statistics are appended to .cache/fuzz/stats.tsv (target,
-# seconds, executions, corpus size).
+# seconds of fuzzing, executions, corpus size, status).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -69,20 +69,29 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$FZ/corpus/$t"
   log="$FZ/$t.log"
   echo "== fuzz $t for ${SECS}s"
+  # Built first, so that the time measured below is fuzzing alone.
+  (cd fuzz && cargo +nightly fuzz build "$t") >"$log" 2>&1 || {
+    echo "   FAILED to build: see $log" >&2
+    status=1
+    continue
+  }
+  start=$(date +%s)
   # -timeout: one input may take 10 s; -malloc_limit_mb: no single
   # allocation over 512 MiB (the targets plan under a 256 MiB budget).
   if (cd fuzz && cargo +nightly fuzz run "$t" "$FZ/corpus/$t" "$FZ/seeds/$t" -- \
       -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=512 \
-      -max_len="$max_len" -print_final_stats=1) >"$log" 2>&1; then
-    :
+      -max_len="$max_len" -print_final_stats=1) >>"$log" 2>&1; then
+    result=ok
   else
+    result=failed
     status=1
     echo "   FAILED: see $log and fuzz/artifacts/$t/" >&2
     grep -E "ERROR|panicked|SUMMARY|Test unit written" "$log" | head -n 20 >&2 || true
   fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  secs=$(($(date +%s) - start))
   corpus=$(find "$FZ/corpus/$t" -type f | wc -l)
-  echo "   ${execs:-?} executions, corpus $corpus"
-  printf '%s\t%s\t%s\t%s\n' "$t" "$SECS" "${execs:-0}" "$corpus" >>"$FZ/stats.tsv"
+  echo "   ${execs:-?} executions in ${secs:-?} s, corpus $corpus"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$t" "${secs:-0}" "${execs:-0}" "$corpus" "$result" >>"$FZ/stats.tsv"
 done
 exit $status

@@ -580,3 +580,28 @@ fn fuzz_resize_taps_for_a_quarter_billion_columns() {
     assert!(msg.contains("node 'up'"), "{msg}");
     assert_small_allocations();
 }
+
+#[test]
+fn fuzz_axis_of_a_scalar() {
+    // graph_run: Unique with `axis` on a rank-0 input indexed the empty
+    // shape (every op taking an axis now refuses it for a scalar, except
+    // those that treat a scalar as one element).
+    for (op, attr) in [
+        ("Unique", "axis"),
+        ("Compress", "axis"),
+        ("LayerNormalization", "axis"),
+        ("ArgMax", "axis"),
+    ] {
+        let b = model(
+            vec![with_attrs(
+                node(op, "n", &["x", "c"], &["y"]),
+                vec![attr_int(attr, 0)],
+            )],
+            vec![vi("x", elem::F32, &[])],
+            vec![vi("y", elem::F32, &[])],
+            vec![tensor_raw("c", elem::BOOL, &[1], &[1])],
+        );
+        let (e, msg) = refused(&b);
+        assert!(msg.contains("node 'n'"), "{op}: {e:?} {msg}");
+    }
+}

@@ -806,7 +806,7 @@ fn prepare_cum(ctx: &PrepareCtx<'_>, name: &'static str, prod: bool) -> Result<P
         return Err(shape_err("CumSum/CumProd: axis must be one int32 or int64"));
     }
     if let Some(v) = a.value {
-        util::axis(int_at(&v, 0)?, x.shape.len(), "axis")?;
+        util::axis_or_scalar(int_at(&v, 0)?, x.shape.len(), "axis")?;
     }
     let cfg = Cum {
         name,
@@ -835,7 +835,7 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
         // The axis does not change the shape, so it may be a run-time input.
         kernel(c.name, move |io: &mut KernelIo<'_>| {
             let a = int_at(&io.input(1)?, 0)?;
-            let axis = util::axis(a, c.shape.len(), "axis")?;
+            let axis = util::axis_or_scalar(a, c.shape.len(), "axis")?;
             let outer: usize = c.shape[..axis].iter().product();
             let dim = c.shape.get(axis).copied().unwrap_or(1);
             let inner: usize = c.shape[(axis + 1).min(c.shape.len())..].iter().product();

@@ -768,11 +768,22 @@ impl<T: Copy> Unary<'_, T> {
 pub mod util {
     use super::*;
 
-    /// Normalizes a possibly negative axis against `rank`.
+    /// Normalizes a possibly negative axis against `rank`: an index of
+    /// the shape (`0 <= axis < rank`; a scalar has none).
     pub fn axis(a: i64, rank: usize, name: &'static str) -> Result<usize> {
+        match axis_or_scalar(a, rank, name)? {
+            v if v < rank => Ok(v),
+            _ => Err(attr_err(name, "axis out of range (the input is a scalar)")),
+        }
+    }
+
+    /// [`axis`], but a scalar (rank 0) also takes axis 0 or -1, as ops
+    /// that treat a scalar as one element do (CumSum, QuantizeLinear,
+    /// reductions): the caller must not index the shape with it.
+    pub fn axis_or_scalar(a: i64, rank: usize, name: &'static str) -> Result<usize> {
         let r = rank as i64;
-        let v = if a < 0 { a + r } else { a };
-        if v < 0 || v >= r.max(1) && !(r == 0 && v == 0) {
+        let v = if a < 0 { a.saturating_add(r.max(1)) } else { a };
+        if v < 0 || v >= r.max(1) {
             return Err(attr_err(name, "axis out of range"));
         }
         Ok(v as usize)

@@ -160,7 +160,7 @@ fn param_mode(ctx: &PrepareCtx<'_>, x: &[usize], scale: &[usize]) -> Result<Mode
     if ctx.opset < 13 {
         return Err(invalid("scale must be a scalar before opset 13"));
     }
-    let axis = super::util::axis(ctx.attr_int("axis", 1)?, x.len(), "axis")?;
+    let axis = super::util::axis_or_scalar(ctx.attr_int("axis", 1)?, x.len(), "axis")?;
     let len = x.get(axis).copied().unwrap_or(1);
     let inner: usize = x.get(axis + 1..).map_or(1, |d| d.iter().product());
     let bs = ctx.attr_int("block_size", 0)?;

@@ -180,7 +180,7 @@ fn setup(ctx: &PrepareCtx<'_>, input_axes_since: i64) -> Result<(DType, Vec<usiz
         }
     } else {
         for &a in &axes {
-            let ax = util::axis(a, r, "axes")?;
+            let ax = util::axis_or_scalar(a, r, "axes")?;
             if r == 0 {
                 continue;
             }
