@@ -150,6 +150,7 @@ pub(crate) fn bench(
                 seed: opt.seed,
                 threads: opt.threads,
                 max_memory: None,
+                public_key: None,
             },
             out,
         )?;

@@ -76,6 +76,15 @@ impl MoteFile {
         Self::from_bytes(&b).map_err(|e| Error::Model(format!("{}: {e}", path.display())))
     }
 
+    /// [`MoteFile::open`] for a file that must carry a valid signature of
+    /// `public_key` ([`CompiledModel::from_bytes_verified`]).
+    pub fn open_verified(path: impl AsRef<Path>, public_key: &[u8; 32]) -> Result<Self> {
+        let f = Self::open(&path)?;
+        CompiledModel::from_bytes_verified(f.bytes(), public_key)
+            .map_err(|e| Error::Model(format!("{}: {e}", path.as_ref().display())))?;
+        Ok(f)
+    }
+
     /// The file bytes.
     pub fn bytes(&self) -> &[u8] {
         &bytemuck::cast_slice::<u128, u8>(&self.buf)[..self.len]
@@ -119,6 +128,62 @@ impl MoteFile {
             })
             .collect()
     }
+}
+
+/// Signs a `.mote` file (Ed25519): sets the header's signed flag and
+/// appends the signature of everything before it. Firmware built with
+/// mote-core's `signed` feature accepts it with
+/// [`CompiledModel::from_bytes_verified`] and the matching public key.
+pub fn sign(bytes: &[u8], key: &ed25519_dalek::SigningKey) -> Result<Vec<u8>> {
+    use ed25519_dalek::Signer;
+    MoteFile::from_bytes(bytes).map_err(|e| Error::Model(format!("cannot sign: {e}")))?;
+    let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
+    if flags & compiled::FLAG_SIGNED != 0 {
+        return Err(Error::Model(
+            "cannot sign: the model is signed already".into(),
+        ));
+    }
+    let mut out = bytes.to_vec();
+    out[6..8].copy_from_slice(&(flags | compiled::FLAG_SIGNED).to_le_bytes());
+    let sig = key.sign(&out);
+    out.extend_from_slice(&sig.to_bytes());
+    Ok(out)
+}
+
+/// An Ed25519 private key from a PKCS#8 PEM file (as
+/// `openssl genpkey -algorithm ed25519 -out key.pem` writes).
+pub fn read_signing_key(path: impl AsRef<Path>) -> Result<ed25519_dalek::SigningKey> {
+    use ed25519_dalek::pkcs8::DecodePrivateKey;
+    let path = path.as_ref();
+    let pem = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    ed25519_dalek::SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
+        Error::Input(format!(
+            "{}: not an Ed25519 private key in PKCS#8 PEM ({e})",
+            path.display()
+        ))
+    })
+}
+
+/// An Ed25519 public key from a PEM file (as `openssl pkey -in key.pem
+/// -pubout -out key.pub.pem` writes), as the 32 bytes firmware holds.
+pub fn read_public_key(path: impl AsRef<Path>) -> Result<[u8; 32]> {
+    use ed25519_dalek::pkcs8::DecodePublicKey;
+    let path = path.as_ref();
+    let pem = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    ed25519_dalek::VerifyingKey::from_public_key_pem(&pem)
+        .map(|k| k.to_bytes())
+        .map_err(|e| {
+            Error::Input(format!(
+                "{}: not an Ed25519 public key in PEM ({e})",
+                path.display()
+            ))
+        })
+}
+
+/// `[0x12, 0x34, ...]`: a key as a Rust array, for firmware source.
+pub fn rust_bytes(b: &[u8]) -> String {
+    let v: Vec<String> = b.iter().map(|x| format!("0x{x:02x}")).collect();
+    format!("[{}]", v.join(", "))
 }
 
 fn core_err(e: mote_core::Error) -> Error {

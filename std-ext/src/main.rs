@@ -72,6 +72,11 @@ enum Cmd {
         /// constants and arena exceed BYTES (suffixes K, M, G: powers of 1024).
         #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
         max_memory: Option<usize>,
+        /// A .mote file must be signed by the private key of this Ed25519
+        /// public key (PEM, from `openssl pkey -pubout`), as firmware built
+        /// with mote-core's `signed` feature checks.
+        #[arg(long, value_name = "KEY.pub.pem")]
+        public_key: Option<PathBuf>,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -125,6 +130,11 @@ enum Cmd {
         /// (include_bytes! of the .mote file) and the IO shapes.
         #[arg(long, value_name = "FILE.rs")]
         emit_rust: Option<PathBuf>,
+        /// Signs the .mote file with this Ed25519 private key (PKCS#8 PEM,
+        /// from `openssl genpkey -algorithm ed25519`): firmware then runs
+        /// it only with the matching public key.
+        #[arg(long, value_name = "KEY.pem")]
+        sign: Option<PathBuf>,
     },
     /// Post-training static quantization to a QDQ model (int8).
     ///
@@ -302,6 +312,7 @@ fn main() {
             threads,
             f16_weights,
             max_memory,
+            public_key,
             json,
         } => {
             out.json = json;
@@ -309,6 +320,7 @@ fn main() {
                 seed,
                 threads,
                 max_memory,
+                public_key,
             };
             bench::check_threads(threads).and_then(|()| {
                 run(
@@ -348,12 +360,14 @@ fn main() {
             ops_report,
             output,
             emit_rust,
+            sign,
         } => compile(
             &model,
             &dims,
             ops_report,
             output.as_deref(),
             emit_rust.as_deref(),
+            sign.as_deref(),
             &mut out,
         ),
         Cmd::Quantize {
@@ -927,6 +941,8 @@ pub(crate) struct RunOptions {
     pub threads: usize,
     /// `--max-memory`: budget of weights, folded constants and arena.
     pub max_memory: Option<usize>,
+    /// `--public-key`: a .mote file must be signed by this key.
+    pub public_key: Option<PathBuf>,
 }
 
 /// A planned session and its inputs (see [`plan_with_inputs`]).
@@ -1028,6 +1044,9 @@ fn run(
         }
         return run_mote(path, given, output_dir, opt, out);
     }
+    if opt.public_key.is_some() {
+        bail!("--public-key applies to a compiled (.mote) model");
+    }
     let mut model = load_model(path)?;
     if f16_weights {
         let (before, after) = model.weights_to_f16();
@@ -1127,6 +1146,7 @@ fn compile(
     ops_report: bool,
     output: Option<&Path>,
     emit_rust: Option<&Path>,
+    sign: Option<&Path>,
     out: &mut Out,
 ) -> Result<()> {
     if ops_report {
@@ -1154,8 +1174,16 @@ fn compile(
     let Some(output) = output else {
         bail!("-o OUT.mote is required (or --ops-report alone)");
     };
-    let c = mote_std::compiled::compile_onnx(path, dims)
+    let mut c = mote_std::compiled::compile_onnx(path, dims)
         .with_context(|| format!("cannot compile {}", path.display()))?;
+    if let Some(key) = sign {
+        let key = mote_std::compiled::read_signing_key(key)?;
+        c.bytes = mote_std::compiled::sign(&c.bytes, &key)?;
+        out.note(format!(
+            "signed (Ed25519); public key for firmware: {}",
+            mote_std::compiled::rust_bytes(key.verifying_key().as_bytes())
+        ));
+    }
     std::fs::write(output, &c.bytes)
         .with_context(|| format!("cannot write {}", output.display()))?;
     let f = mote_std::compiled::MoteFile::from_bytes(&c.bytes)?;
@@ -1256,7 +1284,15 @@ fn run_mote(
     opt: &RunOptions,
     out: &mut Out,
 ) -> Result<()> {
-    let f = mote_std::compiled::MoteFile::open(path)?;
+    let f = match &opt.public_key {
+        Some(k) => {
+            let key = mote_std::compiled::read_public_key(k)?;
+            let f = mote_std::compiled::MoteFile::open_verified(path, &key)?;
+            out.note("signature verified (Ed25519)");
+            f
+        }
+        None => mote_std::compiled::MoteFile::open(path)?,
+    };
     let m = f.model()?;
     if let Some(budget) = opt.max_memory {
         let needed = m.arena_bytes().saturating_add(m.data_bytes());

@@ -140,3 +140,131 @@ fn cli_compile_names_the_node_it_cannot_compile() {
     assert!(text.contains("NOT COMPILABLE"), "{text}");
     assert!(text.contains("0 of "), "{text}");
 }
+
+/// `mote compile --sign` and `mote run --public-key`, with keys from
+/// openssl (the tools a model's owner would use); then what firmware's
+/// `CompiledModel::from_bytes_verified` refuses.
+#[test]
+fn signed_models_run_only_with_their_key() {
+    use mote_std::mote_core::compiled::{CompiledModel, FLAG_SIGNED, SIGNATURE_LEN};
+    let tmp = repo().join("target/tmp/signed-cli");
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    let openssl = |args: &[&std::ffi::OsStr]| {
+        let o = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let key = |name: &str| -> (PathBuf, PathBuf) {
+        let (k, p) = (
+            tmp.join(format!("{name}.pem")),
+            tmp.join(format!("{name}.pub.pem")),
+        );
+        openssl(&[
+            "genpkey".as_ref(),
+            "-algorithm".as_ref(),
+            "ed25519".as_ref(),
+            "-out".as_ref(),
+            k.as_os_str(),
+        ]);
+        openssl(&[
+            "pkey".as_ref(),
+            "-in".as_ref(),
+            k.as_os_str(),
+            "-pubout".as_ref(),
+            "-out".as_ref(),
+            p.as_os_str(),
+        ]);
+        (k, p)
+    };
+    let (owner, owner_pub) = key("owner");
+    let (_, other_pub) = key("other");
+    let out = tmp.join("kws.signed.mote");
+    let st = mote()
+        .arg("compile")
+        .arg(dir().join("kws.qdq.onnx"))
+        .arg("-o")
+        .arg(&out)
+        .arg("--sign")
+        .arg(&owner)
+        .output()
+        .expect("mote compile --sign");
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert!(String::from_utf8_lossy(&st.stdout).contains("public key for firmware: [0x"));
+    let run = |model: &Path, key: &Path| {
+        mote()
+            .arg("run")
+            .arg(model)
+            .arg("--public-key")
+            .arg(key)
+            .output()
+            .expect("mote run")
+    };
+    let ok = run(&out, &owner_pub);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("signature verified"));
+    let bad = run(&out, &other_pub);
+    assert!(!bad.status.success());
+    let msg = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        msg.contains("signature does not match") && msg.lines().count() == 1,
+        "{msg}"
+    );
+
+    // What the device checks, on the bytes.
+    let signed = MoteFile::open(&out).expect("a signed file is a valid model");
+    let bytes = signed.bytes().to_vec();
+    let pk = mote_std::compiled::read_public_key(&owner_pub).expect("key");
+    let other = mote_std::compiled::read_public_key(&other_pub).expect("key");
+    let aligned = |b: &[u8]| -> Vec<u128> {
+        let mut w = vec![0u128; b.len().div_ceil(16)];
+        bytemuck_bytes(&mut w)[..b.len()].copy_from_slice(b);
+        w
+    };
+    let verify = |b: &[u8], k: &[u8; 32]| {
+        let w = aligned(b);
+        let view = &bytemuck_bytes_ref(&w)[..b.len()];
+        CompiledModel::from_bytes_verified(view, k)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    verify(&bytes, &pk).expect("the owner's key");
+    assert!(verify(&bytes, &other).unwrap_err().contains("signature"));
+    // Every single-bit flip, anywhere (header, records, weights,
+    // signature), every 97th bit to keep it short: refused.
+    for bit in (0..bytes.len() * 8).step_by(97) {
+        let mut b = bytes.clone();
+        b[bit / 8] ^= 1 << (bit % 8);
+        assert!(verify(&b, &pk).is_err(), "bit {bit} flipped was accepted");
+    }
+    // The signature stripped (flag cleared, 64 bytes gone): a valid
+    // unsigned model, which a verifying device refuses.
+    let mut stripped = bytes[..bytes.len() - SIGNATURE_LEN].to_vec();
+    let flags = u16::from_le_bytes([stripped[6], stripped[7]]) & !FLAG_SIGNED;
+    stripped[6..8].copy_from_slice(&flags.to_le_bytes());
+    MoteFile::from_bytes(&stripped).expect("still a model");
+    assert!(verify(&stripped, &pk).unwrap_err().contains("not signed"));
+    // An unsigned file run with --public-key is refused too.
+    let plain = tmp.join("kws.plain.mote");
+    std::fs::write(&plain, &stripped).expect("write");
+    let r = run(&plain, &owner_pub);
+    assert!(!r.status.success());
+    assert!(String::from_utf8_lossy(&r.stderr).contains("not signed"));
+}
+
+fn bytemuck_bytes(w: &mut [u128]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(w)
+}
+
+fn bytemuck_bytes_ref(w: &[u128]) -> &[u8] {
+    bytemuck::cast_slice(w)
+}

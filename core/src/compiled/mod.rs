@@ -19,7 +19,7 @@
 //! | offset | field |
 //! |---|---|
 //! | 0 | magic `MOTE` |
-//! | 4 | `u16` format version (1), `u16` flags (0) |
+//! | 4 | `u16` format version (1), `u16` flags (bit 0: signed) |
 //! | 8 | `u32` total length in bytes |
 //! | 12 | `u32` CRC-32 (IEEE) of bytes `16..total` |
 //! | 16 | `u32` arena bytes |
@@ -40,6 +40,11 @@
 //! - **params**: per kernel, the words [`op::decode`] reads; per-channel
 //!   arrays are `(offset, count)` into the data section, used in place.
 //! - **data**: weights (16-aligned) and parameter arrays (4-aligned).
+//! - **signature** (flag bit 0 only): 64 bytes after `total`, the Ed25519
+//!   signature of bytes `0..total` (header included, so that the flag and
+//!   the length are signed too). [`CompiledModel::from_bytes_verified`]
+//!   (feature `signed`) checks it against the firmware's public key;
+//!   [`CompiledModel::from_bytes`] ignores it.
 //!
 //! [`CompiledModel::from_bytes`] validates the checksum, the version and
 //! every record (bounds, dtypes, lengths, kernel parameters, that no step's
@@ -70,6 +75,10 @@ pub(crate) const IO_REC: usize = 24;
 pub(crate) const NONE: u32 = u32::MAX;
 pub(crate) const KIND_ARENA: u8 = 0;
 pub(crate) const KIND_CONST: u8 = 1;
+/// Header flag: an Ed25519 signature follows the model's `total` bytes.
+pub const FLAG_SIGNED: u16 = 1;
+/// Bytes of the signature of a signed file.
+pub const SIGNATURE_LEN: usize = 64;
 
 fn bad(what: &'static str) -> Error {
     Error::new(ErrorKind::BadFile(what))
@@ -230,16 +239,23 @@ impl<'m> CompiledModel<'m> {
                 got: version,
             }));
         }
-        if u16::from_le_bytes([bytes[6], bytes[7]]) != 0 {
+        let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
+        if flags & !FLAG_SIGNED != 0 {
             return Err(bad("unknown flags"));
         }
         if (bytes.as_ptr() as usize) % 4 != 0 {
             return Err(bad("model bytes must start on a 4-byte boundary"));
         }
         let total = rdu(bytes, 8)?;
-        if total != bytes.len() {
+        let sig = if flags & FLAG_SIGNED != 0 {
+            SIGNATURE_LEN
+        } else {
+            0
+        };
+        if total.checked_add(sig) != Some(bytes.len()) {
             return Err(bad("length in the header differs from the file's"));
         }
+        let bytes = bytes.get(..total).ok_or(bad("truncated"))?;
         if crc32(&bytes[16..]) != rd32(bytes, 12)? {
             return Err(bad("checksum mismatch (corrupt file)"));
         }
@@ -266,6 +282,33 @@ impl<'m> CompiledModel<'m> {
         }
         m.validate()?;
         Ok(m)
+    }
+
+    /// [`CompiledModel::from_bytes`] for a file that must be signed by
+    /// `public_key` (Ed25519, `mote compile --sign`): an unsigned file, a
+    /// file signed by another key, and any change to a signed file (a
+    /// flipped bit, a stripped or replaced signature) are errors, checked
+    /// before anything else of the file is read.
+    #[cfg(feature = "signed")]
+    pub fn from_bytes_verified(bytes: &'m [u8], public_key: &[u8; 32]) -> Result<Self> {
+        if bytes.len() < HEADER || bytes.get(..4) != Some(b"MOTE".as_slice()) {
+            return Err(bad("not a .mote file (no MOTE magic)"));
+        }
+        if u16::from_le_bytes([bytes[6], bytes[7]]) & FLAG_SIGNED == 0 {
+            return Err(bad("model is not signed (mote compile --sign)"));
+        }
+        let total = rdu(bytes, 8)?;
+        let (signed, sig) = match (bytes.get(..total), bytes.get(total..)) {
+            (Some(m), Some(s)) if s.len() == SIGNATURE_LEN => (m, s),
+            _ => return Err(bad("length in the header differs from the file's")),
+        };
+        let key = ed25519_dalek::VerifyingKey::from_bytes(public_key)
+            .map_err(|_| bad("public key is not a valid Ed25519 key"))?;
+        let mut s = [0u8; SIGNATURE_LEN];
+        s.copy_from_slice(sig);
+        key.verify_strict(signed, &ed25519_dalek::Signature::from_bytes(&s))
+            .map_err(|_| bad("signature does not match (changed, or signed by another key)"))?;
+        CompiledModel::from_bytes(bytes)
     }
 
     /// Arena bytes a session needs.
