@@ -1103,6 +1103,43 @@ mod tests {
         );
     }
 
+    /// mote_load (scripts/fuzz.sh) found a depthwise geometry that passes
+    /// the `.mote` validator (a dilation of 2^61 on a 1×1 plane) whose
+    /// padded-grid size overflowed in the flat path: now that path
+    /// declines it and the convolution ends normally.
+    #[test]
+    fn fuzz_depthwise_grid_that_overflows() {
+        let mut g = Geom::unit();
+        g.k[2] = 2;
+        g.d[2] = 1 << 61;
+        g.inp[1] = 1;
+        g.out[1] = 5;
+        g.pb[1] = 4;
+        let p = IntConv {
+            batch: 1,
+            c: 1,
+            m: 1,
+            group: 1,
+            g,
+        };
+        let cs = Case {
+            p,
+            zx: 0,
+            zw: vec![0],
+            bias: vec![0],
+            mult: vec![Requant::new(0.5).unwrap()],
+            out: OutQ {
+                zy: 0,
+                lo: -128,
+                hi: 127,
+            },
+            packed: Vec::new(),
+        };
+        let (x, w, mut y) = ([3i8], [1i8, 1], [0i8; 5]);
+        assert!(!qdw::DwScratch::new().flat(&x, &w, &mut y, 0, &cs.view()));
+        qconv_dw(&x, &w, &mut y, &cs.view()).expect("the row path takes it");
+    }
+
     #[test]
     fn conv_gemm_and_depthwise_rows_match_the_reference() {
         conv_cases::<u8, i8>(1);

@@ -91,19 +91,32 @@ impl DwScratch {
             return false;
         }
         let (d1, d2, p1, p2) = (g.d[1], g.d[2], g.pb[1], g.pb[2]);
-        if k1 * k2 > MAX_TAPS {
+        if k1.checked_mul(k2).is_none_or(|t| t > MAX_TAPS) {
             return false;
         }
-        // Padded width: every column a valid output reads, and the input.
-        let wpd = ((o2 - 1) * s + (k2 - 1) * d2 + 1).max(p2 + i2);
-        // Grid points, rounded up to whole chunks (the extra ones are
-        // computed on zeros and dropped).
-        let grid = ((o1 - 1) * wpd + o2).div_ceil(CHUNK) * CHUNK;
-        // One past the highest padded index any grid point reads.
-        let reach = s * (grid - 1) + (k1 - 1) * d1 * wpd + (k2 - 1) * d2 + 1;
-        let len = reach.max((p1 + i1) * wpd);
-        let plen = len.div_ceil(s);
-        if len > FLAT || grid > FLAT || plen * s > FLAT {
+        // The sizes below, checked: a geometry whose padded grid does not
+        // even fit in a usize takes the row path (which bounds-checks).
+        let sizes = || -> Option<(usize, usize, usize, usize)> {
+            let m = usize::checked_mul;
+            let a = usize::checked_add;
+            // Padded width: every column a valid output reads, and the input.
+            let wpd = a(a(m(o2 - 1, s)?, m(k2 - 1, d2)?)?, 1)?.max(a(p2, i2)?);
+            // Grid points, rounded up to whole chunks (the extra ones are
+            // computed on zeros and dropped).
+            let grid = m(a(m(o1 - 1, wpd)?, o2)?.div_ceil(CHUNK), CHUNK)?;
+            // One past the highest padded index any grid point reads.
+            let reach = a(
+                a(m(s, grid - 1)?, m(m(k1 - 1, d1)?, wpd)?)?,
+                a(m(k2 - 1, d2)?, 1)?,
+            )?;
+            let len = reach.max(m(a(p1, i1)?, wpd)?);
+            let plen = len.div_ceil(s.max(1));
+            Some((wpd, grid, len, plen))
+        };
+        let Some((wpd, grid, len, plen)) = sizes() else {
+            return false;
+        };
+        if len > FLAT || grid > FLAT || plen.saturating_mul(s) > FLAT {
             return false;
         }
         let Some((zw, b, r)) = channel(q, c) else {
