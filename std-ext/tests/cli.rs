@@ -331,3 +331,19 @@ fn inspect_optimized_lists_the_rewritten_graph() {
     );
     assert_eq!(v["rewrites"][1]["pass"], "batchnorm");
 }
+
+#[test]
+fn run_refuses_a_model_over_its_memory_budget() {
+    let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/digits_mlp.onnx");
+    let m = m.to_str().unwrap();
+    // The shipped model: 9,640 bytes of weights and a 384-byte arena.
+    let (rc, out, err) = mote(&["run", m, "--max-memory", "4K"]);
+    assert_eq!(rc, 1, "{out}{err}");
+    assert!(err.contains("memory budget exceeded"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let (rc, _, err) = mote(&["run", m, "--max-memory", "64K"]);
+    assert_eq!(rc, 0, "{err}");
+    let (rc, _, err) = mote(&["run", m, "--max-memory", "lots"]);
+    assert_ne!(rc, 0);
+    assert!(err.contains("not a byte count"), "{err}");
+}

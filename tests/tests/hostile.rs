@@ -605,3 +605,122 @@ fn fuzz_axis_of_a_scalar() {
         assert!(msg.contains("node 'n'"), "{op}: {e:?} {msg}");
     }
 }
+
+/// A model whose weight `w` (4 floats) lives in an external file.
+fn external_model(location: &str, offset: Option<u64>, length: Option<u64>) -> Vec<u8> {
+    let mut w = pb::TensorProto {
+        name: Some("w".into()),
+        dims: vec![4],
+        data_type: Some(elem::F32),
+        data_location: Some(pb::tensor_proto::DataLocation::External as i32),
+        ..Default::default()
+    };
+    let mut kv = |k: &str, v: String| {
+        w.external_data.push(pb::StringStringEntryProto {
+            key: Some(k.into()),
+            value: Some(v),
+        })
+    };
+    kv("location", location.into());
+    if let Some(o) = offset {
+        kv("offset", o.to_string());
+    }
+    if let Some(l) = length {
+        kv("length", l.to_string());
+    }
+    model(
+        vec![node("Add", "add", &["x", "w"], &["y"])],
+        vec![vi("x", elem::F32, &[4])],
+        vec![vi("y", elem::F32, &[4])],
+        vec![w],
+    )
+}
+
+#[test]
+fn external_data_stays_in_the_model_folder() {
+    use mote_std::{load_model, load_model_with, ExternalData};
+    let root = mote_tests::repo().join("target/tmp/external-data");
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = root.join("model");
+    std::fs::create_dir_all(dir.join("sub")).expect("dirs");
+    // 8 bytes of padding, then the 4 weights.
+    let mut data = vec![0xEEu8; 8];
+    for v in [1.0f32, 2.0, 3.0, 4.0] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(dir.join("sub/weights.bin"), &data).expect("weights");
+    let secret = root.join("secret.bin");
+    std::fs::write(&secret, &data).expect("outside file");
+    let write = |name: &str, bytes: Vec<u8>| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).expect("model");
+        p
+    };
+    // Inside the folder, with offset and length: loaded and used.
+    let good = write(
+        "good.onnx",
+        external_model("sub/weights.bin", Some(8), Some(16)),
+    );
+    let m = load_model(&good).expect("external weights inside the folder");
+    let plan = SessionBuilder::new(&m).plan().expect("plan");
+    let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+    let mut s = Session::new(&m, &plan, &mut arena).expect("session");
+    s.run(&[("x", TensorView::new(&[4], &[10f32; 4]).expect("view"))])
+        .expect("run");
+    assert_eq!(
+        s.output(0).expect("y").f32().expect("f32"),
+        [11., 12., 13., 14.]
+    );
+
+    let refused = |location: &str, offset, length| -> String {
+        let p = write("bad.onnx", external_model(location, offset, length));
+        load_model(&p).expect_err(location).to_string()
+    };
+    let abs = secret.display().to_string();
+    for (loc, why) in [
+        ("../secret.bin", "leaves the model's folder"),
+        ("../../../../../../etc/passwd", "leaves the model's folder"),
+        ("sub/../../secret.bin", "leaves the model's folder"),
+        (abs.as_str(), "absolute path"),
+        ("/etc/passwd", "absolute path"),
+        ("sub\\..\\..\\secret.bin", "backslash"),
+        ("missing.bin", "cannot be read"),
+        ("sub", "not a regular file"),
+        ("", "is empty"),
+    ] {
+        let msg = refused(loc, Some(8), Some(16));
+        assert!(
+            msg.contains(why) && msg.contains("tensor 'w'"),
+            "{loc}: {msg}"
+        );
+        assert_eq!(msg.lines().count(), 1, "{msg}");
+    }
+    // Offset and length past the end of the file.
+    let msg = refused("sub/weights.bin", Some(20), Some(16));
+    assert!(msg.contains("past the end"), "{msg}");
+    let msg = refused("sub/weights.bin", Some(u64::MAX), Some(2));
+    assert!(msg.contains("past the end"), "{msg}");
+    // A length that disagrees with the tensor's shape.
+    let msg = refused("sub/weights.bin", Some(8), Some(12));
+    assert!(msg.contains("length mismatch"), "{msg}");
+    // Symbolic links on the way, to a file or a folder outside: refused,
+    // though the lexical path stays inside.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&secret, dir.join("link.bin")).expect("symlink");
+        std::os::unix::fs::symlink(&root, dir.join("up")).expect("symlink");
+        for loc in ["link.bin", "up/secret.bin"] {
+            let msg = refused(loc, Some(8), Some(16));
+            assert!(msg.contains("symbolic link"), "{loc}: {msg}");
+        }
+        // A caller who trusts the model may allow them.
+        let p = write(
+            "trusted.onnx",
+            external_model("link.bin", Some(8), Some(16)),
+        );
+        load_model_with(&p, ExternalData::Anywhere).expect("trusted: links followed");
+    }
+    let p = write("trusted-abs.onnx", external_model(&abs, Some(8), Some(16)));
+    load_model_with(&p, ExternalData::Anywhere).expect("trusted: absolute path");
+    assert!(load_model(&p).is_err());
+}
