@@ -696,4 +696,79 @@ mod tests {
             (DType::F8E4M3FN, &[0x38u8, 0x7E][..])
         );
     }
+
+    /// Sizes past 32 bits: on a 32-bit target (this suite runs on i686 in
+    /// CI) an element count or byte length over `usize::MAX` is an
+    /// `Overflow` error, never a wrapped size; on 64-bit hosts the same
+    /// tensors are merely large and a budget refuses them.
+    #[test]
+    fn sizes_past_32_bits() {
+        use crate::error::checked_numel;
+        let four_g = [65536usize, 65536];
+        let r = checked_numel(&four_g);
+        if cfg!(target_pointer_width = "32") {
+            assert_eq!(r.unwrap_err().kind, ErrorKind::Overflow);
+        } else {
+            assert_eq!(r.unwrap() as u64, 1u64 << 32);
+        }
+        // An initializer of 2^30 floats (4 GiB of bytes) with 4 bytes of
+        // data: the byte length overflows 32 bits; the data is short
+        // everywhere.
+        let e = tensor_from_proto(proto(1, &[1 << 15, 1 << 15], Some(&[0; 4]), &[])).unwrap_err();
+        if cfg!(target_pointer_width = "32") {
+            assert_eq!(e.kind, ErrorKind::Overflow);
+        } else {
+            assert!(matches!(e.kind, ErrorKind::Len { .. }), "{e:?}");
+        }
+        // A graph input of 2^32 elements: refused by the plan's checked
+        // sizes on 32-bit, by a memory budget on 64-bit.
+        use mote_proto::tensor_shape_proto::{dimension::Value, Dimension};
+        let vi = |name: &str| mote_proto::ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(mote_proto::TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(mote_proto::TensorShapeProto {
+                        dim: [65536, 65536]
+                            .iter()
+                            .map(|&d| Dimension {
+                                value: Some(Value::DimValue(d)),
+                                denotation: None,
+                            })
+                            .collect(),
+                    }),
+                })),
+                denotation: None,
+            }),
+            ..Default::default()
+        };
+        let p = mote_proto::ModelProto {
+            opset_import: alloc::vec![mote_proto::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(13),
+            }],
+            graph: Some(mote_proto::GraphProto {
+                node: alloc::vec![mote_proto::NodeProto {
+                    op_type: Some("Relu".into()),
+                    input: alloc::vec!["x".into()],
+                    output: alloc::vec!["y".into()],
+                    ..Default::default()
+                }],
+                input: alloc::vec![vi("x")],
+                output: alloc::vec![vi("y")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = import_model(p).unwrap();
+        let e = crate::SessionBuilder::new(&m)
+            .max_memory(1 << 30)
+            .plan()
+            .unwrap_err();
+        if cfg!(target_pointer_width = "32") {
+            assert_eq!(e.kind, ErrorKind::Overflow);
+        } else {
+            assert!(matches!(e.kind, ErrorKind::OverBudget { .. }), "{e:?}");
+        }
+    }
 }

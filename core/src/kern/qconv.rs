@@ -849,6 +849,7 @@ mod tests {
         }
     }
 
+    #[allow(unused_mut)] // only pushed to on x86_64 and aarch64
     fn kinds() -> Vec<Kernels> {
         let mut v = vec![Kernels::Blocked];
         #[cfg(target_arch = "x86_64")]
@@ -902,7 +903,7 @@ mod tests {
         ];
         let sizes = crate::kern::pick(
             &sizes,
-            &[(1, 1, 0), (5, 17, 3), (7, 15, 255), (12, 130, 257)],
+            &[(1, 1, 0), (5, 17, 3), (7, 15, 255)],
         );
         for kind in kinds() {
             for &(m, n, k) in sizes {
@@ -1048,7 +1049,7 @@ mod tests {
     fn conv_cases<X: QInt, W: QInt>(seed: u64) {
         let mut rng = Rng(seed);
         let mut flat_cases = 0;
-        for n in 0..crate::kern::count(300, 12) {
+        for n in 0..crate::kern::count(300, 4) {
             let cs = case::<X, W>(&mut rng, n % 3 == 0);
             let q = cs.view();
             let p = &cs.p;
@@ -1062,9 +1063,14 @@ mod tests {
             assert_eq!(got, want, "GEMM, case {n}: {p:?}");
             if !p.is_depthwise() {
                 let packed = pack_weights(&w, p, cs.zx, &cs.zw);
+                // Packed only where the blocked kernels run (64-bit hosts).
                 assert_eq!(
                     packed.len(),
-                    p.group * qgemm::packed_len(p.m / p.group, cg * p.g.k_size())
+                    if CONTIGUOUS {
+                        p.group * qgemm::packed_len(p.m / p.group, cg * p.g.k_size())
+                    } else {
+                        0
+                    }
                 );
                 let qp = QConvView {
                     packed: &packed,
@@ -1111,7 +1117,7 @@ mod tests {
     fn fuzz_depthwise_grid_that_overflows() {
         let mut g = Geom::unit();
         g.k[2] = 2;
-        g.d[2] = 1 << 61;
+        g.d[2] = 1 << (usize::BITS - 3);
         g.inp[1] = 1;
         g.out[1] = 5;
         g.pb[1] = 4;
@@ -1161,7 +1167,7 @@ mod tests {
         ]
         .iter()
         .enumerate()
-        .filter(|(n, _)| !cfg!(miri) || *n == 1 || *n == 3)
+        .filter(|(n, _)| !cfg!(miri) || *n == 1)
         {
             let mut g = Geom::unit();
             for ax in 1..3 {
@@ -1207,7 +1213,11 @@ mod tests {
                 }
                 y
             });
-            assert!(testing::split_calls() > calls, "case {n} did not split");
+            // 32-bit targets run the reference loops, which do not split.
+            assert!(
+                testing::split_calls() > calls || !CONTIGUOUS,
+                "case {n} did not split"
+            );
             for (i, y) in outs.iter().enumerate() {
                 assert_eq!(y, &want, "case {n}, run {i}: {p:?}");
             }
@@ -1217,7 +1227,7 @@ mod tests {
     #[test]
     fn in_place_pointwise_matches_the_reference() {
         let mut rng = Rng(11);
-        for n in 0..crate::kern::count(40, 6) {
+        for n in 0..crate::kern::count(40, 2) {
             let c = [1, 3, 16, 64, 200, 256][n % 6];
             let mut g = Geom::unit();
             g.inp[2] = 1 + rng.below(70);
@@ -1266,7 +1276,7 @@ mod tests {
     #[test]
     fn in_place_depthwise_matches_the_reference() {
         let mut rng = Rng(13);
-        for n in 0..crate::kern::count(40, 6) {
+        for n in 0..crate::kern::count(40, 2) {
             let c = 1 + rng.below(8);
             let mut g = Geom::unit();
             let k = [1, 3, 5][n % 3];
@@ -1318,7 +1328,7 @@ mod tests {
     #[test]
     fn qmatmul_gemm_matches_the_loops() {
         let mut rng = Rng(5);
-        for n_case in 0..crate::kern::count(60, 6) {
+        for n_case in 0..crate::kern::count(60, 2) {
             let rows = 1 + rng.below(40);
             let (k, n) = (1 + rng.below(300), 1 + rng.below(90));
             let trans_b = n_case % 2 == 0;

@@ -741,6 +741,7 @@ mod tests {
             .collect()
     }
 
+    #[allow(unused_mut)] // only pushed to on x86_64 and aarch64
     fn kinds() -> Vec<Kernels> {
         let mut v = vec![Kernels::Blocked];
         #[cfg(target_arch = "x86_64")]

@@ -1579,7 +1579,10 @@ mod tests {
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         let what = alloc::format!("x{xs:?} m{m} k{k} s{s} group{group}");
         let split = crate::kern::par::testing::split_calls() > calls;
-        assert_eq!(split, splits, "split: {what}");
+        // 32-bit targets run the reference loops, which do not split.
+        if cfg!(target_pointer_width = "64") {
+            assert_eq!(split, splits, "split: {what}");
+        }
         assert_eq!(bits(&runs[0]), bits(&runs[1]), "2 workers: {what}");
         assert_eq!(bits(&runs[0]), bits(&runs[2]), "3 workers: {what}");
         assert_close(&runs[0], &want, 1e-4);

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The reliability checks of .ci/run that need more than `cargo test`
+# (README "Reliability"):
+#   1. mote-core's unit tests on a 32-bit host target (i686): sizes past
+#      32 bits must be errors there, not wrapped;
+#   2. the kernels' unsafe code under Miri (a fast subset of the kernel
+#      tests: every unsafe path, small cases);
+#   3. every fuzz target for FUZZ_SECONDS (default 60) each.
+# Each step installs what it needs when missing.
+#   bash scripts/reliability.sh [i686] [miri] [fuzz]     (default: all three)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(i686 miri fuzz)
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+
+for step in "${STEPS[@]}"; do
+  case "$step" in
+    i686)
+      echo "== mote-core unit tests on i686 (32-bit usize)"
+      rustup target add i686-unknown-linux-gnu >/dev/null 2>&1 ||
+        rustup target add i686-unknown-linux-gnu
+      # The 32-bit C runtime to link test binaries.
+      if [ ! -e /usr/lib/gcc/x86_64-linux-gnu/12/32/libgcc.a ] &&
+        ! ls /usr/lib/gcc/x86_64-linux-gnu/*/32/libgcc.a >/dev/null 2>&1; then
+        $SUDO apt-get update && $SUDO apt-get install -y gcc-multilib
+      fi
+      cargo test -q -p mote-core --lib --target i686-unknown-linux-gnu
+      ;;
+    miri)
+      echo "== kernel tests under Miri (subset)"
+      if ! cargo +nightly --version >/dev/null 2>&1; then
+        rustup toolchain install nightly --profile minimal
+      fi
+      rustup +nightly component add miri rust-src >/dev/null 2>&1 ||
+        rustup +nightly component add miri rust-src
+      cargo +nightly miri setup >/dev/null
+      # The parallel-for hook and SharedMut (threads), the f32 GEMM and
+      # depthwise kernels, the integer GEMM, depthwise (flat and row paths,
+      # in place), pointwise in place and requantization: each reaches the
+      # unsafe blocks of its module with small cases (kern::pick / count).
+      # The whole kernel suite passes under Miri too, in about 25 minutes.
+      cargo +nightly miri test -q -p mote-core --lib -- \
+        kern::par:: \
+        kern::dwconv:: \
+        kern::sgemm::tests::dots_match_reference \
+        kern::sgemm::tests::beta_zero_never_reads_c \
+        kern::sgemm::tests::short_buffers_are_refused \
+        kern::qconv::tests::in_place_ \
+        kern::qconv::tests::fuzz_ \
+        kern::qconv::tests::qgemm_ \
+        kern::requant::tests::bad_multipliers_are_errors_not_panics \
+        kern::requant::tests::branch_free_rounding_is_the_branchy_one
+      ;;
+    fuzz)
+      bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+      ;;
+    *)
+      echo "unknown step '$step' (i686, miri, fuzz)" >&2
+      exit 2
+      ;;
+  esac
+done
