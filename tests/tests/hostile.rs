@@ -47,6 +47,16 @@ unsafe impl GlobalAlloc for Largest {
 #[global_allocator]
 static GLOBAL: Largest = Largest;
 
+/// `y = x + w` over `n` floats, `w` the initializer given.
+fn x_plus_w(w: pb::TensorProto, n: i64) -> Vec<u8> {
+    model(
+        vec![node("Add", "a", &["x", "w"], &["y"])],
+        vec![vi("x", elem::F32, &[n])],
+        vec![vi("y", elem::F32, &[n])],
+        vec![w],
+    )
+}
+
 /// Plans `bytes` with defaults; the error of import or plan, explained
 /// with the model's names.
 fn refused(bytes: &[u8]) -> (mote_core::Error, String) {
@@ -87,12 +97,7 @@ fn dims_overflowing_32_bit_sizes() {
     assert!(matches!(e.kind, ErrorKind::OverBudget { .. }), "{e:?}");
     // An initializer of 2^32 elements with 4 bytes of data.
     let t = tensor_raw("w", elem::F32, &[65536, 65536], &[0u8; 4]);
-    let b = model(
-        vec![node("Add", "a", &["x", "w"], &["y"])],
-        vec![vi("x", elem::F32, &[1])],
-        vec![vi("y", elem::F32, &[1])],
-        vec![t],
-    );
+    let b = x_plus_w(t, 1);
     let e = Model::from_onnx(&b).expect_err("short data");
     assert!(
         matches!(e.kind, ErrorKind::Len { .. } | ErrorKind::Overflow),
@@ -132,12 +137,7 @@ fn negative_and_zero_dims() {
         data_type: Some(elem::F32),
         ..Default::default()
     };
-    let b = model(
-        vec![node("Add", "a", &["x", "w"], &["y"])],
-        vec![vi("x", elem::F32, &[1])],
-        vec![vi("y", elem::F32, &[1])],
-        vec![t],
-    );
+    let b = x_plus_w(t, 1);
     let e = Model::from_onnx(&b).expect_err("negative dim");
     assert_eq!(
         e.kind,
@@ -202,12 +202,7 @@ fn constant_of_shape_of_a_trillion_elements() {
 #[test]
 fn weights_over_the_budget_are_refused_before_planning() {
     let w: Vec<f32> = vec![0.5; 4096];
-    let b = model(
-        vec![node("Add", "a", &["x", "w"], &["y"])],
-        vec![vi("x", elem::F32, &[4096])],
-        vec![vi("y", elem::F32, &[4096])],
-        vec![tensor_f32("w", &[4096], &w)],
-    );
+    let b = x_plus_w(tensor_f32("w", &[4096], &w), 4096);
     let m = Model::from_onnx(&b).expect("import");
     let e = SessionBuilder::new(&m)
         .max_memory(8 << 10)
@@ -308,22 +303,12 @@ fn declared_and_stored_dtypes_disagree() {
         int64_data: vec![1, 2],
         ..Default::default()
     };
-    let b = model(
-        vec![node("Add", "a", &["x", "w"], &["y"])],
-        vec![vi("x", elem::F32, &[2])],
-        vec![vi("y", elem::F32, &[2])],
-        vec![t],
-    );
+    let b = x_plus_w(t, 2);
     let e = Model::from_onnx(&b).expect_err("float tensor with int64 data");
     assert!(matches!(e.kind, ErrorKind::Len { .. }), "{e:?}");
     // An unknown dtype code.
     let t = tensor_raw("w", 99, &[1], &[0; 4]);
-    let b = model(
-        vec![node("Add", "a", &["x", "w"], &["y"])],
-        vec![vi("x", elem::F32, &[1])],
-        vec![vi("y", elem::F32, &[1])],
-        vec![t],
-    );
+    let b = x_plus_w(t, 1);
     let e = Model::from_onnx(&b).expect_err("dtype 99");
     assert!(
         matches!(e.kind, ErrorKind::UnsupportedDType { code: 99, .. }),

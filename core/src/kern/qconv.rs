@@ -901,10 +901,7 @@ mod tests {
             (505, 20, 9),
             (509, 33, 300),
         ];
-        let sizes = crate::kern::pick(
-            &sizes,
-            &[(1, 1, 0), (5, 17, 3), (7, 15, 255)],
-        );
+        let sizes = crate::kern::pick(&sizes, &[(1, 1, 0), (5, 17, 3), (7, 15, 255)]);
         for kind in kinds() {
             for &(m, n, k) in sizes {
                 let a: Vec<i8> = rng.q(m * k);
