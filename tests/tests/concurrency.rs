@@ -36,6 +36,11 @@ fn eight_threads_share_one_model() {
     const THREADS: usize = 8;
     const RUNS: usize = 1000;
     const INPUTS: usize = 5;
+    // The kernel family is process-wide: a mote-std session in a sibling
+    // test selects AVX2 on first use, which would switch kernels between
+    // the single-thread reference run and the threads (float rounding
+    // order differs). Select it once, before any run here.
+    let _ = mote_std::cpu::init();
     for file in ["kws.f32.onnx", "kws.qdq.onnx"] {
         let bytes = std::fs::read(mote_tests::quant_dir().join(file)).expect("model");
         let model = Model::from_onnx(&bytes).expect("import");

@@ -255,8 +255,12 @@ impl<'m> CompiledModel<'m> {
         if total.checked_add(sig) != Some(bytes.len()) {
             return Err(bad("length in the header differs from the file's"));
         }
+        // A signed file's length field can claim less than a header.
+        if total < HEADER {
+            return Err(bad("length in the header is shorter than a header"));
+        }
         let bytes = bytes.get(..total).ok_or(bad("truncated"))?;
-        if crc32(&bytes[16..]) != rd32(bytes, 12)? {
+        if crc32(bytes.get(16..).unwrap_or_default()) != rd32(bytes, 12)? {
             return Err(bad("checksum mismatch (corrupt file)"));
         }
         let h = |i: usize| rdu(bytes, 16 + 4 * i);
@@ -636,6 +640,7 @@ impl<'m, 'a> CompiledSession<'m, 'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec;
 
     #[test]
     fn crc32_check_value() {
@@ -651,6 +656,26 @@ mod tests {
             b"ONNX and more bytes than a header but not a mote file at all, surely not",
         ] {
             assert!(CompiledModel::from_bytes(b).is_err());
+        }
+    }
+
+    #[test]
+    fn signed_length_shorter_than_a_header_is_an_error() {
+        // Signed files whose header claims fewer bytes than a header before
+        // the signature: refused by name (the nopanic link check found the
+        // slice bound the optimizer could not see through).
+        for total in [16usize, 76] {
+            let mut w = vec![0u32; (total + SIGNATURE_LEN) / 4];
+            w[0] = u32::from_le_bytes(*b"MOTE");
+            w[1] = u32::from(FORMAT_VERSION) | (u32::from(FLAG_SIGNED) << 16);
+            w[2] = total as u32;
+            // SAFETY: u8 has no alignment or validity requirement; the
+            // length is the buffer's byte length.
+            let bytes =
+                unsafe { core::slice::from_raw_parts(w.as_ptr().cast::<u8>(), w.len() * 4) };
+            let e = CompiledModel::from_bytes(bytes).err().map(|e| e.kind);
+            let want = bad("length in the header is shorter than a header").kind;
+            assert_eq!(e, Some(want), "total {total}");
         }
     }
 }
