@@ -442,7 +442,7 @@ impl Graph {
         // Kahn's algorithm with a min-heap on file order keeps the order stable.
         let mut ready: alloc::collections::BinaryHeap<core::cmp::Reverse<NodeId>> =
             (0..self.nodes.len())
-                .filter(|&i| pending[i] == 0)
+                .filter(|&i| pending.get(i) == Some(&0))
                 .map(|i| core::cmp::Reverse(i as NodeId))
                 .collect();
         let mut order = Vec::with_capacity(self.nodes.len());
@@ -583,7 +583,10 @@ impl Model {
         }
         let captured: Vec<String> = captured.into_iter().map(String::from).collect();
         for (k, t) in g.tensors.iter_mut().enumerate() {
-            if !weight_use[k] || other_use[k] || captured.contains(&t.name) {
+            if weight_use.get(k) != Some(&true)
+                || other_use.get(k) == Some(&true)
+                || captured.contains(&t.name)
+            {
                 continue;
             }
             let Some(c) = t.value.as_ref() else {

@@ -260,9 +260,11 @@ impl<'a> Session<'a> {
             // the only view of these bytes.
             let rec = unsafe { core::slice::from_raw_parts_mut(p as *mut usize, SHAPE_RECORD) };
             rec.fill(0);
-            rec[0] = shape.len();
-            for (r, &d) in rec[1..].iter_mut().zip(shape) {
-                *r = d;
+            if let Some((rank, dims)) = rec.split_first_mut() {
+                *rank = shape.len();
+                for (r, &d) in dims.iter_mut().zip(shape) {
+                    *r = d;
+                }
             }
         }
         Ok(())
@@ -308,7 +310,9 @@ impl<'a> Session<'a> {
         };
         if let Some(Some(at)) = self.plan.records.get(i) {
             let rec = self.record(*at)?;
-            let rank = rec[0];
+            let rank = *rec
+                .first()
+                .ok_or(Error::new(ErrorKind::Internal("shape record rank")))?;
             let shape = rec
                 .get(1..1 + rank)
                 .ok_or(Error::new(ErrorKind::Internal("shape record rank")))?;

@@ -636,9 +636,11 @@ impl<'a> KernelIo<'a> {
         // records of a step are its own exclusive buffer.
         let rec = unsafe { core::slice::from_raw_parts_mut(p as *mut usize, SHAPE_RECORD) };
         rec.fill(0);
-        rec[0] = shape.len();
-        for (r, &d) in rec[1..].iter_mut().zip(shape) {
-            *r = d;
+        if let Some((rank, dims)) = rec.split_first_mut() {
+            *rank = shape.len();
+            for (r, &d) in dims.iter_mut().zip(shape) {
+                *r = d;
+            }
         }
         Ok(())
     }
