@@ -7,7 +7,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::Model;
-use crate::ops::{KernelIo, Loc, SHAPE_RECORD};
+use crate::ops::{write_shape_record, KernelIo, Loc, SHAPE_RECORD};
 use crate::plan::{IoInfo, Plan};
 use crate::planner::ALIGN;
 use crate::tensor::{TensorMut, TensorView};
@@ -259,13 +259,7 @@ impl<'a> Session<'a> {
             // SAFETY: in bounds and aligned (checked); `&mut self` makes it
             // the only view of these bytes.
             let rec = unsafe { core::slice::from_raw_parts_mut(p as *mut usize, SHAPE_RECORD) };
-            rec.fill(0);
-            if let Some((rank, dims)) = rec.split_first_mut() {
-                *rank = shape.len();
-                for (r, &d) in dims.iter_mut().zip(shape) {
-                    *r = d;
-                }
-            }
+            write_shape_record(rec, shape);
         }
         Ok(())
     }

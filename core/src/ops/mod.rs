@@ -523,6 +523,18 @@ pub struct KernelIo<'a> {
 /// Words of one run-time shape record in the arena: rank, then dims.
 pub(crate) const SHAPE_RECORD: usize = 1 + MAX_RANK;
 
+/// Writes `shape` into a shape record: rank first, then the dims, the rest
+/// zero (dims past the record's room are not written).
+pub(crate) fn write_shape_record(rec: &mut [usize], shape: &[usize]) {
+    rec.fill(0);
+    if let Some((rank, dims)) = rec.split_first_mut() {
+        *rank = shape.len();
+        for (r, &d) in dims.iter_mut().zip(shape) {
+            *r = d;
+        }
+    }
+}
+
 impl core::fmt::Debug for KernelIo<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("KernelIo")
@@ -635,13 +647,7 @@ impl<'a> KernelIo<'a> {
         // ALIGN boundary, each is a whole number of words), and the shape
         // records of a step are its own exclusive buffer.
         let rec = unsafe { core::slice::from_raw_parts_mut(p as *mut usize, SHAPE_RECORD) };
-        rec.fill(0);
-        if let Some((rank, dims)) = rec.split_first_mut() {
-            *rank = shape.len();
-            for (r, &d) in dims.iter_mut().zip(shape) {
-                *r = d;
-            }
-        }
+        write_shape_record(rec, shape);
         Ok(())
     }
 
