@@ -574,6 +574,25 @@ fn in_qdq_context(c: &Ctx<'_>, n: &Node) -> bool {
     from_dq && !is_op(n, "QuantizeLinear") && !is_op(n, "DequantizeLinear")
 }
 
+/// Whether node `i` is flagged in a per-node table (one flag per node of the
+/// graph the table was made for; a node beyond it is not flagged).
+fn flagged(flags: &[bool], i: usize) -> bool {
+    flags.get(i).copied().unwrap_or(false)
+}
+
+/// Flags node `i` in a per-node table.
+fn flag(flags: &mut [bool], i: usize) {
+    if let Some(f) = flags.get_mut(i) {
+        *f = true;
+    }
+}
+
+/// Removes the nodes whose flag is set (`flags` has one entry per node).
+fn retain_unflagged(nodes: &mut Vec<Node>, flags: &[bool]) {
+    let mut it = flags.iter();
+    nodes.retain(|_| !it.next().copied().unwrap_or(false));
+}
+
 /// The QDQ fusion pass over one graph; returns a note per QDQ node.
 pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
     let mut notes = Vec::new();
@@ -585,7 +604,7 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
         // Linear ops first: they claim a trailing Relu / Clip.
         for pass in 0..2 {
             for (i, n) in g.nodes.iter().enumerate() {
-                if removed[i] || !in_qdq_context(&c, n) {
+                if flagged(&removed, i) || !in_qdq_context(&c, n) {
                     continue;
                 }
                 let linear = ["Conv", "MatMul", "Gemm"].iter().any(|o| is_op(n, o));
@@ -620,15 +639,15 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
                 };
                 // A node already claimed (its Q taken by an earlier fusion).
                 let claimed = |r: &Rewrite| match r {
-                    Rewrite::Replace { drop, .. } => drop.iter().any(|&d| removed[d]),
-                    Rewrite::Retype { q_out, .. } => removed[q_out.node],
+                    Rewrite::Replace { drop, .. } => drop.iter().any(|&d| flagged(&removed, d)),
+                    Rewrite::Retype { q_out, .. } => flagged(&removed, q_out.node),
                 };
                 match plan {
                     Ok(r) if !claimed(&r) => {
                         let kernel = match r {
                             Rewrite::Replace { node, drop, kernel } => {
                                 for d in drop {
-                                    removed[d] = true;
+                                    flag(&mut removed, d);
                                 }
                                 replaced.push((i, node));
                                 kernel
@@ -638,7 +657,7 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
                                 q_out,
                                 requant,
                             } => {
-                                removed[q_out.node] = true;
+                                flag(&mut removed, q_out.node);
                                 retyped.push((i, q_in, q_out, requant));
                                 if requant.is_some() {
                                     "8-bit op + QRequant"
@@ -683,7 +702,9 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
                 if let Some(o) = n.outputs.first_mut() {
                     *o = Some(q_out.out);
                 }
-                g.nodes[i] = n;
+                if let Some(slot) = g.nodes.get_mut(i) {
+                    *slot = n;
+                }
             }
             Some((xs, xz)) => {
                 // op(q) → tmp (input's scale) → QRequant → q_out.
@@ -711,7 +732,9 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
                     q_out.out,
                     Vec::new(),
                 );
-                g.nodes[i] = n;
+                if let Some(slot) = g.nodes.get_mut(i) {
+                    *slot = n;
+                }
                 g.nodes.push(rq);
                 removed.push(false);
             }
@@ -740,11 +763,7 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
         if !dead.iter().any(|&d| d) {
             break;
         }
-        let mut k = 0;
-        g.nodes.retain(|_| {
-            k += 1;
-            !dead[k - 1]
-        });
+        retain_unflagged(&mut g.nodes, &dead);
     }
     notes
 }
@@ -795,8 +814,7 @@ pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
                 zc.dtype,
             ))
         };
-    for k in 0..g.inputs.len() {
-        let inp = g.inputs[k];
+    for inp in g.inputs.clone() {
         let readers: Vec<usize> = g
             .nodes
             .iter()
@@ -809,7 +827,9 @@ pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
         }
         let mut params = None;
         let ok = readers.iter().all(|&i| {
-            let n = &g.nodes[i];
+            let Some(n) = g.nodes.get(i) else {
+                return false;
+            };
             let p = if is_op(n, "QuantizeLinear") && n.inputs.first() == Some(&Some(inp)) {
                 qparams(
                     g,
@@ -833,8 +853,8 @@ pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
         };
         // Every reader's output is now the input itself.
         for &i in &readers {
-            drop[i] = true;
-            if let Some(Some(o)) = g.nodes[i].outputs.first().copied() {
+            flag(&mut drop, i);
+            if let Some(Some(o)) = g.nodes.get(i).and_then(|n| n.outputs.first()).copied() {
                 for n in g.nodes.iter_mut() {
                     for t in n.inputs.iter_mut().flatten() {
                         if *t == o {
@@ -861,12 +881,16 @@ pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
         }
     }
     for k in 0..g.outputs.len() {
-        let out = g.outputs[k];
+        let Some(&out) = g.outputs.get(k) else {
+            continue;
+        };
         let Some(i) = g.nodes.iter().position(|n| n.outputs.contains(&Some(out))) else {
             continue;
         };
-        let n = &g.nodes[i];
-        if drop[i] || !is_op(n, "DequantizeLinear") || n.outputs.len() != 1 {
+        let Some(n) = g.nodes.get(i) else {
+            continue;
+        };
+        if flagged(&drop, i) || !is_op(n, "DequantizeLinear") || n.outputs.len() != 1 {
             continue;
         }
         let used = g.nodes.iter().any(|m| m.inputs.contains(&Some(out)));
@@ -884,7 +908,7 @@ pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
             continue;
         }
         // The quantized tensor takes the output's place and name.
-        drop[i] = true;
+        flag(&mut drop, i);
         let name = g
             .tensors
             .get(out as usize)
@@ -897,7 +921,9 @@ pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
         if let Some(t) = g.tensors.get_mut(out as usize) {
             t.name = alloc::format!("{name}/mote_float");
         }
-        g.outputs[k] = q;
+        if let Some(t) = g.outputs.get_mut(k) {
+            *t = q;
+        }
         done.push(IoQuant {
             name,
             input: false,
@@ -906,11 +932,7 @@ pub fn int8_io(model: &mut Model) -> Vec<IoQuant> {
             zero_point: zp,
         });
     }
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        k += 1;
-        !drop[k - 1]
-    });
+    retain_unflagged(&mut g.nodes, &drop);
     model.io_quant.extend(done.iter().cloned());
     done
 }

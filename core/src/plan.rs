@@ -355,6 +355,19 @@ fn bind_input(
     })
 }
 
+/// Entry `i` of one of build's per-tensor or per-step tables. Ids come from
+/// the validated graph, so a miss is an internal error, never a panic.
+fn at<T>(v: &[T], i: usize) -> Result<&T> {
+    v.get(i)
+        .ok_or(Error::new(ErrorKind::Internal("plan: table index")))
+}
+
+/// Mutable [`at`].
+fn at_mut<T>(v: &mut [T], i: usize) -> Result<&mut T> {
+    v.get_mut(i)
+        .ok_or(Error::new(ErrorKind::Internal("plan: table index")))
+}
+
 fn byte_len(s: &Slot) -> Result<usize> {
     checked_numel(&s.shape)?
         .checked_mul(s.dtype.size())
@@ -594,9 +607,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         })
         .collect();
     let mut known = alloc::vec![false; slots.len()];
-    for (i, t) in g.tensors.iter().enumerate() {
+    for (k, t) in known.iter_mut().zip(&g.tensors) {
         if t.value.is_some() {
-            known[i] = true;
+            *k = true;
         }
     }
     let mut defaulted = Vec::new();
@@ -626,8 +639,8 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             });
             s.loc = Loc::Folded((folded.len() - 1) as u32);
         }
-        slots[i as usize] = s;
-        known[i as usize] = true;
+        *at_mut(&mut slots, i as usize)? = s;
+        *at_mut(&mut known, i as usize)? = true;
     }
     let mut steps: Vec<Step> = Vec::new();
     // alias_of[t] = tensor whose buffer t shares (Reshape and friends).
@@ -709,12 +722,12 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                     let c = folded
                         .last()
                         .ok_or(Error::new(ErrorKind::Internal("fold")))?;
-                    slots[*o as usize] = Slot {
+                    *at_mut(&mut slots, *o as usize)? = Slot {
                         dtype: c.dtype,
                         shape: c.shape.clone(),
                         loc: Loc::Folded((folded.len() - 1) as u32),
                     };
-                    known[*o as usize] = true;
+                    *at_mut(&mut known, *o as usize)? = true;
                 }
             }
             continue;
@@ -731,8 +744,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 .first()
                 .ok_or(Error::new(ErrorKind::Internal("alias output")).at_node(ni))?;
             if let Some(Some(o)) = node.outputs.first() {
-                let src_loc = slots[src as usize].loc;
-                let src_len = byte_len(&slots[src as usize])?;
+                let src_slot = at(&slots, src as usize)?;
+                let src_loc = src_slot.loc;
+                let src_len = byte_len(src_slot)?;
                 let out_slot = Slot {
                     dtype: out_info.dtype,
                     shape: out_info.shape.clone(),
@@ -746,12 +760,12 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 let loc = match src_loc {
                     Loc::Model(_) | Loc::Folded(_) => src_loc,
                     _ => {
-                        alias_of[*o as usize] = Some(src);
+                        *at_mut(&mut alias_of, *o as usize)? = Some(src);
                         Loc::None
                     }
                 };
-                slots[*o as usize] = Slot { loc, ..out_slot };
-                known[*o as usize] = true;
+                *at_mut(&mut slots, *o as usize)? = Slot { loc, ..out_slot };
+                *at_mut(&mut known, *o as usize)? = true;
             }
             continue;
         }
@@ -762,7 +776,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 consts.push(match inp {
                     None => None,
                     Some(t) => {
-                        let s = &slots[t as usize];
+                        let s = at(&slots, t as usize)?;
                         let data = match s.loc {
                             Loc::Model(m) => g
                                 .tensors
@@ -790,24 +804,24 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                     let c = folded
                         .last()
                         .ok_or(Error::new(ErrorKind::Internal("fold")))?;
-                    slots[*o as usize] = Slot {
+                    *at_mut(&mut slots, *o as usize)? = Slot {
                         dtype: c.dtype,
                         shape: c.shape.clone(),
                         loc: Loc::Folded((folded.len() - 1) as u32),
                     };
-                    known[*o as usize] = true;
+                    *at_mut(&mut known, *o as usize)? = true;
                 }
             }
             continue;
         }
         for (o, info) in node.outputs.iter().zip(&prep.outputs) {
             if let Some(o) = o {
-                slots[*o as usize] = Slot {
+                *at_mut(&mut slots, *o as usize)? = Slot {
                     dtype: info.dtype,
                     shape: info.shape.clone(),
                     loc: Loc::None,
                 };
-                known[*o as usize] = true;
+                *at_mut(&mut known, *o as usize)? = true;
             }
         }
         inplace_ok.push(prep.inplace);
@@ -849,19 +863,21 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     // Dead-node removal: keep steps that (transitively) feed a graph output.
     let mut needed = alloc::vec![false; slots.len()];
     for &o in &g.outputs {
-        needed[o as usize] = true;
-        needed[root(o, &alias_of) as usize] = true;
+        *at_mut(&mut needed, o as usize)? = true;
+        *at_mut(&mut needed, root(o, &alias_of) as usize)? = true;
     }
     let mut keep = alloc::vec![false; steps.len()];
-    for si in (0..steps.len()).rev() {
-        let st = &steps[si];
-        let used = st.outputs.iter().flatten().any(|&o| needed[o as usize]);
+    for (st, k) in steps.iter().zip(keep.iter_mut()).rev() {
+        let mut used = false;
+        for &o in st.outputs.iter().flatten() {
+            used |= *at(&needed, o as usize)?;
+        }
         if used {
-            keep[si] = true;
+            *k = true;
             for &i in st.inputs.iter().flatten() {
-                needed[i as usize] = true;
+                *at_mut(&mut needed, i as usize)? = true;
                 let r = root(i, &alias_of);
-                needed[r as usize] = true;
+                *at_mut(&mut needed, r as usize)? = true;
             }
         }
     }
@@ -903,55 +919,59 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     };
     for &i in &g.inputs {
         let r = root(i, &alias_of);
-        first[r as usize] = 0;
+        *at_mut(&mut first, r as usize)? = 0;
     }
     for (si, st) in steps.iter().enumerate() {
         for &o in st.outputs.iter().flatten() {
             let r = root(o, &alias_of) as usize;
-            first[r] = first[r].min(si);
-            last[r] = last[r].max(si);
+            let f = at_mut(&mut first, r)?;
+            *f = (*f).min(si);
+            let l = at_mut(&mut last, r)?;
+            *l = (*l).max(si);
         }
         for &i in st.inputs.iter().flatten() {
             if in_arena(i, &slots) {
                 let r = root(i, &alias_of) as usize;
-                last[r] = last[r].max(si);
+                let l = at_mut(&mut last, r)?;
+                *l = (*l).max(si);
             }
         }
     }
     for &o in &g.outputs {
         if in_arena(o, &slots) {
             let r = root(o, &alias_of) as usize;
-            last[r] = n_steps.saturating_sub(1).max(last[r]);
-            if first[r] == usize::MAX {
-                first[r] = 0;
+            let l = at_mut(&mut last, r)?;
+            *l = n_steps.saturating_sub(1).max(*l);
+            let f = at_mut(&mut first, r)?;
+            if *f == usize::MAX {
+                *f = 0;
             }
         }
     }
     let is_graph_output_root: Vec<bool> = {
         let mut v = alloc::vec![false; nt];
         for &o in &g.outputs {
-            v[root(o, &alias_of) as usize] = true;
+            *at_mut(&mut v, root(o, &alias_of) as usize)? = true;
         }
         v
     };
 
     // In place: output 0 joins input 0's buffer when that buffer dies here.
     if opts.in_place {
-        for si in 0..n_steps {
-            if !kept_inplace[si] {
+        for (si, (step, &ok)) in steps.iter_mut().zip(&kept_inplace).enumerate() {
+            if !ok {
                 continue;
             }
-            let (Some(Some(i0)), Some(Some(o0))) = (
-                steps[si].inputs.first().copied(),
-                steps[si].outputs.first().copied(),
-            ) else {
+            let (Some(Some(i0)), Some(Some(o0))) =
+                (step.inputs.first().copied(), step.outputs.first().copied())
+            else {
                 continue;
             };
             if !in_arena(i0, &slots) {
                 continue;
             }
             // Input 0 must not appear as another input of the same step.
-            if steps[si]
+            if step
                 .inputs
                 .iter()
                 .skip(1)
@@ -961,9 +981,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 continue;
             }
             let r = root(i0, &alias_of) as usize;
-            if last[r] != si
-                || is_graph_output_root[r]
-                || byte_len(&slots[i0 as usize])? != byte_len(&slots[o0 as usize])?
+            if *at(&last, r)? != si
+                || *at(&is_graph_output_root, r)?
+                || byte_len(at(&slots, i0 as usize)?)? != byte_len(at(&slots, o0 as usize)?)?
             {
                 continue;
             }
@@ -971,34 +991,41 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             if ro != o0 as usize {
                 continue;
             }
-            alias_of[o0 as usize] = Some(r as TensorId);
-            last[r] = last[r].max(last[o0 as usize]);
-            if is_graph_output_root[o0 as usize] {
-                last[r] = n_steps.saturating_sub(1).max(last[r]);
+            *at_mut(&mut alias_of, o0 as usize)? = Some(r as TensorId);
+            let mut l = (*at(&last, r)?).max(*at(&last, o0 as usize)?);
+            if *at(&is_graph_output_root, o0 as usize)? {
+                l = n_steps.saturating_sub(1).max(l);
             }
-            first[o0 as usize] = usize::MAX;
-            steps[si].inplace = true;
+            *at_mut(&mut last, r)? = l;
+            *at_mut(&mut first, o0 as usize)? = usize::MAX;
+            step.inplace = true;
         }
     }
 
     // Buffers: one per root tensor in the arena, plus one scratch per step.
     let mut bufs: Vec<Buffer> = Vec::new();
     let mut buf_of = alloc::vec![usize::MAX; nt];
-    for t in 0..nt {
-        if first[t] == usize::MAX || !in_arena(t as TensorId, &slots) || alias_of[t].is_some() {
+    let per_tensor = slots
+        .iter()
+        .zip(&first)
+        .zip(&last)
+        .zip(&alias_of)
+        .zip(buf_of.iter_mut());
+    for ((((slot, &f), &l), alias), b) in per_tensor {
+        if f == usize::MAX || !matches!(slot.loc, Loc::None) || alias.is_some() {
             continue;
         }
-        buf_of[t] = bufs.len();
+        *b = bufs.len();
         bufs.push(Buffer {
-            size: byte_len(&slots[t])?,
-            first: first[t],
-            last: last[t].max(first[t]),
+            size: byte_len(slot)?,
+            first: f,
+            last: l.max(f),
         });
     }
     let mut scratch_buf = alloc::vec![usize::MAX; n_steps];
-    for (si, &sc) in kept_scratch.iter().enumerate() {
+    for ((&sc, sb), si) in kept_scratch.iter().zip(scratch_buf.iter_mut()).zip(0..) {
         if sc > 0 {
-            scratch_buf[si] = bufs.len();
+            *sb = bufs.len();
             bufs.push(Buffer {
                 size: sc,
                 first: si,
@@ -1008,9 +1035,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     }
     let record_bytes = ops::SHAPE_RECORD * core::mem::size_of::<usize>();
     let mut shapes_buf = alloc::vec![usize::MAX; n_steps];
-    for (si, st) in steps.iter().enumerate() {
+    for ((si, st), sb) in steps.iter().enumerate().zip(shapes_buf.iter_mut()) {
         if st.shapes.is_some() {
-            shapes_buf[si] = bufs.len();
+            *sb = bufs.len();
             bufs.push(Buffer {
                 size: st.outputs.len().max(1) * record_bytes,
                 first: si,
@@ -1043,30 +1070,33 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             return Err(Error::new(ErrorKind::OverBudget { needed, budget }));
         }
     }
-    for t in 0..nt {
-        if !in_arena(t as TensorId, &slots) {
+    // Offset and size of buffer `b`.
+    let placed =
+        |b: usize| -> Result<(usize, usize)> { Ok((*at(&offsets, b)?, at(&bufs, b)?.size)) };
+    for (t, slot) in slots.iter_mut().enumerate() {
+        if !matches!(slot.loc, Loc::None) {
             continue;
         }
         let r = root(t as TensorId, &alias_of) as usize;
-        let b = buf_of.get(r).copied().unwrap_or(usize::MAX);
+        let b = *at(&buf_of, r)?;
         if b == usize::MAX {
             continue; // never produced nor used (dead)
         }
-        let len = byte_len(&slots[t])?;
-        slots[t].loc = Loc::Arena {
-            offset: offsets[b],
+        let len = byte_len(slot)?;
+        slot.loc = Loc::Arena {
+            offset: placed(b)?.0,
             len,
         };
     }
     let mut scratch_max = 0;
-    for (si, st) in steps.iter_mut().enumerate() {
-        if scratch_buf[si] != usize::MAX {
-            let b = scratch_buf[si];
-            st.scratch = (offsets[b], bufs[b].size);
-            scratch_max = scratch_max.max(bufs[b].size);
+    for ((st, &sb), &hb) in steps.iter_mut().zip(&scratch_buf).zip(&shapes_buf) {
+        if sb != usize::MAX {
+            let (offset, size) = placed(sb)?;
+            st.scratch = (offset, size);
+            scratch_max = scratch_max.max(size);
         }
-        if shapes_buf[si] != usize::MAX {
-            st.shapes = Some(offsets[shapes_buf[si]]);
+        if hb != usize::MAX {
+            st.shapes = Some(placed(hb)?.0);
         }
     }
     // Where each dynamic graph output's shape record is.
@@ -1074,9 +1104,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     for st in &steps {
         if let Some(at) = st.shapes {
             for (k, o) in st.outputs.iter().enumerate() {
-                for (gi, go) in g.outputs.iter().enumerate() {
+                for (rec, go) in records.iter_mut().zip(&g.outputs) {
                     if *o == Some(*go) {
-                        records[gi] = Some(at + k * record_bytes);
+                        *rec = Some(at + k * record_bytes);
                     }
                 }
             }
@@ -1084,7 +1114,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     }
     let io = |id: TensorId| -> Result<IoInfo> {
         let t = g.tensor(id)?;
-        let s = &slots[id as usize];
+        let s = at(&slots, id as usize)?;
         Ok(IoInfo {
             name: t.name.clone(),
             dtype: s.dtype,
@@ -1098,10 +1128,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         .inputs
         .iter()
         .map(|&i| {
-            io(i).map(|mut info| {
-                info.bound = matches!(slots[i as usize].loc, Loc::Folded(_));
-                info
-            })
+            let mut info = io(i)?;
+            info.bound = matches!(at(&slots, i as usize)?.loc, Loc::Folded(_));
+            Ok(info)
         })
         .collect::<Result<Vec<_>>>()?;
     let outputs = g
@@ -1116,7 +1145,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         })
         .collect::<Result<Vec<_>>>()?;
     for o in &outputs {
-        if matches!(slots[o.id as usize].loc, Loc::None) {
+        if matches!(at(&slots, o.id as usize)?.loc, Loc::None) {
             return Err(
                 Error::new(ErrorKind::Internal("graph output was not placed")).at_tensor(o.id),
             );

@@ -75,8 +75,9 @@ impl MemoryPlanner for GreedyBySize {
         ];
         let mut best: Option<(usize, Vec<usize>)> = None;
         for cmp in orders {
-            let mut order: Vec<usize> = (0..buffers.len()).collect();
-            order.sort_by(|&a, &b| cmp(&buffers[a], &buffers[b]).then(a.cmp(&b)));
+            let mut order: Vec<(usize, &Buffer)> = buffers.iter().enumerate().collect();
+            order.sort_by(|(a, x), (b, y)| cmp(x, y).then(a.cmp(b)));
+            let order: Vec<usize> = order.into_iter().map(|(i, _)| i).collect();
             let offsets = place_in_order(buffers, &order)?;
             let size = arena_size(buffers, &offsets)?;
             if best.as_ref().is_none_or(|(s, _)| size < *s) {
@@ -97,18 +98,21 @@ fn area(b: &Buffer) -> usize {
 /// among already placed buffers alive at the same time (best fit).
 fn place_in_order(buffers: &[Buffer], order: &[usize]) -> Result<Vec<usize>> {
     let mut offsets = alloc::vec![usize::MAX; buffers.len()];
-    let mut placed: Vec<usize> = Vec::with_capacity(buffers.len());
+    // Placed buffers with their offsets.
+    let mut placed: Vec<(Buffer, usize)> = Vec::with_capacity(buffers.len());
     let mut live: Vec<(usize, usize)> = Vec::new();
     for &i in order {
-        let b = buffers[i];
+        let b = *buffers
+            .get(i)
+            .ok_or(Error::new(ErrorKind::Internal("planner: order index")))?;
         let size = align_up(b.size).ok_or(Error::new(ErrorKind::Overflow))?;
         live.clear();
-        for &j in &placed {
-            if buffers[j].overlaps_in_time(&b) && buffers[j].size > 0 {
-                let end = offsets[j]
-                    .checked_add(align_up(buffers[j].size).ok_or(Error::new(ErrorKind::Overflow))?)
+        for (p, off) in &placed {
+            if p.overlaps_in_time(&b) && p.size > 0 {
+                let end = off
+                    .checked_add(align_up(p.size).ok_or(Error::new(ErrorKind::Overflow))?)
                     .ok_or(Error::new(ErrorKind::Overflow))?;
-                live.push((offsets[j], end));
+                live.push((*off, end));
             }
         }
         live.sort_unstable();
@@ -123,11 +127,14 @@ fn place_in_order(buffers: &[Buffer], order: &[usize]) -> Result<Vec<usize>> {
             }
             cursor = cursor.max(e);
         }
-        offsets[i] = match best {
+        let off = match best {
             Some((_, off)) => off,
             None => cursor,
         };
-        placed.push(i);
+        *offsets
+            .get_mut(i)
+            .ok_or(Error::new(ErrorKind::Internal("planner: order index")))? = off;
+        placed.push((b, off));
     }
     Ok(offsets)
 }
@@ -172,14 +179,16 @@ pub fn lower_bound(buffers: &[Buffer]) -> Result<usize> {
 
 /// Checks that no two time-overlapping buffers overlap in memory.
 pub fn check_no_overlap(buffers: &[Buffer], offsets: &[usize]) -> bool {
-    for i in 0..buffers.len() {
-        for j in i + 1..buffers.len() {
-            let (a, b) = (&buffers[i], &buffers[j]);
+    if offsets.len() != buffers.len() {
+        return false;
+    }
+    let placed = || buffers.iter().zip(offsets.iter().copied());
+    for (i, (a, oa)) in placed().enumerate() {
+        for (b, ob) in placed().skip(i + 1) {
             if a.size == 0 || b.size == 0 || !a.overlaps_in_time(b) {
                 continue;
             }
-            let (oa, ob) = (offsets[i], offsets[j]);
-            if oa < ob + b.size && ob < oa + a.size {
+            if oa < ob.saturating_add(b.size) && ob < oa.saturating_add(a.size) {
                 return false;
             }
         }

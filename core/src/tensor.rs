@@ -114,12 +114,12 @@ impl<'a> TensorView<'a> {
         let s = self.dtype.size();
         let b = self.data.get(i * s..(i + 1) * s)?;
         Some(match self.dtype {
-            DType::I8 => b[0] as i8 as i64,
-            DType::U8 | DType::Bool => b[0] as i64,
-            DType::I16 => i16::from_le_bytes([b[0], b[1]]) as i64,
-            DType::U16 => u16::from_le_bytes([b[0], b[1]]) as i64,
-            DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
-            DType::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
+            DType::I8 => i8::from_le_bytes(b.try_into().ok()?) as i64,
+            DType::U8 | DType::Bool => u8::from_le_bytes(b.try_into().ok()?) as i64,
+            DType::I16 => i16::from_le_bytes(b.try_into().ok()?) as i64,
+            DType::U16 => u16::from_le_bytes(b.try_into().ok()?) as i64,
+            DType::I32 => i32::from_le_bytes(b.try_into().ok()?) as i64,
+            DType::U32 => u32::from_le_bytes(b.try_into().ok()?) as i64,
             DType::I64 | DType::U64 => i64::from_le_bytes(b.try_into().ok()?),
             _ => return None,
         })
@@ -216,18 +216,12 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize], out: &mut [usize; MAX_RANK]) -
     if r > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
     }
-    for i in 0..r {
-        let da = if i + a.len() >= r {
-            a[i + a.len() - r]
-        } else {
-            1
-        };
-        let db = if i + b.len() >= r {
-            b[i + b.len() - r]
-        } else {
-            1
-        };
-        out[i] = if da == db {
+    // Right-aligned: the shorter shape is padded with leading 1s.
+    fn padded(s: &[usize], r: usize) -> impl Iterator<Item = usize> + '_ {
+        core::iter::repeat_n(1, r.saturating_sub(s.len())).chain(s.iter().copied())
+    }
+    for ((o, da), db) in out.iter_mut().zip(padded(a, r)).zip(padded(b, r)) {
+        *o = if da == db {
             da
         } else if da == 1 {
             db
@@ -247,12 +241,11 @@ pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> [usize; MAX_RA
     let r = out_shape.len().min(MAX_RANK);
     let off = r.saturating_sub(shape.len());
     let mut acc = 1usize;
-    for i in (0..shape.len()).rev() {
-        let oi = i + off;
-        if oi < MAX_RANK {
-            s[oi] = if shape[i] == 1 { 0 } else { acc };
+    for (i, &d) in shape.iter().enumerate().rev() {
+        if let Some(si) = s.get_mut(i + off) {
+            *si = if d == 1 { 0 } else { acc };
         }
-        acc = acc.saturating_mul(shape[i]);
+        acc = acc.saturating_mul(d);
     }
     s
 }
@@ -262,7 +255,8 @@ pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> [usize; MAX_RA
 #[derive(Debug)]
 pub struct StridedIter<const N: usize> {
     shape: [usize; MAX_RANK],
-    strides: [[usize; MAX_RANK]; N],
+    /// Per axis, the stride of each operand.
+    strides: [[usize; N]; MAX_RANK],
     rank: usize,
     idx: [usize; MAX_RANK],
     offs: [usize; N],
@@ -274,11 +268,21 @@ impl<const N: usize> StridedIter<N> {
     pub fn new(shape: &[usize], strides: [[usize; MAX_RANK]; N]) -> Self {
         let rank = shape.len().min(MAX_RANK);
         let mut sh = [1usize; MAX_RANK];
-        sh[..rank].copy_from_slice(&shape[..rank]);
-        let remaining = sh[..rank].iter().product();
+        for (d, &s) in sh.iter_mut().zip(shape) {
+            *d = s;
+        }
+        let remaining = sh.iter().take(rank).product();
+        let mut by_axis = [[0usize; N]; MAX_RANK];
+        for (k, operand) in strides.iter().enumerate() {
+            for (axis, &st) in by_axis.iter_mut().zip(operand) {
+                if let Some(a) = axis.get_mut(k) {
+                    *a = st;
+                }
+            }
+        }
         StridedIter {
             shape: sh,
-            strides,
+            strides: by_axis,
             rank,
             idx: [0; MAX_RANK],
             offs: [0; N],
@@ -296,23 +300,26 @@ impl<const N: usize> Iterator for StridedIter<N> {
         }
         self.remaining -= 1;
         let cur = self.offs;
-        // Advance the odometer (`min`: the compiler then knows every axis
-        // is in bounds, so no bounds check remains).
-        let mut ax = self.rank.min(MAX_RANK);
-        while ax > 0 {
-            ax -= 1;
-            self.idx[ax] += 1;
-            for k in 0..N {
-                self.offs[k] = self.offs[k].wrapping_add(self.strides[k][ax]);
+        // Advance the odometer, last axis first.
+        let axes = self
+            .idx
+            .iter_mut()
+            .zip(&self.shape)
+            .zip(&self.strides)
+            .take(self.rank)
+            .rev();
+        for ((i, &n), st) in axes {
+            *i += 1;
+            for (o, &s) in self.offs.iter_mut().zip(st) {
+                *o = o.wrapping_add(s);
             }
-            if self.idx[ax] < self.shape[ax] {
+            if *i < n {
                 break;
             }
-            for k in 0..N {
-                self.offs[k] =
-                    self.offs[k].wrapping_sub(self.strides[k][ax].wrapping_mul(self.shape[ax]));
+            for (o, &s) in self.offs.iter_mut().zip(st) {
+                *o = o.wrapping_sub(s.wrapping_mul(n));
             }
-            self.idx[ax] = 0;
+            *i = 0;
         }
         Some(cur)
     }

@@ -87,6 +87,9 @@ fn bad(what: &'static str) -> Error {
 /// CRC-32 (IEEE 802.3, reflected, as zlib's `crc32`), four bits at a time
 /// (a 64-byte table: small in flash).
 pub fn crc32(bytes: &[u8]) -> u32 {
+    // Built by const evaluation: an index out of range there is a compile
+    // error, not a run-time panic.
+    #[allow(clippy::indexing_slicing)]
     const T: [u32; 16] = {
         let mut t = [0u32; 16];
         let mut i = 0;
@@ -107,10 +110,12 @@ pub fn crc32(bytes: &[u8]) -> u32 {
         t
     };
     let mut c = !0u32;
+    // `c & 15` always indexes the 16-entry table (the fallback is dead code
+    // the optimizer removes, so no bounds check reaches the firmware).
+    let step = |c: u32| T.get((c & 15) as usize).copied().unwrap_or(0) ^ (c >> 4);
     for &b in bytes {
         c ^= b as u32;
-        c = T[(c & 15) as usize] ^ (c >> 4);
-        c = T[(c & 15) as usize] ^ (c >> 4);
+        c = step(step(c));
     }
     !c
 }
@@ -119,7 +124,18 @@ fn rd32(b: &[u8], at: usize) -> Result<u32> {
     let s = b
         .get(at..at.checked_add(4).ok_or(bad("offset overflow"))?)
         .ok_or(bad("truncated"))?;
-    Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    Ok(u32::from_le_bytes(
+        s.try_into().map_err(|_| bad("truncated"))?,
+    ))
+}
+
+fn rd16(b: &[u8], at: usize) -> Result<u16> {
+    let s = b
+        .get(at..at.checked_add(2).ok_or(bad("offset overflow"))?)
+        .ok_or(bad("truncated"))?;
+    Ok(u16::from_le_bytes(
+        s.try_into().map_err(|_| bad("truncated"))?,
+    ))
 }
 
 fn rdu(b: &[u8], at: usize) -> Result<usize> {
@@ -161,7 +177,8 @@ pub struct TensorDesc {
 impl TensorDesc {
     /// The dimensions.
     pub fn shape(&self) -> &[usize] {
-        &self.dims[..self.rank.min(MAX_RANK)]
+        // Never empty by the fallback: `dims` holds MAX_RANK entries.
+        self.dims.get(..self.rank.min(MAX_RANK)).unwrap_or(&[])
     }
 
     fn end(&self) -> usize {
@@ -229,17 +246,17 @@ impl<'m> CompiledModel<'m> {
     /// Checks and wraps a `.mote` file. `bytes` must start on a 4-byte
     /// boundary (weights and parameter arrays are used in place).
     pub fn from_bytes(bytes: &'m [u8]) -> Result<Self> {
-        if bytes.len() < HEADER || &bytes[..4] != b"MOTE" {
+        if bytes.len() < HEADER || bytes.get(..4) != Some(b"MOTE".as_slice()) {
             return Err(bad("not a .mote file (no MOTE magic)"));
         }
-        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        let version = rd16(bytes, 4)?;
         if version != FORMAT_VERSION {
             return Err(Error::new(ErrorKind::Version {
                 supported: FORMAT_VERSION,
                 got: version,
             }));
         }
-        let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
+        let flags = rd16(bytes, 6)?;
         if flags & !FLAG_SIGNED != 0 {
             return Err(bad("unknown flags"));
         }
@@ -298,7 +315,7 @@ impl<'m> CompiledModel<'m> {
         if bytes.len() < HEADER || bytes.get(..4) != Some(b"MOTE".as_slice()) {
             return Err(bad("not a .mote file (no MOTE magic)"));
         }
-        if u16::from_le_bytes([bytes[6], bytes[7]]) & FLAG_SIGNED == 0 {
+        if rd16(bytes, 6)? & FLAG_SIGNED == 0 {
             return Err(bad("model is not signed (mote compile --sign)"));
         }
         let total = rdu(bytes, 8)?;
@@ -358,12 +375,15 @@ impl<'m> CompiledModel<'m> {
             .tensors
             .get(at..at + TENSOR_REC)
             .ok_or(Error::new(ErrorKind::UnknownName))?;
-        let dtype = DType::from_onnx(r[0] as i32).ok_or(bad("unknown tensor dtype"))?;
-        let rank = r[1] as usize;
+        let &[code, rank, kind, ..] = r else {
+            return Err(bad("truncated tensor record"));
+        };
+        let dtype = DType::from_onnx(code as i32).ok_or(bad("unknown tensor dtype"))?;
+        let rank = rank as usize;
         if rank > MAX_RANK {
             return Err(bad("tensor rank above 8"));
         }
-        let storage = match r[2] {
+        let storage = match kind {
             KIND_ARENA => Storage::Arena,
             KIND_CONST => Storage::Const,
             _ => return Err(bad("unknown tensor storage kind")),
@@ -496,8 +516,7 @@ impl<'m> CompiledModel<'m> {
         if out.dtype != out_dt {
             return Err(bad("step output dtype differs from its kernel's"));
         }
-        for k in 0..2 {
-            let id = s.ins[k];
+        for (k, (&id, &want)) in s.ins.iter().zip(&in_dt).enumerate() {
             if k >= op.arity() {
                 if id != NONE {
                     return Err(bad("input given to a kernel that takes none there"));
@@ -505,7 +524,7 @@ impl<'m> CompiledModel<'m> {
                 continue;
             }
             let t = self.tensor(id as usize)?;
-            if t.dtype != in_dt[k] {
+            if t.dtype != want {
                 return Err(bad("step input dtype differs from its kernel's"));
             }
             if t.storage == Storage::Arena && t.offset < out.end() && out.offset < t.end() {
@@ -618,9 +637,9 @@ impl<'m, 'a> CompiledSession<'m, 'a> {
             .ok_or(bad("output outside the arena"))?;
         let (head, tail): (&[u8], &[u8]) = (head, tail);
         let mut ins: [Option<&[u8]>; 2] = [None, None];
-        for k in 0..op.arity() {
-            let t = m.tensor(s.ins[k] as usize)?;
-            ins[k] = match t.storage {
+        for (k, (slot, &id)) in ins.iter_mut().zip(&s.ins).enumerate().take(op.arity()) {
+            let t = m.tensor(id as usize)?;
+            *slot = match t.storage {
                 Storage::Const => Some(m.const_bytes(&t)?),
                 Storage::Arena if t.offset == out.offset && k == 0 => None,
                 Storage::Arena if t.end() <= out.offset => Some(section(head, t.offset, t.len)?),

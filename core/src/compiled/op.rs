@@ -152,7 +152,12 @@ impl OpView<'_> {
     /// Runs on the data inputs' bytes (`ins[0]` is `None` when the step is
     /// in place: the input is read from `y`). Does not allocate.
     pub(crate) fn run(&self, ins: [Option<&[u8]>; 2], y: &mut [u8]) -> Result<()> {
-        let need = |i: usize| ins[i].ok_or(Error::new(ErrorKind::MissingInput { index: i }));
+        let need = |i: usize| {
+            ins.get(i)
+                .copied()
+                .flatten()
+                .ok_or(Error::new(ErrorKind::MissingInput { index: i }))
+        };
         match self {
             OpView::QConv { dt, q } if ins[0].is_none() => {
                 // In place: the input is the output's bytes (same type).
@@ -295,10 +300,7 @@ impl OpView<'_> {
                 dt, rank, shape, p, ..
             } => {
                 zp_ok(&[p.za, p.zb, p.zc], *dt)?;
-                if *rank > MAX_RANK {
-                    return Err(bad("rank above 8"));
-                }
-                mul(&shape[..*rank])?;
+                mul(shape.get(..*rank).ok_or(bad("rank above 8"))?)?;
                 mults_ok(core::slice::from_ref(&p.mul))
             }
             OpView::QGlobalAvg {
@@ -339,20 +341,23 @@ fn sizes(g: &Geom) -> Result<(usize, usize, usize)> {
 /// the padded input (floor or ceil mode).
 fn geom_consistent(g: &Geom) -> Result<()> {
     geom_ok(g)?;
-    for a in 0..MAX_SPATIAL {
-        let span = g.inp[a]
-            .checked_add(g.pb[a])
-            .and_then(|v| v.checked_add(g.pe[a]))
+    let axes = (g.inp.iter().zip(&g.pb).zip(&g.pe))
+        .zip(g.k.iter().zip(&g.d))
+        .zip(g.out.iter().zip(&g.s));
+    for ((((&inp, &pb), &pe), (&k, &d)), (&out, &s)) in axes {
+        let span = inp
+            .checked_add(pb)
+            .and_then(|v| v.checked_add(pe))
             .ok_or(Error::new(ErrorKind::Overflow))?;
-        let reach = g.k[a]
+        let reach = k
             .checked_sub(1)
-            .and_then(|k| k.checked_mul(g.d[a]))
+            .and_then(|k| k.checked_mul(d))
             .ok_or(bad("window: kernel size 0 or overflow"))?;
-        let last = g.out[a]
+        let last = out
             .saturating_sub(1)
-            .checked_mul(g.s[a])
+            .checked_mul(s)
             .ok_or(Error::new(ErrorKind::Overflow))?;
-        if reach.checked_add(last).is_none() || last >= span.max(1) || g.pb[a] > span {
+        if reach.checked_add(last).is_none() || last >= span.max(1) || pb > span {
             return Err(bad("window geometry inconsistent"));
         }
     }
@@ -385,7 +390,10 @@ impl<'a> Words<'a> {
             .get(self.at..self.at + 4)
             .ok_or(bad("kernel parameters truncated"))?;
         self.at += 4;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_le_bytes(
+            b.try_into()
+                .map_err(|_| bad("kernel parameters truncated"))?,
+        ))
     }
 
     fn i32(&mut self) -> Result<i32> {

@@ -183,11 +183,15 @@ pub fn compile(model: &Model, plan: &Plan) -> Result<Vec<u8>> {
         }
         let v = ex.view();
         let input = |k: usize| -> Result<TensorId> {
+            let index = *ex
+                .ins
+                .get(k)
+                .ok_or(at(Error::new(ErrorKind::Internal("kernel input slot"))))?;
             s.inputs
-                .get(ex.ins[k])
+                .get(index)
                 .copied()
                 .flatten()
-                .ok_or(at(Error::new(ErrorKind::MissingInput { index: ex.ins[k] })))
+                .ok_or(at(Error::new(ErrorKind::MissingInput { index })))
         };
         let in0 = t.tensor(input(0)?).map_err(at)?;
         let in1 = if v.arity() > 1 {
@@ -303,19 +307,33 @@ pub fn compile(model: &Model, plan: &Plan) -> Result<Vec<u8>> {
         data_at.1,
         0,
     ];
-    f[..4].copy_from_slice(b"MOTE");
-    f[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    put(&mut f, 0, b"MOTE")?;
+    put(&mut f, 4, &FORMAT_VERSION.to_le_bytes())?;
     for (k, w) in words.iter().enumerate() {
-        f[8 + 4 * k..12 + 4 * k].copy_from_slice(&w.to_le_bytes());
+        put(&mut f, 8 + 4 * k, &w.to_le_bytes())?;
     }
-    let crc = crc32(&f[16..]);
-    f[12..16].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32(f.get(16..).ok_or(header_err())?);
+    put(&mut f, 12, &crc.to_le_bytes())?;
 
     // Self-check: the reader accepts what was written.
     let mut aligned = alloc::vec![0u128; f.len().div_ceil(16)];
     let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut aligned);
-    let buf = &mut buf[..f.len()];
+    let buf = buf.get_mut(..f.len()).ok_or(header_err())?;
     buf.copy_from_slice(&f);
     CompiledModel::from_bytes(buf)?;
     Ok(f)
+}
+
+fn header_err() -> Error {
+    Error::new(ErrorKind::Internal(
+        "compiled writer: header out of the file",
+    ))
+}
+
+/// Writes `bytes` at `at` of the file being built.
+fn put(f: &mut [u8], at: usize, bytes: &[u8]) -> Result<()> {
+    f.get_mut(at..at + bytes.len())
+        .ok_or(header_err())?
+        .copy_from_slice(bytes);
+    Ok(())
 }

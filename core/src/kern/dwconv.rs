@@ -17,7 +17,30 @@
 //! discarded. No bounds tests in the loop, and vectors of the plane's size
 //! instead of the row's (5 floats in KWS).
 
-use super::{valid_range, Geom};
+use super::{valid_range, win, win_mut, Geom};
+
+/// `y[t] += w0 * x[t] + w1 * x[t + 1] + w2 * x[t + 2]` over `y`: three taps
+/// of stride 1 at once (`x` has `y.len() + 2` values); `false` if short.
+#[inline(always)]
+fn three_taps(y: &mut [f32], x: &[f32], [w0, w1, w2]: [f32; 3]) -> bool {
+    let n = y.len();
+    let (Some(x0), Some(x1), Some(x2)) = (win(x, 0, n), win(x, 1, n), win(x, 2, n)) else {
+        return false;
+    };
+    for (((yv, &a), &b), &c) in y.iter_mut().zip(x0).zip(x1).zip(x2) {
+        *yv += w0 * a + w1 * b + w2 * c;
+    }
+    true
+}
+
+/// The three weights of a 3-wide kernel row.
+#[inline(always)]
+fn row3(w: &[f32], at: usize) -> Option<[f32; 3]> {
+    match win(w, at, 3)? {
+        &[a, b, c] => Some([a, b, c]),
+        _ => None,
+    }
+}
 
 /// Most floats of a padded plane (and of its output grid) for [`Flat`].
 pub(crate) const FLAT: usize = 4096;
@@ -50,11 +73,11 @@ impl Flat {
         let [o0, o1, o2] = g.out;
         let [i0, i1, i2] = g.inp;
         let [k0, k1, k2] = g.k;
-        let s = g.s[1];
+        let [_, s, s2] = g.s;
         if o0 != 1
             || i0 != 1
             || k0 != 1
-            || g.s[2] != s
+            || s2 != s
             || s == 0
             || o1 == 0
             || o2 == 0
@@ -66,7 +89,7 @@ impl Flat {
         if y.len() < o1 * o2 || x.len() < i1 * i2 || w.len() < k1 * k2 {
             return false;
         }
-        let (d1, d2, p1, p2) = (g.d[1], g.d[2], g.pb[1], g.pb[2]);
+        let ([_, d1, d2], [_, p1, p2]) = (g.d, g.pb);
         // Padded width: every column a valid output reads, and the input.
         let wp = ((o2 - 1) * s + (k2 - 1) * d2 + 1).max(p2 + i2);
         let grid = o1 * wp;
@@ -76,39 +99,57 @@ impl Flat {
         if len > FLAT || grid > FLAT {
             return false;
         }
-        let xp = &mut self.xp[..len];
+        // Every window below lies in `xp` / `yq` by the sizes above; a
+        // miss returns `false` (the caller then runs the row kernel).
+        let (Some(xp), Some(yq)) = (
+            win_mut(&mut self.xp, 0, len),
+            win_mut(&mut self.yq, 0, grid),
+        ) else {
+            return false;
+        };
         xp.fill(0.0);
         for (r, src) in x.chunks_exact(i2).take(i1).enumerate() {
-            xp[(r + p1) * wp + p2..][..i2].copy_from_slice(src);
+            let Some(dst) = win_mut(xp, (r + p1) * wp + p2, i2) else {
+                return false;
+            };
+            dst.copy_from_slice(src);
         }
-        let yq = &mut self.yq[..grid];
         yq.fill(bias);
-        for kh in 0..k1 {
+        for (kh, wr) in w.chunks_exact(k2).take(k1).enumerate() {
             let row = kh * d1 * wp;
             if s == 1 && k2 == 3 && d2 == 1 {
-                let (w0, w1, w2) = (w[kh * 3], w[kh * 3 + 1], w[kh * 3 + 2]);
-                let xs = &xp[row..row + grid + 2];
-                for (t, yv) in yq.iter_mut().enumerate() {
-                    *yv += w0 * xs[t] + w1 * xs[t + 1] + w2 * xs[t + 2];
+                let (Some(ws), Some(xs)) = (row3(wr, 0), win(xp, row, grid + 2)) else {
+                    return false;
+                };
+                if !three_taps(yq, xs, ws) {
+                    return false;
                 }
                 continue;
             }
-            for kw in 0..k2 {
-                let wv = w[kh * k2 + kw];
+            for (kw, &wv) in wr.iter().enumerate() {
                 let off = row + kw * d2;
                 if s == 1 {
-                    for (yv, &xv) in yq.iter_mut().zip(&xp[off..off + grid]) {
+                    let Some(xs) = win(xp, off, grid) else {
+                        return false;
+                    };
+                    for (yv, &xv) in yq.iter_mut().zip(xs) {
                         *yv += wv * xv;
                     }
                 } else {
-                    for (yv, &xv) in yq.iter_mut().zip(xp[off..].iter().step_by(s)) {
+                    let Some(xs) = xp.get(off..) else {
+                        return false;
+                    };
+                    for (yv, &xv) in yq.iter_mut().zip(xs.iter().step_by(s)) {
                         *yv += wv * xv;
                     }
                 }
             }
         }
         for (dst, src) in y.chunks_exact_mut(o2).zip(yq.chunks_exact(wp)) {
-            dst.copy_from_slice(&src[..o2]);
+            let Some(src) = src.get(..o2) else {
+                return false;
+            };
+            dst.copy_from_slice(src);
         }
         true
     }
@@ -125,9 +166,12 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
     {
         return false;
     }
-    let (s1, s2, d1, d2, p1, p2) = (g.s[1], g.s[2], g.d[1], g.d[2], g.pb[1], g.pb[2]);
+    let ([_, s1, s2], [_, d1, d2], [_, p1, p2]) = (g.s, g.d, g.pb);
     if o2 == 0 || k2 == 0 {
-        y[..o1 * o2].fill(bias);
+        let Some(y) = win_mut(y, 0, o1 * o2) else {
+            return false;
+        };
+        y.fill(bias);
         return true;
     }
     // Columns where the first and the last tap of a row are inside.
@@ -142,17 +186,21 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
             if ih >= i1 {
                 continue;
             }
-            let xrow = &x[ih * i2..(ih + 1) * i2];
-            let wr = &w[kh * k2..(kh + 1) * k2];
+            let (Some(xrow), Some(wr)) = (win(x, ih * i2, i2), win(w, kh * k2, k2)) else {
+                return false;
+            };
+            // Border columns, tap by tap (`get` is the bounds test).
             for ow in (0..lo).chain(hi.max(lo)..o2) {
                 let mut sum = 0.0;
                 for (kw, &wv) in wr.iter().enumerate() {
                     let iw = (ow * s2 + kw * d2).wrapping_sub(p2);
-                    if iw < i2 {
-                        sum += wv * xrow[iw];
+                    if let Some(&xv) = xrow.get(iw) {
+                        sum += wv * xv;
                     }
                 }
-                yrow[ow] += sum;
+                if let Some(yv) = yrow.get_mut(ow) {
+                    *yv += sum;
+                }
             }
             if lo == hi {
                 continue;
@@ -160,23 +208,31 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
             let n = hi - lo;
             // Interior: lo * s2 + kw * d2 - p2 >= 0 for every kw.
             let base = lo * s2 - p2;
+            let Some(yin) = win_mut(yrow, lo, n) else {
+                return false;
+            };
             if s2 == 1 && d2 == 1 && k2 == 3 {
-                let (w0, w1, w2) = (wr[0], wr[1], wr[2]);
-                let xs = &xrow[base..base + n + 2];
-                for (t, yv) in yrow[lo..hi].iter_mut().enumerate() {
-                    *yv += w0 * xs[t] + w1 * xs[t + 1] + w2 * xs[t + 2];
+                let (Some(ws), Some(xs)) = (row3(wr, 0), win(xrow, base, n + 2)) else {
+                    return false;
+                };
+                if !three_taps(yin, xs, ws) {
+                    return false;
                 }
             } else if s2 == 1 {
                 for (kw, &wv) in wr.iter().enumerate() {
-                    let xs = &xrow[base + kw * d2..base + kw * d2 + n];
-                    for (yv, &xv) in yrow[lo..hi].iter_mut().zip(xs) {
+                    let Some(xs) = win(xrow, base + kw * d2, n) else {
+                        return false;
+                    };
+                    for (yv, &xv) in yin.iter_mut().zip(xs) {
                         *yv += wv * xv;
                     }
                 }
             } else {
                 for (kw, &wv) in wr.iter().enumerate() {
-                    let xs = &xrow[base + kw * d2..];
-                    for (yv, &xv) in yrow[lo..hi].iter_mut().zip(xs.iter().step_by(s2)) {
+                    let Some(xs) = xrow.get(base + kw * d2..) else {
+                        return false;
+                    };
+                    for (yv, &xv) in yin.iter_mut().zip(xs.iter().step_by(s2)) {
                         *yv += wv * xv;
                     }
                 }

@@ -186,16 +186,22 @@ pub(crate) fn pack_weights<W: QInt>(
         || w.len() != p.m * kk
         || zw.len() != p.m
         || p.group == 0
+        || mg * kk == 0
     {
         return alloc::vec::Vec::new();
     }
     let mut out = alloc::vec::Vec::with_capacity(p.group * qgemm::packed_len(mg, kk));
-    for grp in 0..p.group {
-        let oc0 = grp * mg;
+    // `w` holds `group` blocks of `mg × kk` weights, `zw` of `mg` zero
+    // points (checked above).
+    for (wg, zg) in w
+        .chunks_exact(mg * kk)
+        .zip(zw.chunks_exact(mg))
+        .take(p.group)
+    {
         let a = QMatA {
-            a: &w[oc0 * kk..][..mg * kk],
+            a: wg,
             lda: kk,
-            z: Zero::Rows(&zw[oc0..oc0 + mg]),
+            z: Zero::Rows(zg),
             packed: &[],
         };
         out.extend(qgemm::pack_a(mg, kk, &a));
@@ -255,12 +261,19 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
             let id = (od * g.s[0] + kd * g.d[0]).wrapping_sub(g.pb[0]);
             let ih = (oh * g.s[1] + kh * g.d[1]).wrapping_sub(g.pb[1]);
             if id < i0 && ih < i1 {
-                let line = &plane[(id * i1 + ih) * i2..][..i2];
-                let dst = &mut out[j..j + len];
                 let (lo, hi) = valid_range(len, g.s[2], ow * g.s[2] + kw * g.d[2], g.pb[2], i2);
-                for t in lo..hi {
-                    let iw = (ow + t) * g.s[2] + kw * g.d[2] - g.pb[2];
-                    dst[t] = (line[iw].get() - zx) as i16;
+                // Columns lo..hi of this run read inside the input row
+                // (`valid_range`); the row lies in the plane (`id`, `ih`
+                // in range), so a miss leaves the zeros (never happens).
+                let first = (ow + lo) * g.s[2] + kw * g.d[2];
+                if let (Some(line), Some(dst)) = (
+                    win(plane, (id * i1 + ih) * i2, i2),
+                    win_mut(out, j + lo, hi.saturating_sub(lo)),
+                ) {
+                    let cols = line.get(first.wrapping_sub(g.pb[2])..).unwrap_or(&[]);
+                    for (d, v) in dst.iter_mut().zip(cols.iter().step_by(g.s[2].max(1))) {
+                        *d = (v.get() - zx) as i16;
+                    }
                 }
             }
             j += len;
@@ -299,22 +312,33 @@ fn conv_gemm<X: QInt, W: QInt, Y: QInt>(
         for grp in 0..p.group {
             let oc0 = grp * mg;
             let per_group = qgemm::packed_len(mg, kk);
+            let (Some(wg), Some(zw), Some(bias), Some(mult)) = (
+                win(w, oc0 * kk, mg * kk),
+                win(q.zw, oc0, mg),
+                win(q.bias, oc0, mg),
+                win(q.mult, oc0, mg),
+            ) else {
+                return Err(out_of_bounds());
+            };
             let a = QMatA {
-                a: &w[oc0 * kk..][..mg * kk],
+                a: wg,
                 lda: kk,
-                z: Zero::Rows(&q.zw[oc0..oc0 + mg]),
+                z: Zero::Rows(zw),
                 packed: q
                     .packed
                     .get(grp * per_group..(grp + 1) * per_group)
                     .unwrap_or(&[]),
             };
+            let xg = win(x, (ni * p.c + grp * cg) * in_sz, cg * in_sz).ok_or_else(out_of_bounds)?;
+            let yg =
+                win_mut(y, (ni * p.m + oc0) * out_sz, mg * out_sz).ok_or_else(out_of_bounds)?;
             let io = ConvIo {
-                x: &x[(ni * p.c + grp * cg) * in_sz..][..cg * in_sz],
+                x: xg,
                 zx: q.zx,
                 g,
-                y: SharedMut::new(&mut y[(ni * p.m + oc0) * out_sz..][..mg * out_sz]),
-                bias: &q.bias[oc0..oc0 + mg],
-                mult: &q.mult[oc0..oc0 + mg],
+                y: SharedMut::new(yg),
+                bias,
+                mult,
                 out: q.out,
             };
             if !qgemm::qgemm(mg, out_sz, kk, a, &io) {

@@ -21,7 +21,7 @@
 use super::par::{self, SharedMut};
 use super::qconv::{dw_plane, finish_row, tap_range, QConvView};
 use super::requant::Requant;
-use super::{valid_range, QInt};
+use super::{valid_range, win, win_mut, QInt};
 
 /// Most values of a padded plane (and of its output grid).
 pub(crate) const FLAT: usize = 4096;
@@ -122,11 +122,17 @@ impl DwScratch {
         let Some((zw, b, r)) = channel(q, c) else {
             return false;
         };
+        // Every window below lies in the buffers by the sizes above; a miss
+        // returns `false` (the caller then runs the row path).
         let DwScratch { xp: buf, ph, acc } = self;
-        let buf = &mut buf[..len];
+        let Some(buf) = win_mut(buf, 0, len) else {
+            return false;
+        };
         buf.fill(0);
         for (ih, row) in xp.chunks_exact(i2).take(i1).enumerate() {
-            let dst = &mut buf[(ih + p1) * wpd + p2..][..i2];
+            let Some(dst) = win_mut(buf, (ih + p1) * wpd + p2, i2) else {
+                return false;
+            };
             for (d, v) in dst.iter_mut().zip(row) {
                 *d = (v.get() - q.zx) as i16;
             }
@@ -135,7 +141,9 @@ impl DwScratch {
             buf
         } else {
             // Phase f holds buf[s·u + f] at u.
-            let ph = &mut ph[..plen * s];
+            let Some(ph) = win_mut(ph, 0, plen * s) else {
+                return false;
+            };
             for (f, phase) in ph.chunks_exact_mut(plen).enumerate() {
                 for (u, v) in phase.iter_mut().enumerate() {
                     *v = buf.get(s * u + f).copied().unwrap_or(0);
@@ -145,12 +153,15 @@ impl DwScratch {
         };
         // Each tap: its weight and where grid point 0 reads it.
         let mut taps = [(0i32, 0usize); MAX_TAPS];
-        for (i, t) in taps.iter_mut().take(k1 * k2).enumerate() {
+        let (Some(taps), Some(wk)) = (win_mut(&mut taps, 0, k1 * k2), win(wp, 0, k1 * k2)) else {
+            return false;
+        };
+        for (i, (t, wv)) in taps.iter_mut().zip(wk).enumerate() {
             let (kh, kw) = (i / k2, i % k2);
             let off = kh * d1 * wpd + kw * d2;
-            *t = (wp[i].get() - zw, (off % s) * plen + off / s);
+            *t = (wv.get() - zw, (off % s) * plen + off / s);
         }
-        let taps = &taps[..k1 * k2];
+        let taps: &[(i32, usize)] = taps;
         // A chunk of sums stays in registers across the taps.
         for (t0, out) in (0..grid).step_by(CHUNK).zip(acc.chunks_exact_mut(CHUNK)) {
             let mut a = [b; CHUNK];
@@ -165,7 +176,10 @@ impl DwScratch {
             out.copy_from_slice(&a);
         }
         for (oh, yrow) in yo.chunks_exact_mut(o2).take(o1).enumerate() {
-            finish_row(yrow, &acc[oh * wpd..][..o2], 0, r, &q.out);
+            let Some(sums) = win(acc, oh * wpd, o2) else {
+                return false;
+            };
+            finish_row(yrow, sums, 0, r, &q.out);
         }
         true
     }
@@ -199,37 +213,74 @@ impl DwScratch {
             while ow0 < o2 {
                 let wl = STRIP.min(o2 - ow0);
                 let tl = wl + reach / s + 1;
-                let acc = &mut acc[..wl];
+                // Every window below lies in its slice by `two_d_fits`, the
+                // tap range and `valid_range`; a miss returns `false`.
+                let Some(acc) = win_mut(acc, 0, wl) else {
+                    return false;
+                };
                 acc.fill(b);
                 for kh in rh.0..rh.1 {
                     let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
-                    let xrow = &xp[ih * i2..][..i2];
+                    let Some(xrow) = win(xp, ih * i2, i2) else {
+                        return false;
+                    };
                     // Phase f, entry t: input column (ow0 + t)·s + f - pb.
                     for (f, phase) in ph.chunks_exact_mut(PHASE).take(s).enumerate() {
-                        let phase = &mut phase[..tl];
                         let (lo, hi) = valid_range(tl, s, ow0 * s + f, pb, i2);
-                        phase[..lo].fill(0);
-                        phase[hi..].fill(0);
-                        for (t, v) in phase[lo..hi].iter_mut().enumerate() {
-                            *v = (xrow[(ow0 + lo + t) * s + f - pb].get() - q.zx) as i16;
+                        let Some((head, mid, tail)) = split3(phase, lo, hi, tl) else {
+                            return false;
+                        };
+                        head.fill(0);
+                        tail.fill(0);
+                        if lo < hi {
+                            let first = (ow0 + lo) * s + f - pb;
+                            let Some(cols) = win(xrow, first, (hi - lo - 1) * s + 1) else {
+                                return false;
+                            };
+                            for (v, x) in mid.iter_mut().zip(cols.iter().step_by(s)) {
+                                *v = (x.get() - q.zx) as i16;
+                            }
                         }
                     }
-                    let wrow = &wp[kh * k2..][..k2];
+                    let Some(wrow) = win(wp, kh * k2, k2) else {
+                        return false;
+                    };
                     for (kw, wv) in wrow.iter().enumerate() {
                         let wv = (wv.get() - zw) as i16 as i32;
                         let off = kw * d;
-                        let src = &ph[(off % s) * PHASE + off / s..][..wl];
+                        let Some(src) = win(ph, (off % s) * PHASE + off / s, wl) else {
+                            return false;
+                        };
                         for (a, &xv) in acc.iter_mut().zip(src) {
                             *a = a.wrapping_add(xv as i32 * wv);
                         }
                     }
                 }
-                finish_row(&mut yo[oh * o2 + ow0..][..wl], acc, 0, r, &q.out);
+                let Some(yrow) = win_mut(yo, oh * o2 + ow0, wl) else {
+                    return false;
+                };
+                finish_row(yrow, acc, 0, r, &q.out);
                 ow0 += wl;
             }
         }
         true
     }
+}
+
+/// `s[..lo]`, `s[lo..hi]`, `s[hi..len]`, or `None` unless `lo ≤ hi ≤ len ≤
+/// s.len()` (an empty middle when `lo ≥ hi`, as `valid_range` may give).
+#[inline(always)]
+fn split3<T>(
+    s: &mut [T],
+    lo: usize,
+    hi: usize,
+    len: usize,
+) -> Option<(&mut [T], &mut [T], &mut [T])> {
+    let hi = hi.max(lo);
+    let s = s.get_mut(..len)?;
+    let (head, rest) = s.split_at_mut_checked(lo)?;
+    let (mid, tail) = rest.split_at_mut_checked(hi - lo)?;
+    Some((head, mid, tail))
 }
 
 /// Whether both paths can take the window: 2-D (or 1-D), a row stride in

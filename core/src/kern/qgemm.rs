@@ -27,6 +27,7 @@
 //! in-place pointwise convolution use this driver ([`fits_one_pass`]).
 
 use super::cpu::{self, Kernels};
+use super::{win, win_mut};
 
 /// Rows of a register tile.
 pub(crate) const MR: usize = 6;
@@ -95,8 +96,8 @@ fn pack_tile<T: super::QInt>(
         };
         let mut ps = src.chunks_exact(2);
         for (q, two) in (&mut ps).enumerate() {
-            if let Some(w) = at.get_mut(q * MR + r) {
-                *w = pair(two[0].get() - z, two[1].get() - z);
+            if let (Some(w), &[x0, x1]) = (at.get_mut(q * MR + r), two) {
+                *w = pair(x0.get() - z, x1.get() - z);
             }
         }
         if let [last] = ps.remainder() {
@@ -209,14 +210,16 @@ pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
     let macs = m.saturating_mul(n).saturating_mul(k.max(1));
     let t = super::par::tasks(workers, macs, blocks);
     if t <= 1 {
-        run_cols(kind, m, (0, n), k, &a, io);
-        return true;
+        return run_cols(kind, m, (0, n), k, &a, io);
     }
+    let ok = core::sync::atomic::AtomicBool::new(true);
     super::par::for_each(t, &|ti| {
         let (lo, hi) = super::par::chunk(blocks, t, ti);
-        run_cols(kind, m, (lo * NR, (hi * NR).min(n)), k, &a, io);
+        if !run_cols(kind, m, (lo * NR, (hi * NR).min(n)), k, &a, io) {
+            ok.store(false, core::sync::atomic::Ordering::Relaxed);
+        }
     });
-    true
+    ok.into_inner()
 }
 
 /// The driver over columns `cols`, compiled for AVX2 when selected.
@@ -227,14 +230,13 @@ fn run_cols<T: super::QInt, IO: QIo>(
     k: usize,
     a: &QMatA<'_, T>,
     io: &IO,
-) {
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     if kind == Kernels::Avx2Fma {
         // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
         // `cpu::enable_avx2_fma`) or the build targets it. The driver and
         // the operand's packing and stores compiled for AVX2.
-        unsafe { driver_avx2(m, cols, k, a, io) };
-        return;
+        return unsafe { driver_avx2(m, cols, k, a, io) };
     }
     driver(kind, m, cols, k, a, io)
 }
@@ -247,11 +249,13 @@ unsafe fn driver_avx2<T: super::QInt, IO: QIo>(
     k: usize,
     a: &QMatA<'_, T>,
     io: &IO,
-) {
+) -> bool {
     driver(Kernels::Avx2Fma, m, cols, k, a, io)
 }
 
 /// Rows `0..m`, columns `cols.0 .. cols.1` (`qgemm_with` checked A).
+/// Every block lies in its buffer by the tile sizes; `false` (a bug, never
+/// seen) if one does not.
 #[inline(always)]
 fn driver<T: super::QInt, IO: QIo>(
     kind: Kernels,
@@ -260,7 +264,7 @@ fn driver<T: super::QInt, IO: QIo>(
     k: usize,
     a: &QMatA<'_, T>,
     io: &IO,
-) {
+) -> bool {
     let mut bpack = [0i16; KC * NC];
     let mut apack = [0i32; MR * KC / 2];
     let mut acc = [0i32; ACC];
@@ -276,28 +280,39 @@ fn driver<T: super::QInt, IO: QIo>(
         while j0 < n {
             let ncur = nc.min(n - j0);
             let panels = ncur.div_ceil(NR);
-            let accb = &mut acc[..mc_up * nc];
+            let Some(accb) = win_mut(&mut acc, 0, mc_up * nc) else {
+                return false;
+            };
             accb.fill(0);
             let mut p0 = 0;
             while p0 < k {
                 let kc = KC.min(k - p0);
                 let kq = kc.div_ceil(2);
                 // B block: panel q-major, `[panel][pair][NR][2]`.
-                let bb = &mut bpack[..panels * kq * NR * 2];
+                let Some(bb) = win_mut(&mut bpack, 0, panels * kq * NR * 2) else {
+                    return false;
+                };
                 for q in 0..kq {
                     let (r0, r1) = rows.split_at_mut(NC);
                     r0.fill(0);
                     r1.fill(0);
-                    io.b_row(p0 + 2 * q, j0, &mut r0[..ncur]);
+                    let (Some(b0), Some(b1)) = (win_mut(r0, 0, ncur), win_mut(r1, 0, ncur)) else {
+                        return false;
+                    };
+                    io.b_row(p0 + 2 * q, j0, b0);
                     if 2 * q + 1 < kc {
-                        io.b_row(p0 + 2 * q + 1, j0, &mut r1[..ncur]);
+                        io.b_row(p0 + 2 * q + 1, j0, b1);
                     }
-                    for pn in 0..panels {
-                        let dst = &mut bb[(pn * kq + q) * NR * 2..][..NR * 2];
-                        let (x0, x1) = (&r0[pn * NR..][..NR], &r1[pn * NR..][..NR]);
+                    let panel_rows = r0.chunks_exact(NR).zip(r1.chunks_exact(NR));
+                    for (pn, (x0, x1)) in panel_rows.take(panels).enumerate() {
+                        let Some(dst) = win_mut(bb, (pn * kq + q) * NR * 2, NR * 2) else {
+                            return false;
+                        };
                         for ((d, &u), &v) in dst.chunks_exact_mut(2).zip(x0).zip(x1) {
-                            d[0] = u;
-                            d[1] = v;
+                            if let [d0, d1] = d {
+                                *d0 = u;
+                                *d1 = v;
+                            }
                         }
                     }
                 }
@@ -307,27 +322,42 @@ fn driver<T: super::QInt, IO: QIo>(
                     let gi = i_c + i0;
                     // A tile: `[pair][MR]`, rows past mr are zero.
                     let at: &[i32] = if a.packed.len() == pk_len {
-                        &a.packed[((gi / MR) * kq_all + p0 / 2) * MR..][..kq * MR]
+                        let Some(at) = win(a.packed, ((gi / MR) * kq_all + p0 / 2) * MR, kq * MR)
+                        else {
+                            return false;
+                        };
+                        at
                     } else {
-                        pack_tile(a, gi, mr, p0, kc, &mut apack[..kq * MR]);
-                        &apack[..kq * MR]
+                        let Some(at) = win_mut(&mut apack, 0, kq * MR) else {
+                            return false;
+                        };
+                        pack_tile(a, gi, mr, p0, kc, at);
+                        at
                     };
                     for pn in 0..panels {
-                        let bp = &bb[pn * kq * NR * 2..][..kq * NR * 2];
-                        let c = &mut accb[i0 * nc + pn * NR..];
+                        let (Some(bp), Some(c)) = (
+                            win(bb, pn * kq * NR * 2, kq * NR * 2),
+                            accb.get_mut(i0 * nc + pn * NR..),
+                        ) else {
+                            return false;
+                        };
                         ukr(kind, kq, at, bp, c, nc);
                     }
                     i0 += MR;
                 }
                 p0 += KC;
             }
-            for r in 0..mc {
-                io.store(i_c + r, j0, &accb[r * nc..][..ncur]);
+            for (r, sums) in accb.chunks_exact(nc).take(mc).enumerate() {
+                let Some(sums) = sums.get(..ncur) else {
+                    return false;
+                };
+                io.store(i_c + r, j0, sums);
             }
             j0 += nc;
         }
         i_c += mc;
     }
+    true
 }
 
 /// `c[r * ldc + j] += Σ_q A pair (q, r) · B pair (q, j)` for `r < MR`,
@@ -357,13 +387,18 @@ fn ukr_portable(kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize) {
         for (sr, &w) in s.iter_mut().zip(ap) {
             let (a0, a1) = (w as i16 as i32, (w >> 16) as i16 as i32);
             for (x, b) in sr.iter_mut().zip(bq.chunks_exact(2)) {
-                *x = x.wrapping_add(a0 * b[0] as i32 + a1 * b[1] as i32);
+                if let &[b0, b1] = b {
+                    *x = x.wrapping_add(a0 * b0 as i32 + a1 * b1 as i32);
+                }
             }
         }
     }
+    // `ukr` checked that `c` holds every row.
     for (r, sr) in s.iter().enumerate() {
-        for (cv, &v) in c[r * ldc..][..NR].iter_mut().zip(sr) {
-            *cv = cv.wrapping_add(v);
+        if let Some(crow) = win_mut(c, r * ldc, NR) {
+            for (cv, &v) in crow.iter_mut().zip(sr) {
+                *cv = cv.wrapping_add(v);
+            }
         }
     }
 }

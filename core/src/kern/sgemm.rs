@@ -21,7 +21,7 @@
 //! check every kernel against them on edge sizes.
 
 use super::cpu::{self, Kernels};
-use super::{par, Geom};
+use super::{par, win, win_mut, Geom};
 
 /// Rows of a register tile.
 pub(crate) const MR: usize = 6;
@@ -44,8 +44,9 @@ pub(crate) trait SrcB {
     /// are then read in place.
     fn dense(&self) -> Option<(&[f32], usize)>;
     /// Writes B(p0 + p, j0 + j) to `dst[p * NR + j]` for `p < kc`, `j < nr`,
-    /// and zeros for `nr <= j < NR`.
-    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]);
+    /// and zeros for `nr <= j < NR` (`dst` holds `kc × NR`, `nr ≤ NR`);
+    /// `false` if it does not.
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) -> bool;
 }
 
 /// B stored row-major: B(p, j) = `b[p * ldb + j]`.
@@ -58,15 +59,19 @@ impl SrcB for Dense<'_> {
     fn dense(&self) -> Option<(&[f32], usize)> {
         Some((self.b, self.ldb))
     }
-    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) {
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) -> bool {
         for (p, row) in dst.chunks_exact_mut(NR).take(kc).enumerate() {
+            let Some((head, tail)) = row.split_at_mut_checked(nr) else {
+                return false;
+            };
             let start = (p0 + p) * self.ldb + j0;
-            match self.b.get(start..start + nr) {
-                Some(src) => row[..nr].copy_from_slice(src),
-                None => row[..nr].fill(0.0),
+            match win(self.b, start, nr) {
+                Some(src) => head.copy_from_slice(src),
+                None => head.fill(0.0),
             }
-            row[nr..].fill(0.0);
+            tail.fill(0.0);
         }
+        true
     }
 }
 
@@ -80,19 +85,26 @@ impl SrcB for Trans<'_> {
     fn dense(&self) -> Option<(&[f32], usize)> {
         None
     }
-    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) {
-        let dst = &mut dst[..kc * NR];
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) -> bool {
+        let Some(dst) = win_mut(dst, 0, kc * NR) else {
+            return false;
+        };
         if nr < NR {
             dst.fill(0.0);
         }
-        for j in 0..nr {
+        for j in 0..nr.min(NR) {
             let start = (j0 + j) * self.ldb + p0;
-            if let Some(col) = self.b.get(start..start + kc) {
-                for (p, &v) in col.iter().enumerate() {
-                    dst[p * NR + j] = v;
+            if let Some(col) = win(self.b, start, kc) {
+                // Column j of the panel: dst[j], dst[NR + j], ...
+                let Some(dcol) = dst.get_mut(j..) else {
+                    return false;
+                };
+                for (d, &v) in dcol.iter_mut().step_by(NR).zip(col) {
+                    *d = v;
                 }
             }
         }
+        true
     }
 }
 
@@ -109,30 +121,36 @@ impl SrcB for Im2col<'_> {
     fn dense(&self) -> Option<(&[f32], usize)> {
         None
     }
-    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) {
+    fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) -> bool {
         let g = self.g;
         let [_, o1, o2] = g.out;
         let [i0, i1, i2] = g.inp;
-        let [_, k1, k2] = g.k;
+        let [k0, k1, k2] = g.k;
+        let ([s0, s1, s2], [d0, d1, d2], [pb0, pb1, pb2]) = (g.s, g.d, g.pb);
         let k_sz = g.k_size();
         let in_sz = i0 * i1 * i2;
         if o1 == 0 || o2 == 0 || k_sz == 0 {
-            return;
+            return true;
         }
         // The panel's columns as runs along one output row: (first column,
         // length, od, oh, first ow).
         let mut runs = [(0usize, 0usize, 0usize, 0usize, 0usize); NR];
         let mut n_runs = 0;
         let mut j = 0;
-        while j < nr {
+        for run in runs.iter_mut() {
+            if j >= nr {
+                break;
+            }
             let o = j0 + j;
             let ow = o % o2;
             let len = (o2 - ow).min(nr - j);
-            runs[n_runs] = (j, len, o / (o1 * o2), (o / o2) % o1, ow);
+            *run = (j, len, o / (o1 * o2), (o / o2) % o1, ow);
             n_runs += 1;
             j += len;
         }
-        let runs = &runs[..n_runs];
+        let Some(runs) = runs.get(..n_runs) else {
+            return false;
+        };
         let (mut c, r) = (p0 / k_sz, p0 % k_sz);
         let (mut kd, mut kh, mut kw) = (r / (k1 * k2), (r / k2) % k1, r % k2);
         for row in dst.chunks_exact_mut(NR).take(kc) {
@@ -140,27 +158,35 @@ impl SrcB for Im2col<'_> {
             if let Some(plane) = self.x.get(c * in_sz..(c + 1) * in_sz) {
                 for &(js, len, od, oh, ow) in runs {
                     // in = out * stride + k * dilation - pad, in [0, inp).
-                    let id = (od * g.s[0] + kd * g.d[0]).wrapping_sub(g.pb[0]);
-                    let ih = (oh * g.s[1] + kh * g.d[1]).wrapping_sub(g.pb[1]);
+                    let id = (od * s0 + kd * d0).wrapping_sub(pb0);
+                    let ih = (oh * s1 + kh * d1).wrapping_sub(pb1);
                     if id >= i0 || ih >= i1 {
                         continue;
                     }
-                    let line = &plane[(id * i1 + ih) * i2..][..i2];
-                    let out = &mut row[js..js + len];
-                    let base = ow * g.s[2] + kw * g.d[2];
-                    if g.s[2] == 1 {
+                    let (Some(line), Some(out)) =
+                        (win(plane, (id * i1 + ih) * i2, i2), win_mut(row, js, len))
+                    else {
+                        return false;
+                    };
+                    let base = ow * s2 + kw * d2;
+                    if s2 == 1 {
                         // Columns t with 0 <= base + t - pad < i2.
-                        let lo = g.pb[2].saturating_sub(base).min(len);
-                        let hi = (i2 + g.pb[2]).saturating_sub(base).min(len);
+                        let lo = pb2.saturating_sub(base).min(len);
+                        let hi = (i2 + pb2).saturating_sub(base).min(len);
                         if lo < hi {
-                            let from = base + lo - g.pb[2];
-                            out[lo..hi].copy_from_slice(&line[from..from + hi - lo]);
+                            let from = base + lo - pb2;
+                            let (Some(dst), Some(src)) =
+                                (win_mut(out, lo, hi - lo), win(line, from, hi - lo))
+                            else {
+                                return false;
+                            };
+                            dst.copy_from_slice(src);
                         }
                     } else {
                         for (t, v) in out.iter_mut().enumerate() {
-                            let iw = (base + t * g.s[2]).wrapping_sub(g.pb[2]);
-                            if iw < i2 {
-                                *v = line[iw];
+                            let iw = (base + t * s2).wrapping_sub(pb2);
+                            if let Some(&x) = line.get(iw) {
+                                *v = x;
                             }
                         }
                     }
@@ -173,13 +199,14 @@ impl SrcB for Im2col<'_> {
                 if kh == k1 {
                     kh = 0;
                     kd += 1;
-                    if kd == g.k[0] {
+                    if kd == k0 {
                         kd = 0;
                         c += 1;
                     }
                 }
             }
         }
+        true
     }
 }
 
@@ -276,7 +303,7 @@ fn sgemm_with<B: SrcB + Sync>(
     }
     if beta != 0.0 && beta != 1.0 {
         for i in 0..m {
-            for v in &mut c[i * ldc..i * ldc + n] {
+            for v in win_mut(c, i * ldc, n).into_iter().flatten() {
                 *v *= beta;
             }
         }
@@ -284,7 +311,9 @@ fn sgemm_with<B: SrcB + Sync>(
     if k == 0 {
         if beta == 0.0 {
             for i in 0..m {
-                c[i * ldc..i * ldc + n].fill(0.0);
+                if let Some(row) = win_mut(c, i * ldc, n) {
+                    row.fill(0.0);
+                }
             }
         }
         return true;
@@ -352,16 +381,23 @@ impl<B: SrcB> Block<'_, '_, B> {
             while j0 < j_hi {
                 let nr = NR.min(j_hi - j0);
                 let (bp, b_rs): (&[f32], usize) = match self.dense {
-                    Some((bb, ldb)) if nr == NR => (&bb[p0 * ldb + j0..], ldb),
+                    Some((bb, ldb)) if nr == NR => match bb.get(p0 * ldb + j0..) {
+                        Some(bp) => (bp, ldb),
+                        None => return false,
+                    },
                     _ => {
-                        self.b.pack(p0, kc, j0, nr, &mut panel);
+                        if !self.b.pack(p0, kc, j0, nr, &mut panel) {
+                            return false;
+                        }
                         (&panel[..], NR)
                     }
                 };
                 let mut i0 = i_lo;
                 while i0 < i_hi {
                     let mr = MR.min(i_hi - i0);
-                    let ap = &a.a[i0 * a.rs + p0 * a.cs..];
+                    let Some(ap) = a.a.get(i0 * a.rs + p0 * a.cs..) else {
+                        return false;
+                    };
                     ukr(self.kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, &mut tile);
                     for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
                         // SAFETY: row i0 + r and columns j0..j0 + nr belong
@@ -454,7 +490,10 @@ fn dots_with(
         let (ul, uh) = par::chunk(units, t, ti);
         let (j_lo, j_hi) = (ul * DOT_COLS, (uh * DOT_COLS).min(n));
         for i in 0..m {
-            let arow = &a[i * lda..i * lda + k];
+            let Some(arow) = win(a, i * lda, k) else {
+                failed.set();
+                return;
+            };
             // SAFETY: with one task only one slice is alive at a time; with
             // several, ldc >= n, so row i's columns j_lo..j_hi of this task
             // overlap no other task's.
@@ -463,7 +502,10 @@ fn dots_with(
                 return;
             };
             for (j, cv) in (j_lo..j_hi).zip(crow) {
-                let brow = &b[j * ldb..j * ldb + k];
+                let Some(brow) = win(b, j * ldb, k) else {
+                    failed.set();
+                    return;
+                };
                 #[cfg(target_arch = "x86_64")]
                 let d = if kind == Kernels::Avx2Fma {
                     // SAFETY: as in `ukr`, AVX2 + FMA are present when selected.
@@ -503,8 +545,8 @@ fn dot_portable(x: &[f32], y: &[f32]) -> f32 {
         .map(|(a, b)| a * b)
         .sum();
     for (a, b) in xc.zip(yc) {
-        for l in 0..8 {
-            acc[l] += a[l] * b[l];
+        for ((s, &x), &y) in acc.iter_mut().zip(a).zip(b) {
+            *s += x * y;
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -545,7 +587,7 @@ unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds 8 floats.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(s0, s1)) };
-    let tail: f32 = x[p..n].iter().zip(&y[p..n]).map(|(a, b)| a * b).sum();
+    let tail: f32 = x.iter().zip(y).take(n).skip(p).map(|(a, b)| a * b).sum();
     lanes.iter().sum::<f32>() + tail
 }
 
@@ -950,7 +992,7 @@ mod tests {
         let mut panel = vec![0f32; KC * NR];
         for j0 in (0..nn).step_by(NR) {
             let nr = NR.min(nn - j0);
-            src.pack(0, kk, j0, nr, &mut panel);
+            assert!(src.pack(0, kk, j0, nr, &mut panel));
             for p in 0..kk {
                 for j in 0..NR {
                     let want = if j >= nr {
