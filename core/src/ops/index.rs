@@ -11,6 +11,8 @@
 //! counts from the end) and checked there, and an out-of-range one is an
 //! `Err`, never an out-of-bounds access.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec::Vec;
 use core::cmp::Ordering;
 
@@ -78,25 +80,29 @@ fn int_at(v: &TensorView<'_>, i: usize) -> Result<i64> {
 /// Row-major element strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = alloc::vec![1usize; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1] * shape[d + 1];
+    // s[d] = s[d + 1] * shape[d + 1], from the back; the last stays 1.
+    let mut acc = 1usize;
+    for (o, &d) in s.iter_mut().rev().skip(1).zip(shape.iter().rev()) {
+        acc *= d;
+        *o = acc;
     }
     s
 }
 
-/// Coordinates of linear index `lin` in `shape`.
+/// Data element offset (strides `xstr`) of the coordinates of linear index
+/// `lin` in `shape`, leaving out the coordinate on `axis` (the caller adds
+/// that one, read from an index tensor).
 #[inline]
-fn unravel(mut lin: usize, shape: &[usize], c: &mut [usize; MAX_RANK]) {
-    for d in (0..shape.len()).rev() {
-        let n = shape[d].max(1);
-        c[d] = lin % n;
+fn offset_off_axis(mut lin: usize, shape: &[usize], xstr: &[usize], axis: usize) -> usize {
+    let mut off = 0;
+    for (d, (&n, &st)) in shape.iter().zip(xstr).enumerate().rev() {
+        let n = n.max(1);
+        if d != axis {
+            off += (lin % n) * st;
+        }
         lin /= n;
     }
-}
-
-#[inline]
-fn dot(c: &[usize; MAX_RANK], s: &[usize]) -> usize {
-    s.iter().zip(c).map(|(a, b)| a * b).sum()
+    off
 }
 
 /// Copies `len` bytes from `src[s..]` to `dst[d..]`, `Err` if either range
@@ -228,13 +234,14 @@ fn prepare_gather_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     check_rank(r)?;
     let axis = util::axis(ctx.attr_int("axis", 0)?, r, "axis")?;
-    if (0..r).any(|d| d != axis && ix.shape[d] > x.shape[d]) {
+    if larger_off_axis(ix.shape, x.shape, axis) {
         return Err(shape_err("GatherElements: indices larger than data"));
     }
     let es = x.dtype.size();
     let ishape = ix.shape.to_vec();
     let xstr = strides(x.shape);
-    let dim = x.shape[axis];
+    let dim = *x.shape.get(axis).ok_or(internal("GatherElements axis"))?;
+    let axis_stride = *xstr.get(axis).ok_or(internal("GatherElements axis"))?;
     let n = ix.numel();
     Ok(Prepared::single(
         x.dtype,
@@ -244,15 +251,23 @@ fn prepare_gather_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let iv = io.input(1)?;
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
-            let mut c = [0usize; MAX_RANK];
             for j in 0..n {
-                unravel(j, &ishape, &mut c);
-                c[axis] = wrap(int_at(&iv, j)?, dim, "GatherElements: index out of range")?;
-                copy_at(src, dot(&c, &xstr) * es, dst, j * es, es)?;
+                let k = wrap(int_at(&iv, j)?, dim, "GatherElements: index out of range")?;
+                let off = offset_off_axis(j, &ishape, &xstr, axis) + k * axis_stride;
+                copy_at(src, off * es, dst, j * es, es)?;
             }
             Ok(())
         }),
     ))
+}
+
+/// Whether `ix` is larger than `x` on some axis other than `axis` (shapes
+/// of the same rank).
+fn larger_off_axis(ix: &[usize], x: &[usize], axis: usize) -> bool {
+    ix.iter()
+        .zip(x)
+        .enumerate()
+        .any(|(d, (&i, &x))| d != axis && i > x)
 }
 
 /// Where the index tuples of GatherND / ScatterND point: `m` leading data
@@ -273,26 +288,32 @@ struct NdIndex {
 
 impl NdIndex {
     fn new(data: &[usize], ix: &[usize], b: usize) -> Result<Self> {
-        let (r, q) = (data.len(), ix.len());
-        if q == 0 || r == 0 || b >= q.min(r) {
-            return Err(shape_err("ND indices: rank or batch_dims out of range"));
+        let r = data.len();
+        let range_err = || shape_err("ND indices: rank or batch_dims out of range");
+        let (&m, ix_lead) = ix.split_last().ok_or_else(range_err)?;
+        if r == 0 || b >= ix.len().min(r) {
+            return Err(range_err());
         }
-        let m = ix[q - 1];
         if m == 0 || m > r - b {
             return Err(shape_err("ND indices: last dimension out of range"));
         }
-        if ix[..b] != data[..b] {
+        // b < q and b + m <= r, checked above.
+        let bad = || internal("ND indices: split");
+        let (ix_batch, ix_tuples) = ix_lead.split_at_checked(b).ok_or_else(bad)?;
+        let (data_batch, data_rest) = data.split_at_checked(b).ok_or_else(bad)?;
+        if ix_batch != data_batch {
             return Err(shape_err("ND indices: batch dimensions differ"));
         }
+        let (dims, data_slice) = data_rest.split_at_checked(m).ok_or_else(bad)?;
         let st = strides(data);
         Ok(NdIndex {
             m,
-            per: checked_numel(&ix[b..q - 1])?,
-            batches: checked_numel(&ix[..b])?,
-            batch_stride: checked_numel(&data[b..])?,
-            dims: data[b..b + m].to_vec(),
-            dim_strides: st[b..b + m].to_vec(),
-            slice: checked_numel(&data[b + m..])?,
+            per: checked_numel(ix_tuples)?,
+            batches: checked_numel(ix_batch)?,
+            batch_stride: checked_numel(data_rest)?,
+            dims: dims.to_vec(),
+            dim_strides: st.get(b..b + m).ok_or_else(bad)?.to_vec(),
+            slice: checked_numel(data_slice)?,
         })
     }
 
@@ -308,9 +329,9 @@ impl NdIndex {
             for t in 0..self.per {
                 let n = bi * self.per + t;
                 let mut off = bi * self.batch_stride;
-                for k in 0..self.m {
-                    let v = wrap(int_at(iv, n * self.m + k)?, self.dims[k], what)?;
-                    off += v * self.dim_strides[k];
+                for (k, (&dim, &st)) in self.dims.iter().zip(&self.dim_strides).enumerate() {
+                    let v = wrap(int_at(iv, n * self.m + k)?, dim, what)?;
+                    off += v * st;
                 }
                 f(n, off)?;
             }
@@ -328,8 +349,10 @@ fn prepare_gather_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(attr_err("batch_dims", "negative"));
     }
     let nd = NdIndex::new(x.shape, ix.shape, b as usize)?;
-    let mut out = ix.shape[..ix.shape.len() - 1].to_vec();
-    out.extend_from_slice(&x.shape[b as usize + nd.m..]);
+    // NdIndex::new checked both ranks.
+    let bad = || internal("GatherND shape");
+    let mut out = ix.shape.split_last().ok_or_else(bad)?.1.to_vec();
+    out.extend_from_slice(x.shape.get(b as usize + nd.m..).ok_or_else(bad)?);
     let es = x.dtype.size();
     Ok(Prepared::single(
         x.dtype,
@@ -402,6 +425,8 @@ struct ElemIndex {
     xstr: Vec<usize>,
     axis: usize,
     dim: usize,
+    /// `xstr[axis]`.
+    axis_stride: usize,
     n: usize,
 }
 
@@ -413,15 +438,14 @@ impl ElemIndex {
         iv: &TensorView<'_>,
         mut f: impl FnMut(usize, usize) -> Result<()>,
     ) -> Result<()> {
-        let mut c = [0usize; MAX_RANK];
         for j in 0..self.n {
-            unravel(j, &self.ishape, &mut c);
-            c[self.axis] = wrap(
+            let k = wrap(
                 int_at(iv, j)?,
                 self.dim,
                 "ScatterElements: index out of range",
             )?;
-            f(j, dot(&c, &self.xstr))?;
+            let off = offset_off_axis(j, &self.ishape, &self.xstr, self.axis);
+            f(j, off + k * self.axis_stride)?;
         }
         Ok(())
     }
@@ -477,15 +501,18 @@ fn prepare_scatter_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     check_rank(r)?;
     let axis = util::axis(ctx.attr_int("axis", 0)?, r, "axis")?;
-    if (0..r).any(|d| d != axis && ix.shape[d] > x.shape[d]) {
+    if larger_off_axis(ix.shape, x.shape, axis) {
         return Err(shape_err("ScatterElements: indices larger than data"));
     }
     let red = Reduce::parse(ctx)?;
+    let xstr = strides(x.shape);
+    let bad = || internal("ScatterElements axis");
     let ei = ElemIndex {
         ishape: ix.shape.to_vec(),
-        xstr: strides(x.shape),
         axis,
-        dim: x.shape[axis],
+        dim: *x.shape.get(axis).ok_or_else(bad)?,
+        axis_stride: *xstr.get(axis).ok_or_else(bad)?,
+        xstr,
         n: ix.numel(),
     };
     if red == Reduce::None {
@@ -537,8 +564,10 @@ fn prepare_scatter_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }));
     }
     let nd = NdIndex::new(x.shape, ix.shape, 0)?;
-    let mut want = ix.shape[..ix.shape.len() - 1].to_vec();
-    want.extend_from_slice(&x.shape[nd.m..]);
+    // NdIndex::new checked both ranks.
+    let bad = || internal("ScatterND shape");
+    let mut want = ix.shape.split_last().ok_or_else(bad)?.1.to_vec();
+    want.extend_from_slice(x.shape.get(nd.m..).ok_or_else(bad)?);
     if u.shape != want.as_slice() {
         return Err(shape_err("ScatterND: updates shape mismatch"));
     }
@@ -603,17 +632,24 @@ fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(attr_err("axis", "axis 0 is the batch"));
     }
     let same = u.shape.len() == r
-        && (0..r).all(|d| {
-            if d == axis {
-                u.shape[d] <= x.shape[d]
-            } else {
-                u.shape[d] == x.shape[d]
-            }
-        });
+        && u.shape.iter().zip(x.shape).enumerate().all(
+            |(d, (&ud, &xd))| {
+                if d == axis {
+                    ud <= xd
+                } else {
+                    ud == xd
+                }
+            },
+        );
     if !same {
         return Err(shape_err("TensorScatter: update shape mismatch"));
     }
-    let batch = x.shape[0];
+    // 0 < axis < r, checked above.
+    let bad = || internal("TensorScatter shape");
+    let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
+    let (&batch, between) = lead.split_first().ok_or_else(bad)?;
+    let (&smax, tail) = rest.split_first().ok_or_else(bad)?;
+    let sn = *u.shape.get(axis).ok_or_else(bad)?;
     if let Some(w) = ctx.opt_input(2) {
         util::dtype_in(
             w.dtype,
@@ -630,10 +666,9 @@ fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         _ => return Err(attr_err("mode", "not linear or circular")),
     };
     let es = x.dtype.size();
-    let rows = checked_numel(&x.shape[..axis])?;
-    let per_batch = checked_numel(&x.shape[1..axis])?;
-    let (smax, sn) = (x.shape[axis], u.shape[axis]);
-    let block = checked_numel(&x.shape[axis + 1..])? * es;
+    let rows = checked_numel(lead)?;
+    let per_batch = checked_numel(between)?;
+    let block = checked_numel(tail)? * es;
     Ok(Prepared::single(
         x.dtype,
         x.shape,
@@ -681,10 +716,9 @@ fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
-    let r = x.shape.len();
-    if r < 2 {
+    let [ref batch @ .., rows, cols] = *x.shape else {
         return Err(shape_err("Trilu: rank below 2"));
-    }
+    };
     if let Some(k) = ctx.opt_input(1) {
         if !k.dtype.is_int() || k.numel() != 1 {
             return Err(shape_err("Trilu: k must be one integer"));
@@ -692,9 +726,7 @@ fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let upper = ctx.attr_int("upper", 1)? != 0;
     let es = x.dtype.size();
-    let rows = x.shape[r - 2];
-    let cols = x.shape[r - 1];
-    let mats = checked_numel(&x.shape[..r - 2])?;
+    let mats = checked_numel(batch)?;
     Ok(Prepared::single(
         x.dtype,
         x.shape,
@@ -722,14 +754,13 @@ fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         (0, edge.saturating_add(1).clamp(0, cols as i64) as usize)
                     };
                     let base = (m * rows + i) * row;
-                    let out = dst
-                        .get_mut(base..base + row)
-                        .ok_or(internal("Trilu range"))?;
+                    let bad = || internal("Trilu range");
+                    let out = dst.get_mut(base..base + row).ok_or_else(bad)?;
                     if let Some(s) = src {
                         copy_at(s, base + lo * es, out, lo * es, (hi - lo) * es)?;
                     }
-                    out[..lo * es].fill(0);
-                    out[hi * es..].fill(0);
+                    out.get_mut(..lo * es).ok_or_else(bad)?.fill(0);
+                    out.get_mut(hi * es..).ok_or_else(bad)?.fill(0);
                 }
             }
             Ok(())
@@ -836,24 +867,42 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
         kernel(c.name, move |io: &mut KernelIo<'_>| {
             let a = int_at(&io.input(1)?, 0)?;
             let axis = util::axis_or_scalar(a, c.shape.len(), "axis")?;
-            let outer: usize = c.shape[..axis].iter().product();
-            let dim = c.shape.get(axis).copied().unwrap_or(1);
-            let inner: usize = c.shape[(axis + 1).min(c.shape.len())..].iter().product();
+            let (lead, rest) = c.shape.split_at_checked(axis).ok_or(internal("cum axis"))?;
+            // A scalar (rank 0, axis 0) is one axis of length 1.
+            let (dim, tail) = match rest.split_first() {
+                Some((&d, t)) => (d, t),
+                None => (1, rest),
+            };
+            let outer: usize = lead.iter().product();
+            let inner: usize = tail.iter().product();
             let x = io.input_slice::<T>(0)?;
             let y = io.output_slice::<T>(0)?;
             if x.len() != y.len() || x.len() != outer * dim * inner {
                 return Err(internal("cum length"));
             }
-            for o in 0..outer {
+            let plane = dim * inner;
+            if plane == 0 {
+                return Ok(());
+            }
+            // Per outer block (one plane) and inner position i, the `dim`
+            // elements along the axis are every `inner`-th from i.
+            for (xp, yp) in x.chunks_exact(plane).zip(y.chunks_exact_mut(plane)) {
                 for i in 0..inner {
                     let mut acc = if c.prod { T::ONE } else { T::ZERO };
-                    for s in 0..dim {
-                        let t = if c.reverse { dim - 1 - s } else { s };
-                        let p = (o * dim + t) * inner + i;
-                        let v = x[p];
+                    let mut step = |(o, &v): (&mut T, &T)| {
                         let next = if c.prod { acc.mul(v) } else { acc.add(v) };
-                        y[p] = if c.exclusive { acc } else { next };
+                        *o = if c.exclusive { acc } else { next };
                         acc = next;
+                    };
+                    let line = yp
+                        .iter_mut()
+                        .skip(i)
+                        .step_by(inner)
+                        .zip(xp.iter().skip(i).step_by(inner));
+                    if c.reverse {
+                        line.rev().for_each(&mut step);
+                    } else {
+                        line.for_each(&mut step);
                     }
                 }
             }
@@ -896,11 +945,15 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let r = ix.shape.len();
     check_rank(r + 1)?;
     let axis = util::axis(ctx.attr_int("axis", -1)?, r + 1, "axis")?;
-    let mut out = ix.shape[..axis].to_vec();
+    let (lead, tail) = ix
+        .shape
+        .split_at_checked(axis)
+        .ok_or(internal("OneHot axis"))?;
+    let mut out = lead.to_vec();
     out.push(depth as usize);
-    out.extend_from_slice(&ix.shape[axis..]);
-    let outer = checked_numel(&ix.shape[..axis])?;
-    let inner = checked_numel(&ix.shape[axis..])?;
+    out.extend_from_slice(tail);
+    let outer = checked_numel(lead)?;
+    let inner = checked_numel(tail)?;
     checked_numel(&out)?;
     let es = v.dtype.size();
     let du = depth as usize;
@@ -953,12 +1006,18 @@ fn permute6(
     let es = x.dtype.size();
     let mut st = [0usize; 6];
     let mut acc = 1usize;
-    for d in (0..6).rev() {
-        st[d] = acc;
-        acc *= tmp[d];
+    for (s, &t) in st.iter_mut().zip(&tmp).rev() {
+        *s = acc;
+        acc *= t;
     }
-    let dims: [usize; 6] = perm.map(|p| tmp[p]);
-    let from: [usize; 6] = perm.map(|p| st[p]);
+    let mut dims = [0usize; 6];
+    let mut from = [0usize; 6];
+    for ((d, f), &p) in dims.iter_mut().zip(&mut from).zip(&perm) {
+        *d = *tmp.get(p).ok_or(internal("permute6 perm"))?;
+        *f = *st.get(p).ok_or(internal("permute6 perm"))?;
+    }
+    let [n0, n1, n2, n3, n4, n5] = dims;
+    let [f0, f1, f2, f3, f4, f5] = from;
     Ok(Prepared::single(
         x.dtype,
         out,
@@ -967,14 +1026,14 @@ fn permute6(
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
             let mut p = 0usize;
-            for a in 0..dims[0] {
-                for b in 0..dims[1] {
-                    for c in 0..dims[2] {
-                        for d in 0..dims[3] {
-                            let base = a * from[0] + b * from[1] + c * from[2] + d * from[3];
-                            for e in 0..dims[4] {
-                                for f in 0..dims[5] {
-                                    let s = base + e * from[4] + f * from[5];
+            for a in 0..n0 {
+                for b in 0..n1 {
+                    for c in 0..n2 {
+                        for d in 0..n3 {
+                            let base = a * f0 + b * f1 + c * f2 + d * f3;
+                            for e in 0..n4 {
+                                for f in 0..n5 {
+                                    let s = base + e * f4 + f * f5;
                                     copy_at(src, s * es, dst, p * es, es)?;
                                     p += 1;
                                 }
@@ -1072,9 +1131,9 @@ fn prepare_reverse_sequence(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         &[DType::I32, DType::I64],
         "ReverseSequence lengths",
     )?;
-    if x.shape.len() < 2 {
+    let [d0, d1, ref rest @ ..] = *x.shape else {
         return Err(shape_err("ReverseSequence: rank below 2"));
-    }
+    };
     let ba = ctx.attr_int("batch_axis", 1)?;
     let ta = ctx.attr_int("time_axis", 0)?;
     let batch_first = match (ba, ta) {
@@ -1087,15 +1146,11 @@ fn prepare_reverse_sequence(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             ))
         }
     };
-    let (nb, nt) = if batch_first {
-        (x.shape[0], x.shape[1])
-    } else {
-        (x.shape[1], x.shape[0])
-    };
+    let (nb, nt) = if batch_first { (d0, d1) } else { (d1, d0) };
     if sl.shape != [nb] {
         return Err(shape_err("ReverseSequence: sequence_lens must be [batch]"));
     }
-    let block = checked_numel(&x.shape[2..])? * x.dtype.size();
+    let block = checked_numel(rest)? * x.dtype.size();
     let at = move |b: usize, t: usize| {
         if batch_first {
             (b * nt + t) * block
@@ -1156,7 +1211,9 @@ fn prepare_top_k(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             _ => return Err(shape_err("TopK: K must be one integer")),
         }
     };
-    let dim = x.shape[axis];
+    let bad = || internal("TopK axis");
+    let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
+    let (&dim, tail) = rest.split_first().ok_or_else(bad)?;
     if k < 0 || k as usize > dim {
         return Err(shape_err("TopK: K out of range"));
     }
@@ -1166,11 +1223,11 @@ fn prepare_top_k(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let largest = ctx.opset < 11 || ctx.attr_int("largest", 1)? != 0;
     // `sorted = 0` leaves the order free; sorted output is conformant.
     let mut out = x.shape.to_vec();
-    out[axis] = k as usize;
+    *out.get_mut(axis).ok_or_else(bad)? = k as usize;
     let cfg = TopK {
-        outer: checked_numel(&x.shape[..axis])?,
+        outer: checked_numel(lead)?,
         dim,
-        inner: checked_numel(&x.shape[axis + 1..])?,
+        inner: checked_numel(tail)?,
         k: k as usize,
         largest,
     };
@@ -1192,12 +1249,19 @@ fn top_k_rows<T: Num>(
     if x.len() != c.outer * dim * inner || order.len() != dim {
         return Err(internal("TopK length"));
     }
+    // Set if a comparison read outside `x`; the length check above rules
+    // that out (positions are below `dim`, `i` below `inner`).
+    let out_of_range = core::cell::Cell::new(false);
     for o in 0..c.outer {
         for i in 0..inner {
-            let val = |s: u32| &x[(o * dim + s as usize) * inner + i];
+            let val = |s: u32| x.get((o * dim + s as usize) * inner + i);
             // Ties go to the lower index, as the reference's.
             let cmp = |a: &u32, b: &u32| {
-                let v = total_cmp(val(*a), val(*b));
+                let (Some(va), Some(vb)) = (val(*a), val(*b)) else {
+                    out_of_range.set(true);
+                    return a.cmp(b);
+                };
+                let v = total_cmp(va, vb);
                 let v = if c.largest { v.reverse() } else { v };
                 v.then(a.cmp(b))
             };
@@ -1207,8 +1271,12 @@ fn top_k_rows<T: Num>(
             if k < dim {
                 order.select_nth_unstable_by(k - 1, cmp);
             }
-            order[..k].sort_unstable_by(cmp);
-            for (j, &s) in order[..k].iter().enumerate() {
+            let top = order.get_mut(..k).ok_or(internal("TopK k"))?;
+            top.sort_unstable_by(cmp);
+            if out_of_range.get() {
+                return Err(internal("TopK row"));
+            }
+            for (j, &s) in top.iter().enumerate() {
                 emit((o * k + j) * inner + i, s as usize)?;
             }
         }

@@ -5,6 +5,8 @@
 //!
 //! Data-movement kernels work on raw bytes, so they handle every dtype.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec::Vec;
 
 use crate::dtype::{e8m0_from_f32, E8M0Round};
@@ -139,7 +141,7 @@ fn prepare_reshape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if known == 0 || numel % known != 0 {
             return Err(shape_err("Reshape: cannot infer -1"));
         }
-        out[i] = numel / known;
+        *out.get_mut(i).ok_or(internal("reshape -1"))? = numel / known;
     }
     if checked_numel(&out)? != numel {
         return Err(shape_err("Reshape: element count differs"));
@@ -157,9 +159,12 @@ fn prepare_flatten(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if a < 0 || a > r {
         return Err(attr_err("axis", "axis out of range"));
     }
-    let a = a as usize;
-    let outer = checked_numel(&x.shape[..a])?;
-    let inner = checked_numel(&x.shape[a..])?;
+    let (lead, tail) = x
+        .shape
+        .split_at_checked(a as usize)
+        .ok_or(internal("flatten axis"))?;
+    let outer = checked_numel(lead)?;
+    let inner = checked_numel(tail)?;
     Ok(Prepared::alias(x.dtype, &[outer, inner]))
 }
 
@@ -175,24 +180,27 @@ fn prepare_squeeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         Some(axes) => {
             for &a in &axes {
                 let a = norm_axis(a, r, "axes")?;
-                if x.shape[a] != 1 {
+                let (Some(&d), Some(f)) = (x.shape.get(a), drop.get_mut(a)) else {
+                    return Err(internal("squeeze axis"));
+                };
+                if d != 1 {
                     return Err(shape_err("Squeeze: axis is not of size 1"));
                 }
-                drop[a] = true;
+                *f = true;
             }
         }
         None => {
-            for (i, &d) in x.shape.iter().enumerate() {
-                drop[i] = d == 1;
+            for (f, &d) in drop.iter_mut().zip(x.shape) {
+                *f = d == 1;
             }
         }
     }
     let out: Vec<usize> = x
         .shape
         .iter()
-        .enumerate()
-        .filter(|(i, _)| !drop[*i])
-        .map(|(_, &d)| d)
+        .zip(&drop)
+        .filter(|(_, &dropped)| !dropped)
+        .map(|(&d, _)| d)
         .collect();
     Ok(Prepared::alias(x.dtype, &out))
 }
@@ -207,10 +215,11 @@ fn prepare_unsqueeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     for &a in &axes {
         let a = norm_axis(a, r, "axes")?;
-        if ins[a] {
+        let new = ins.get_mut(a).ok_or(internal("unsqueeze axis"))?;
+        if *new {
             return Err(attr_err("axes", "repeated axis"));
         }
-        ins[a] = true;
+        *new = true;
     }
     let mut src = x.shape.iter();
     let mut out = Vec::with_capacity(r);
@@ -271,11 +280,12 @@ fn prepare_dropout(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     Ok(Prepared::new(
         outputs,
         kernel("Dropout", move |io: &mut KernelIo<'_>| {
+            let one = one.get(..es).ok_or(internal("Dropout mask width"))?;
             let src = io.input(0)?.bytes();
             io.output(0)?.bytes_mut().copy_from_slice(src);
             let mut m = io.output(1)?;
             for c in m.bytes_mut().chunks_exact_mut(es) {
-                c.copy_from_slice(&one[..es]);
+                c.copy_from_slice(one);
             }
             Ok(())
         }),
@@ -301,7 +311,12 @@ fn prepare_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         (0, r as usize)
     };
     let dims: Vec<i64> = if s < e {
-        x.shape[s..e].iter().map(|&d| d as i64).collect()
+        x.shape
+            .get(s..e)
+            .ok_or(internal("shape start/end"))?
+            .iter()
+            .map(|&d| d as i64)
+            .collect()
     } else {
         Vec::new()
     };
@@ -449,53 +464,67 @@ struct Walk {
 }
 
 impl Walk {
+    /// The axes in use: `shape[..rank]` and `stride[..rank]`.
+    fn axes(&self) -> Result<(&[usize], &[isize])> {
+        let bad = || internal("walk rank");
+        Ok((
+            self.shape.get(..self.rank).ok_or_else(bad)?,
+            self.stride.get(..self.rank).ok_or_else(bad)?,
+        ))
+    }
+
     /// Drops size-1 axes and merges axes that are contiguous in the input.
-    fn simplify(self) -> Walk {
+    fn simplify(self) -> Result<Walk> {
+        let bad = || internal("walk simplify");
         let mut w = Walk {
             rank: 0,
             shape: [1; WR],
             stride: [0; WR],
             base: self.base,
         };
-        for i in 0..self.rank {
-            if self.shape[i] == 1 {
+        let (shape, stride) = self.axes()?;
+        for (&n, &st) in shape.iter().zip(stride) {
+            if n == 1 {
                 continue;
             }
-            if self.shape[i] == 0 {
-                return Walk {
+            if n == 0 {
+                return Ok(Walk {
                     rank: 1,
                     shape: [0; WR],
                     stride: [0; WR],
                     base: 0,
-                };
+                });
             }
-            if w.rank > 0 && w.stride[w.rank - 1] == self.stride[i] * self.shape[i] as isize {
-                w.shape[w.rank - 1] *= self.shape[i];
-                w.stride[w.rank - 1] = self.stride[i];
-            } else {
-                w.shape[w.rank] = self.shape[i];
-                w.stride[w.rank] = self.stride[i];
-                w.rank += 1;
+            if let Some(last) = w.rank.checked_sub(1) {
+                let ls = w.shape.get_mut(last).ok_or_else(bad)?;
+                let lst = w.stride.get_mut(last).ok_or_else(bad)?;
+                if *lst == st * n as isize {
+                    *ls *= n;
+                    *lst = st;
+                    continue;
+                }
             }
+            *w.shape.get_mut(w.rank).ok_or_else(bad)? = n;
+            *w.stride.get_mut(w.rank).ok_or_else(bad)? = st;
+            w.rank += 1;
         }
-        w
+        Ok(w)
     }
 
     fn copy(&self, src: &[u8], dst: &mut [u8], es: usize) -> Result<()> {
-        let n: usize = self.shape[..self.rank].iter().product();
+        let (shape, stride) = self.axes()?;
+        let n: usize = shape.iter().product();
         if n == 0 {
             return Ok(());
         }
         let bad = || internal("strided copy out of range");
-        let (inner_len, inner_stride, outer) = if self.rank == 0 {
-            (1, 1, 0)
-        } else {
-            (
-                self.shape[self.rank - 1],
-                self.stride[self.rank - 1],
-                self.rank - 1,
-            )
-        };
+        let (inner_len, inner_stride, outer_shape, outer_stride) =
+            match (shape.split_last(), stride.split_last()) {
+                // Rank 0: one element.
+                (None, None) => (1, 1, shape, stride),
+                (Some((&len, os)), Some((&st, ost))) => (len, st, os, ost),
+                _ => return Err(bad()),
+            };
         let mut idx = [0usize; WR];
         let mut off = self.base;
         let mut d = 0usize;
@@ -520,19 +549,20 @@ impl Walk {
                     o += inner_stride;
                 }
             }
-            let mut ax = outer;
-            loop {
-                if ax == 0 {
-                    return Ok(());
-                }
-                ax -= 1;
-                idx[ax] += 1;
-                off += self.stride[ax];
-                if idx[ax] < self.shape[ax] {
+            // Next row: count up the outer axes, the last fastest.
+            let mut done = true;
+            for ((i, &len), &st) in idx.iter_mut().zip(outer_shape).zip(outer_stride).rev() {
+                *i += 1;
+                off += st;
+                if *i < len {
+                    done = false;
                     break;
                 }
-                off -= self.stride[ax] * self.shape[ax] as isize;
-                idx[ax] = 0;
+                off -= st * len as isize;
+                *i = 0;
+            }
+            if done {
+                return Ok(());
             }
         }
     }
@@ -541,24 +571,20 @@ impl Walk {
 fn in_strides(shape: &[usize]) -> Result<[isize; MAX_RANK]> {
     let s =
         crate::tensor::strides(shape).ok_or(Error::new(ErrorKind::Unsupported("rank above 8")))?;
-    let mut o = [0isize; MAX_RANK];
-    for i in 0..MAX_RANK {
-        o[i] = s[i] as isize;
-    }
-    Ok(o)
+    Ok(s.map(|v| v as isize))
 }
 
-fn walk_prepared(name: &'static str, dt: DType, out_shape: &[usize], w: Walk) -> Prepared {
-    let w = w.simplify();
+fn walk_prepared(name: &'static str, dt: DType, out_shape: &[usize], w: Walk) -> Result<Prepared> {
+    let w = w.simplify()?;
     let es = dt.size();
-    Prepared::single(
+    Ok(Prepared::single(
         dt,
         out_shape,
         kernel(name, move |io: &mut KernelIo<'_>| {
             let src = io.input(0)?.bytes();
             w.copy(src, io.output(0)?.bytes_mut(), es)
         }),
-    )
+    ))
 }
 
 fn prepare_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -583,16 +609,21 @@ fn prepare_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         base: 0,
     };
     let mut out = Vec::with_capacity(r);
-    for (i, &p) in perm.iter().enumerate() {
-        if seen[p] {
+    // perm has r entries, each below r <= MAX_RANK (checked by in_strides).
+    for ((ws, wst), &p) in w.shape.iter_mut().zip(&mut w.stride).zip(&perm) {
+        let (Some(seen_p), Some(&d), Some(&stride)) = (seen.get_mut(p), x.shape.get(p), st.get(p))
+        else {
+            return Err(internal("transpose perm"));
+        };
+        if *seen_p {
             return Err(attr_err("perm", "not a permutation"));
         }
-        seen[p] = true;
-        w.shape[i] = x.shape[p];
-        w.stride[i] = st[p];
-        out.push(x.shape[p]);
+        *seen_p = true;
+        *ws = d;
+        *wst = stride;
+        out.push(d);
     }
-    Ok(walk_prepared("Transpose", x.dtype, &out, w))
+    walk_prepared("Transpose", x.dtype, &out, w)
 }
 
 fn prepare_slice(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -635,26 +666,40 @@ fn prepare_slice(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         stride: [0; WR],
         base: 0,
     };
-    for i in 0..r {
-        w.shape[i] = x.shape[i];
-        w.stride[i] = st[i];
+    // r <= MAX_RANK (checked by in_strides): the zip covers every axis.
+    for ((ws, wst), (&d, &stride)) in w
+        .shape
+        .iter_mut()
+        .zip(&mut w.stride)
+        .zip(x.shape.iter().zip(&st))
+    {
+        *ws = d;
+        *wst = stride;
     }
+    let bad = || internal("slice axis");
     let mut seen = [false; MAX_RANK];
-    for k in 0..n {
+    for (k, (&start, &end)) in starts.iter().zip(&ends).enumerate() {
         let a = match &axes {
-            Some(ax) => norm_axis(ax[k], r, "axes")?,
+            Some(ax) => norm_axis(*ax.get(k).ok_or_else(bad)?, r, "axes")?,
             None => k,
         };
-        if a >= r || seen[a] {
-            return Err(attr_err("axes", "repeated or out of range"));
+        // Without axes, k may reach r: an input error, like a repeat (and
+        // `get_mut` fails only for a >= MAX_RANK >= r).
+        match seen.get_mut(a) {
+            Some(seen_a) if a < r && !*seen_a => *seen_a = true,
+            _ => return Err(attr_err("axes", "repeated or out of range")),
         }
-        seen[a] = true;
-        let step = steps.as_ref().map_or(1, |s| s[k]);
+        let step = match &steps {
+            Some(s) => *s.get(k).ok_or_else(bad)?,
+            // Steps absent: 1 on every axis, per the spec.
+            None => 1,
+        };
         if step == 0 {
             return Err(shape_err("Slice: step is 0"));
         }
-        let d = x.shape[a] as i128;
-        let (mut s, mut e, step) = (starts[k] as i128, ends[k] as i128, step as i128);
+        let d = *x.shape.get(a).ok_or_else(bad)? as i128;
+        let st_a = *st.get(a).ok_or_else(bad)?;
+        let (mut s, mut e, step) = (start as i128, end as i128, step as i128);
         if s < 0 {
             s += d;
         }
@@ -679,13 +724,13 @@ fn prepare_slice(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
         };
         if len > 0 {
-            w.base += (s as isize) * st[a];
+            w.base += (s as isize) * st_a;
         }
-        w.stride[a] = st[a] * step as isize;
-        w.shape[a] = len as usize;
+        *w.stride.get_mut(a).ok_or_else(bad)? = st_a * step as isize;
+        *w.shape.get_mut(a).ok_or_else(bad)? = len as usize;
     }
-    let out: Vec<usize> = w.shape[..r].to_vec();
-    Ok(walk_prepared("Slice", x.dtype, &out, w))
+    let out: Vec<usize> = w.axes()?.0.to_vec();
+    walk_prepared("Slice", x.dtype, &out, w)
 }
 
 fn prepare_expand(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -699,7 +744,7 @@ fn prepare_expand(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .collect::<Result<_>>()?;
     let mut out = [0usize; MAX_RANK];
     let r = broadcast_shapes(x.shape, &shape, &mut out)?;
-    let out = &out[..r];
+    let out = out.get(..r).ok_or(internal("expand rank"))?;
     let bs = broadcast_strides(x.shape, out);
     let mut w = Walk {
         rank: r,
@@ -707,11 +752,17 @@ fn prepare_expand(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         stride: [0; WR],
         base: 0,
     };
-    for i in 0..r {
-        w.shape[i] = out[i];
-        w.stride[i] = bs[i] as isize;
+    // r <= MAX_RANK < WR: the zip covers every axis.
+    for ((ws, wst), (&d, &stride)) in w
+        .shape
+        .iter_mut()
+        .zip(&mut w.stride)
+        .zip(out.iter().zip(&bs))
+    {
+        *ws = d;
+        *wst = stride as isize;
     }
-    Ok(walk_prepared("Expand", x.dtype, out, w))
+    walk_prepared("Expand", x.dtype, out, w)
 }
 
 fn prepare_tile(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -731,18 +782,23 @@ fn prepare_tile(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         base: 0,
     };
     let mut out = Vec::with_capacity(r);
-    for i in 0..r {
-        let rep = usize::try_from(reps[i]).map_err(|_| shape_err("Tile: negative repeat"))?;
-        w.shape[2 * i] = rep;
-        w.stride[2 * i] = 0;
-        w.shape[2 * i + 1] = x.shape[i];
-        w.stride[2 * i + 1] = st[i];
-        out.push(
-            rep.checked_mul(x.shape[i])
-                .ok_or(Error::new(ErrorKind::Overflow))?,
-        );
+    // Axis i becomes walk axes 2i (the repeat, stride 0) and 2i + 1; r <=
+    // MAX_RANK (checked by in_strides), so the zip covers every axis.
+    for (((&rep, (&d, &stride)), ws), wst) in reps
+        .iter()
+        .zip(x.shape.iter().zip(&st))
+        .zip(w.shape.chunks_exact_mut(2))
+        .zip(w.stride.chunks_exact_mut(2))
+    {
+        let rep = usize::try_from(rep).map_err(|_| shape_err("Tile: negative repeat"))?;
+        let ([rep_n, n], [rep_st, st_n]) = (ws, wst) else {
+            return Err(internal("tile walk"));
+        };
+        (*rep_n, *rep_st) = (rep, 0);
+        (*n, *st_n) = (d, stride);
+        out.push(rep.checked_mul(d).ok_or(Error::new(ErrorKind::Overflow))?);
     }
-    Ok(walk_prepared("Tile", x.dtype, &out, w))
+    walk_prepared("Tile", x.dtype, &out, w)
 }
 
 // ---------------------------------------------------------------------------
@@ -756,9 +812,10 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         r,
         "axis",
     )?;
-    let mut out: Vec<usize> = x0.shape.to_vec();
-    out[axis] = 0;
-    let inner = checked_numel(&x0.shape[axis + 1..])?;
+    let bad = || internal("concat axis");
+    let (lead0, rest0) = x0.shape.split_at_checked(axis).ok_or_else(bad)?;
+    let inner = checked_numel(rest0.get(1..).ok_or_else(bad)?)?;
+    let mut total = 0usize;
     let es = x0.dtype.size();
     let mut rows = Vec::with_capacity(ctx.num_inputs());
     for i in 0..ctx.num_inputs() {
@@ -775,19 +832,22 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 got: x.shape.len(),
             }));
         }
-        for a in 0..r {
-            if a != axis && x.shape[a] != x0.shape[a] {
+        for (a, (&d, &d0)) in x.shape.iter().zip(x0.shape).enumerate() {
+            if a != axis && d != d0 {
                 return Err(Error::new(ErrorKind::Dim {
                     axis: a,
-                    expected: x0.shape[a] as u64,
-                    got: x.shape[a] as u64,
+                    expected: d0 as u64,
+                    got: d as u64,
                 }));
             }
         }
-        out[axis] += x.shape[axis];
-        rows.push(x.shape[axis] * inner * es);
+        let d = *x.shape.get(axis).ok_or_else(bad)?;
+        total += d;
+        rows.push(d * inner * es);
     }
-    let outer = checked_numel(&x0.shape[..axis])?;
+    let mut out: Vec<usize> = x0.shape.to_vec();
+    *out.get_mut(axis).ok_or_else(bad)? = total;
+    let outer = checked_numel(lead0)?;
     let out_row: usize = rows.iter().sum();
     Ok(Prepared::single(
         x0.dtype,
@@ -817,7 +877,9 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let r = x.shape.len();
     let axis = norm_axis(ctx.attr_int("axis", 0)?, r, "axis")?;
-    let d = x.shape[axis];
+    let bad = || internal("split axis");
+    let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
+    let (&d, tail) = rest.split_first().ok_or_else(bad)?;
     let nout = ctx.num_outputs();
     let split = if ctx.opset < 13 {
         ctx.attr_ints("split")?.map(|v| v.to_vec())
@@ -858,13 +920,13 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
         }
     };
-    let inner = checked_numel(&x.shape[axis + 1..])? * x.dtype.size();
-    let outer = checked_numel(&x.shape[..axis])?;
+    let inner = checked_numel(tail)? * x.dtype.size();
+    let outer = checked_numel(lead)?;
     let mut outputs = Vec::with_capacity(nout);
     let mut rows = Vec::with_capacity(nout);
     for &s in &sizes {
         let mut sh = x.shape.to_vec();
-        sh[axis] = s;
+        *sh.get_mut(axis).ok_or_else(bad)? = s;
         outputs.push(crate::ops::OutputInfo::new(x.dtype, &sh));
         rows.push(s * inner);
     }
@@ -900,13 +962,15 @@ fn prepare_gather(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     util::dtype_in(idx.dtype, &[DType::I32, DType::I64], "Gather indices")?;
     let r = x.shape.len();
     let axis = norm_axis(ctx.attr_int("axis", 0)?, r, "axis")?;
-    let mut out: Vec<usize> = x.shape[..axis].to_vec();
+    let bad = || internal("gather axis");
+    let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
+    let (&dim, tail) = rest.split_first().ok_or_else(bad)?;
+    let mut out: Vec<usize> = lead.to_vec();
     out.extend_from_slice(idx.shape);
-    out.extend_from_slice(&x.shape[axis + 1..]);
+    out.extend_from_slice(tail);
     let es = x.dtype.size();
-    let outer = checked_numel(&x.shape[..axis])?;
-    let dim = x.shape[axis];
-    let inner = checked_numel(&x.shape[axis + 1..])? * es;
+    let outer = checked_numel(lead)?;
+    let inner = checked_numel(tail)? * es;
     let nidx = idx.numel();
     Ok(Prepared::single(
         x.dtype,
@@ -982,11 +1046,14 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if pads_spec.len() != 2 * na {
         return Err(attr_err("pads", "length is not twice the number of axes"));
     }
+    let bad = || internal("pad axis");
     let mut begin = [0i64; MAX_RANK];
     let mut end = [0i64; MAX_RANK];
-    for (k, &a) in axes.iter().enumerate() {
-        begin[a] = pads_spec[k];
-        end[a] = pads_spec[k + na];
+    let (pads_begin, pads_end) = pads_spec.split_at_checked(na).ok_or_else(bad)?;
+    for ((&a, &b), &e) in axes.iter().zip(pads_begin).zip(pads_end) {
+        // a < r <= MAX_RANK.
+        *begin.get_mut(a).ok_or_else(bad)? = b;
+        *end.get_mut(a).ok_or_else(bad)? = e;
     }
     #[derive(Clone, Copy, PartialEq)]
     enum M {
@@ -1007,16 +1074,23 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     // Per axis and output coordinate: input offset (in elements), or -1.
     let mut table: Vec<isize> = Vec::new();
     let mut starts = [0usize; MAX_RANK];
-    for a in 0..r {
-        let d = x.shape[a] as i64;
-        let o = d + begin[a] + end[a];
+    // r <= MAX_RANK: the zip covers every axis.
+    for (((&d, &stride), (&b, &e)), start) in x
+        .shape
+        .iter()
+        .zip(&st)
+        .zip(begin.iter().zip(&end))
+        .zip(&mut starts)
+    {
+        let d = d as i64;
+        let o = d + b + e;
         if o < 0 {
             return Err(shape_err("Pad: negative output dimension"));
         }
         out.push(o as usize);
-        starts[a] = table.len();
+        *start = table.len();
         for i in 0..o {
-            let c = i - begin[a];
+            let c = i - b;
             let c = if (0..d).contains(&c) {
                 c
             } else {
@@ -1042,12 +1116,12 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     }
                 }
             };
-            table.push(if c < 0 { -1 } else { c as isize * st[a] });
+            table.push(if c < 0 { -1 } else { c as isize * stride });
         }
     }
     let oshape: [usize; MAX_RANK] = {
         let mut s = [1usize; MAX_RANK];
-        s[..r].copy_from_slice(&out);
+        s.get_mut(..r).ok_or_else(bad)?.copy_from_slice(&out);
         s
     };
     let has_cv = ctx.opset >= 11 && ctx.opt_input(2).is_some();
@@ -1062,21 +1136,25 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 if let Some(cv) = io.opt_input(2)? {
                     if cv.numel() > 0 {
                         let b = cv.bytes().get(..es).ok_or_else(bad)?;
-                        val[..es].copy_from_slice(b);
+                        val.get_mut(..es).ok_or_else(bad)?.copy_from_slice(b);
                     }
                 }
             }
+            let val = val.get(..es).ok_or_else(bad)?;
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
             if dst.is_empty() {
                 return Ok(());
             }
-            let mut idx = [0usize; MAX_RANK];
+            let starts = starts.get(..r).ok_or_else(bad)?;
+            let oshape = oshape.get(..r).ok_or_else(bad)?;
+            let mut idx_all = [0usize; MAX_RANK];
+            let idx = idx_all.get_mut(..r).ok_or_else(bad)?;
             for chunk in dst.chunks_exact_mut(es) {
                 let mut off = 0isize;
                 let mut constant = false;
-                for a in 0..r {
-                    let t = *table.get(starts[a] + idx[a]).ok_or_else(bad)?;
+                for (&start, &i) in starts.iter().zip(idx.iter()) {
+                    let t = *table.get(start + i).ok_or_else(bad)?;
                     if t < 0 {
                         constant = true;
                         break;
@@ -1084,19 +1162,17 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     off += t;
                 }
                 if constant {
-                    chunk.copy_from_slice(&val[..es]);
+                    chunk.copy_from_slice(val);
                 } else {
                     let s = off as usize * es;
                     chunk.copy_from_slice(src.get(s..s + es).ok_or_else(bad)?);
                 }
-                let mut a = r;
-                while a > 0 {
-                    a -= 1;
-                    idx[a] += 1;
-                    if idx[a] < oshape[a] {
+                for (i, &n) in idx.iter_mut().zip(oshape).rev() {
+                    *i += 1;
+                    if *i < n {
                         break;
                     }
-                    idx[a] = 0;
+                    *i = 0;
                 }
             }
             Ok(())
@@ -1116,7 +1192,10 @@ enum Num {
 #[inline]
 fn read_num(dt: DType, b: &[u8]) -> Num {
     let mut w = [0u8; 8];
-    w[..b.len().min(8)].copy_from_slice(&b[..b.len().min(8)]);
+    // The first min(len, 8) bytes.
+    for (d, &s) in w.iter_mut().zip(b) {
+        *d = s;
+    }
     match dt {
         DType::F32 => Num::F(f32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64),
         DType::F64 => Num::F(f64::from_le_bytes(w)),
@@ -1146,7 +1225,6 @@ fn read_num(dt: DType, b: &[u8]) -> Num {
 #[inline]
 fn write_num(dt: DType, v: Num, saturate: bool, round: E8M0Round, out: &mut [u8]) {
     let mut w = [0u8; 8];
-    let es = dt.size();
     let (f, i) = match v {
         Num::F(f) => (f, f as i64 as i128),
         Num::I(i) => (i as f64, i),
@@ -1187,7 +1265,10 @@ fn write_num(dt: DType, v: Num, saturate: bool, round: E8M0Round, out: &mut [u8]
         }
         _ => w = (i as u64).to_le_bytes(),
     }
-    out.copy_from_slice(&w[..es]);
+    // `out` is one element of `dt`: `dt.size()` (at most 8) bytes.
+    for (o, &b) in out.iter_mut().zip(&w) {
+        *o = b;
+    }
 }
 
 fn prepare_cast(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -1288,7 +1369,9 @@ fn prepare_constant_of_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .bytes()
                 .get(..es)
                 .ok_or(attr_err("value", "empty tensor"))?;
-            v[..es].copy_from_slice(b);
+            v.get_mut(..es)
+                .ok_or(internal("ConstantOfShape value width"))?
+                .copy_from_slice(b);
             (c.dtype, v)
         }
         None => (DType::F32, [0u8; 8]),
@@ -1298,9 +1381,12 @@ fn prepare_constant_of_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         dt,
         &shape,
         kernel("ConstantOfShape", move |io: &mut KernelIo<'_>| {
+            let val = val
+                .get(..es)
+                .ok_or(internal("ConstantOfShape value width"))?;
             let mut y = io.output(0)?;
             for c in y.bytes_mut().chunks_exact_mut(es) {
-                c.copy_from_slice(&val[..es]);
+                c.copy_from_slice(val);
             }
             Ok(())
         }),
@@ -1323,8 +1409,9 @@ fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let mut t = [0usize; MAX_RANK];
     let r1 = broadcast_shapes(x.shape, y.shape, &mut t)?;
     let mut o = [0usize; MAX_RANK];
-    let r = broadcast_shapes(c.shape, &t[..r1], &mut o)?;
-    let out: Vec<usize> = o[..r].to_vec();
+    let bad = || internal("where rank");
+    let r = broadcast_shapes(c.shape, t.get(..r1).ok_or_else(bad)?, &mut o)?;
+    let out: Vec<usize> = o.get(..r).ok_or_else(bad)?.to_vec();
     let strides = [
         broadcast_strides(c.shape, &out),
         broadcast_strides(x.shape, &out),
@@ -1366,7 +1453,7 @@ fn cmp_typed<T: Element + PartialOrd>(
 ) -> Result<Prepared> {
     let mut o = [0usize; MAX_RANK];
     let r = broadcast_shapes(a, b, &mut o)?;
-    let out: Vec<usize> = o[..r].to_vec();
+    let out: Vec<usize> = o.get(..r).ok_or(internal("compare rank"))?.to_vec();
     let strides = [broadcast_strides(a, &out), broadcast_strides(b, &out)];
     let shape_c = out.clone();
     Ok(Prepared::single(
