@@ -5,6 +5,8 @@
 //! PyTorch's `grid_sample` / `affine_grid` / `fold` and torchvision's
 //! `roi_align` / `deform_conv2d`); f32 data.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -111,6 +113,16 @@ fn pixel_index(i: i64, d: usize, pad: Pad, lo: f64, hi: f64) -> Option<usize> {
     }
 }
 
+/// One spatial axis of a GridSample input: length, element stride within a
+/// plane, and the range `[lo, hi]` the padding modes clamp / reflect into.
+#[derive(Clone, Copy, Debug)]
+struct GridAxis {
+    len: usize,
+    stride: usize,
+    lo: f64,
+    hi: f64,
+}
+
 fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let g = ctx.input(1)?;
@@ -123,10 +135,14 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         )));
     }
     let nd = r - 2;
-    if g.shape.len() != r || g.shape[0] != x.shape[0] || g.shape[r - 1] != nd {
-        return Err(shape_err(
-            "GridSample: grid must be [N, spatial..., rank-2]",
-        ));
+    let (&[n, c], xsp) = x.shape.split_first_chunk::<2>().ok_or_else(internal)?;
+    let grid_err = || shape_err("GridSample: grid must be [N, spatial..., rank-2]");
+    let (gn, gsp, glast) = match g.shape {
+        [gn, gsp @ .., glast] => (*gn, gsp, *glast),
+        _ => return Err(grid_err()),
+    };
+    if g.shape.len() != r || gn != n || glast != nd {
+        return Err(grid_err());
     }
     let default_mode = if ctx.opset >= 20 {
         "linear"
@@ -146,32 +162,30 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         _ => return Err(attr_err("padding_mode", "unknown padding mode")),
     };
     let align = ctx.attr_int("align_corners", 0)? != 0;
-    let (n, c) = (x.shape[0], x.shape[1]);
-    let mut dims = [0usize; 3];
-    dims[..nd].copy_from_slice(&x.shape[2..]);
-    if dims[..nd].contains(&0) {
+    if xsp.contains(&0) {
         return Err(shape_err("GridSample: empty spatial axis"));
     }
-    let mut xst = [0usize; 3];
+    let mut axes: Vec<GridAxis> = Vec::with_capacity(nd);
     let mut s = 1;
-    for d in (0..nd).rev() {
-        xst[d] = s;
-        s *= dims[d];
-    }
-    let plane = s;
-    let npts: usize = g.shape[1..r - 1].iter().product();
-    let mut out = vec![n, c];
-    out.extend_from_slice(&g.shape[1..r - 1]);
-    let mut lo = [0f64; 3];
-    let mut hi = [0f64; 3];
-    for d in 0..nd {
-        if align {
-            hi[d] = dims[d] as f64 - 1.0;
+    for &len in xsp.iter().rev() {
+        let (lo, hi) = if align {
+            (0.0, len as f64 - 1.0)
         } else {
-            lo[d] = -0.5;
-            hi[d] = dims[d] as f64 - 0.5;
-        }
+            (-0.5, len as f64 - 0.5)
+        };
+        axes.push(GridAxis {
+            len,
+            stride: s,
+            lo,
+            hi,
+        });
+        s *= len;
     }
+    axes.reverse();
+    let plane = s;
+    let npts: usize = gsp.iter().product();
+    let mut out = vec![n, c];
+    out.extend_from_slice(gsp);
     let k: usize = match mode {
         Interp::Nearest => 1,
         Interp::Linear => 2,
@@ -185,17 +199,31 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let xs = io.input_slice::<f32>(0)?;
             let gs = io.input_slice::<f32>(1)?;
             let y = io.output_slice::<f32>(0)?;
+            // Per grid point, the (plane offset, weight) of every combination
+            // of per-axis taps, or None where one reads an implicit zero; the
+            // same for every channel. At most 4 taps on 3 axes.
+            let mut taps_buf = [None::<(usize, f32)>; 64];
+            let taps = taps_buf.get_mut(..ncombo).ok_or_else(internal)?;
             for b in 0..n {
-                for p in 0..npts {
-                    let gp = gs
-                        .get((b * npts + p) * nd..(b * npts + p + 1) * nd)
-                        .ok_or_else(internal)?;
+                let xb = xs
+                    .get(b * c * plane..(b + 1) * c * plane)
+                    .ok_or_else(internal)?;
+                let yb = y
+                    .get_mut(b * c * npts..(b + 1) * c * npts)
+                    .ok_or_else(internal)?;
+                let gb = gs
+                    .get(b * npts * nd..(b + 1) * npts * nd)
+                    .ok_or_else(internal)?;
+                for (p, gp) in gb.chunks_exact(nd).enumerate() {
                     let mut idx = [[None::<usize>; 4]; 3];
                     let mut wt = [[0f32; 4]; 3];
-                    for d in 0..nd {
-                        // The grid lists coordinates innermost axis first.
-                        let nv = gp[nd - 1 - d];
-                        let len = dims[d] as f32;
+                    // The grid lists coordinates innermost axis first.
+                    for ((ax, (idx_d, wt_d)), &nv) in axes
+                        .iter()
+                        .zip(idx.iter_mut().zip(wt.iter_mut()))
+                        .zip(gp.iter().rev())
+                    {
+                        let len = ax.len as f32;
                         let mut v = if align {
                             (nv + 1.0) / 2.0 * (len - 1.0)
                         } else {
@@ -204,61 +232,53 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         if mode == Interp::Nearest {
                             v = libm::rintf(v);
                         }
-                        if (v as f64) < lo[d] || (v as f64) > hi[d] {
+                        if (v as f64) < ax.lo || (v as f64) > ax.hi {
                             match pad {
                                 Pad::Border => v = v.clamp(0.0, len - 1.0),
-                                Pad::Reflection => v = reflect(v as f64, lo[d], hi[d]) as f32,
+                                Pad::Reflection => v = reflect(v as f64, ax.lo, ax.hi) as f32,
                                 Pad::Zeros => {}
                             }
                         }
-                        match mode {
+                        let at = |i: i64| pixel_index(i, ax.len, pad, ax.lo, ax.hi);
+                        (*idx_d, *wt_d) = match mode {
                             Interp::Nearest => {
-                                idx[d][0] = pixel_index(v as i64, dims[d], pad, lo[d], hi[d]);
-                                wt[d][0] = 1.0;
+                                ([at(v as i64), None, None, None], [1.0, 0.0, 0.0, 0.0])
                             }
                             Interp::Linear => {
                                 let f = libm::floorf(v);
                                 let t = v - f;
                                 let i0 = f as i64;
-                                idx[d][0] = pixel_index(i0, dims[d], pad, lo[d], hi[d]);
-                                idx[d][1] = pixel_index(i0 + 1, dims[d], pad, lo[d], hi[d]);
-                                wt[d][0] = 1.0 - t;
-                                wt[d][1] = t;
+                                ([at(i0), at(i0 + 1), None, None], [1.0 - t, t, 0.0, 0.0])
                             }
                             Interp::Cubic => {
                                 let f = libm::floorf(v);
                                 let i0 = f as i64;
-                                wt[d] = cubic_coeffs(v - f);
-                                for j in 0..4 {
-                                    idx[d][j] =
-                                        pixel_index(i0 - 1 + j as i64, dims[d], pad, lo[d], hi[d]);
-                                }
+                                (
+                                    [at(i0 - 1), at(i0), at(i0 + 1), at(i0 + 2)],
+                                    cubic_coeffs(v - f),
+                                )
                             }
-                        }
+                        };
                     }
-                    for ch in 0..c {
-                        let base = (b * c + ch) * plane;
-                        let xp = xs.get(base..base + plane).ok_or_else(internal)?;
-                        let mut acc = 0f32;
-                        for combo in 0..ncombo {
-                            let mut rem = combo;
-                            let mut off = 0;
-                            let mut w = 1f32;
-                            let mut valid = true;
-                            for d in (0..nd).rev() {
-                                let j = rem % k;
-                                rem /= k;
-                                match idx[d][j] {
-                                    Some(i) => off += i * xst[d],
-                                    None => valid = false,
-                                }
-                                w *= wt[d][j];
-                            }
-                            if valid {
-                                acc += w * xp[off];
-                            }
+                    for (combo, tap) in taps.iter_mut().enumerate() {
+                        let mut rem = combo;
+                        let mut off = Some(0usize);
+                        let mut w = 1f32;
+                        for ((ax, idx_d), wt_d) in axes.iter().zip(&idx).zip(&wt).rev() {
+                            let j = rem % k;
+                            rem /= k;
+                            let (i, wj) = idx_d.get(j).zip(wt_d.get(j)).ok_or_else(internal)?;
+                            off = off.zip(*i).map(|(o, i)| o + i * ax.stride);
+                            w *= wj;
                         }
-                        y[(b * c + ch) * npts + p] = acc;
+                        *tap = off.map(|o| (o, w));
+                    }
+                    for (xp, yc) in xb.chunks_exact(plane).zip(yb.chunks_exact_mut(npts)) {
+                        let mut acc = 0f32;
+                        for &(off, w) in taps.iter().flatten() {
+                            acc += w * *xp.get(off).ok_or_else(internal)?;
+                        }
+                        *yc.get_mut(p).ok_or_else(internal)? = acc;
                     }
                 }
             }
@@ -294,19 +314,20 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .const_ints(1)?
         .ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
     let align = ctx.attr_int("align_corners", 0)? != 0;
-    let nd = match size.len() {
-        4 => 2,
-        5 => 3,
+    // size is [N, C, (D,) H, W].
+    let (n, size_sp) = match size.as_slice() {
+        [n, _, sp @ ..] if sp.len() == 2 || sp.len() == 3 => (*n, sp),
         _ => return Err(shape_err("AffineGrid: size must have 4 or 5 entries")),
     };
-    let n = to_usize(size[0], "AffineGrid: negative size")?;
+    let nd = size_sp.len();
+    let n = to_usize(n, "AffineGrid: negative size")?;
     if th.shape != [n, nd, nd + 1] {
         return Err(shape_err(
             "AffineGrid: theta must be [N, 2, 3] or [N, 3, 4]",
         ));
     }
     let mut sp = Vec::new();
-    for &v in &size[2..] {
+    for &v in size_sp {
         sp.push(to_usize(v, "AffineGrid: negative size")?);
     }
     // Axes of `sp` are (D,) H, W; the output's last axis lists x (W) first.
@@ -324,21 +345,25 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let tl = nd * (nd + 1);
             for b in 0..n {
                 let tb = t.get(b * tl..(b + 1) * tl).ok_or_else(internal)?;
-                for p in 0..npts {
+                let yb = y
+                    .get_mut(b * npts * nd..(b + 1) * npts * nd)
+                    .ok_or_else(internal)?;
+                for (p, yp) in yb.chunks_exact_mut(nd).enumerate() {
                     let mut homo = [1f64; 4];
                     let mut rem = p;
                     // homo = [x, y, (z,) 1]: innermost axis first.
-                    for (j, ax) in axes.iter().enumerate().rev() {
+                    for (h, ax) in homo.iter_mut().zip(axes.iter().rev()) {
                         let i = rem % ax.len();
                         rem /= ax.len();
-                        homo[nd - 1 - j] = ax[i];
+                        *h = *ax.get(i).ok_or_else(internal)?;
                     }
-                    for r in 0..nd {
+                    // One theta row of nd + 1 per output coordinate.
+                    for (o, row) in yp.iter_mut().zip(tb.chunks_exact(nd + 1)) {
                         let mut acc = 0f64;
-                        for k in 0..=nd {
-                            acc += tb[r * (nd + 1) + k] as f64 * homo[k];
+                        for (&tv, &hv) in row.iter().zip(&homo) {
+                            acc += tv as f64 * hv;
                         }
-                        y[(b * npts + p) * nd + r] = acc as f32;
+                        *o = acc as f32;
                     }
                 }
             }
@@ -348,6 +373,18 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 }
 
 // ---------------------------------------------------------------- Col2Im
+
+/// One image axis of Col2Im: image and block length, stride, dilation,
+/// begin pad, and the number of block positions along it.
+#[derive(Clone, Copy, Debug)]
+struct Col2ImAxis {
+    img: i64,
+    blk: i64,
+    stride: i64,
+    dil: i64,
+    pad: i64,
+    ncol: i64,
+}
 
 fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
@@ -374,32 +411,46 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let dil = list("dilations", 1, nd)?;
     let pads = list("pads", 0, 2 * nd)?;
     let strides = list("strides", 1, nd)?;
-    if x.shape.len() != 3 {
+    let &[n, ck, l] = x.shape else {
         return Err(Error::new(ErrorKind::Rank {
             expected: 3,
             got: x.shape.len(),
         }));
-    }
+    };
     let ksize: i64 = blk.iter().product();
-    if ksize <= 0 || x.shape[1] % ksize as usize != 0 {
+    if ksize <= 0 || ck % ksize as usize != 0 {
         return Err(shape_err(
             "Col2Im: input dim 1 not a multiple of the block size",
         ));
     }
     let ksize = ksize as usize;
-    let (n, c, l) = (x.shape[0], x.shape[1] / ksize, x.shape[2]);
-    let mut ncol = Vec::with_capacity(nd);
-    for i in 0..nd {
-        if strides[i] <= 0 || dil[i] <= 0 || img[i] <= 0 || blk[i] <= 0 {
+    let c = ck / ksize;
+    // pads are [begin..., end...].
+    let (pads0, pads1) = pads.split_at_checked(nd).ok_or_else(internal)?;
+    let mut axes: Vec<Col2ImAxis> = Vec::with_capacity(nd);
+    for (((&im, &bk), (&st, &d)), (&p0, &p1)) in img
+        .iter()
+        .zip(&blk)
+        .zip(strides.iter().zip(&dil))
+        .zip(pads0.iter().zip(pads1))
+    {
+        if st <= 0 || d <= 0 || im <= 0 || bk <= 0 {
             return Err(attr_err("strides", "must be positive"));
         }
-        let v = (img[i] + pads[i] + pads[i + nd] - (dil[i] * (blk[i] - 1) + 1)) / strides[i] + 1;
+        let v = (im + p0 + p1 - (d * (bk - 1) + 1)) / st + 1;
         if v < 1 {
             return Err(shape_err("Col2Im: no sliding blocks"));
         }
-        ncol.push(v);
+        axes.push(Col2ImAxis {
+            img: im,
+            blk: bk,
+            stride: st,
+            dil: d,
+            pad: p0,
+            ncol: v,
+        });
     }
-    if ncol.iter().product::<i64>() as usize != l {
+    if axes.iter().map(|a| a.ncol).product::<i64>() as usize != l {
         return Err(shape_err(
             "Col2Im: input dim 2 does not match the block count",
         ));
@@ -413,17 +464,17 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut off = 0i64;
             let mut stride = 1i64;
             let mut inside = true;
-            for i in (0..nd).rev() {
-                let ko = (kr % blk[i] as usize) as i64;
-                kr /= blk[i] as usize;
-                let co = (cr % ncol[i] as usize) as i64;
-                cr /= ncol[i] as usize;
-                let pos = co * strides[i] - pads[i] + ko * dil[i];
-                if pos < 0 || pos >= img[i] {
+            for ax in axes.iter().rev() {
+                let ko = (kr % ax.blk as usize) as i64;
+                kr /= ax.blk as usize;
+                let co = (cr % ax.ncol as usize) as i64;
+                cr /= ax.ncol as usize;
+                let pos = co * ax.stride - ax.pad + ko * ax.dil;
+                if pos < 0 || pos >= ax.img {
                     inside = false;
                 }
                 off += pos * stride;
-                stride *= img[i];
+                stride *= ax.img;
             }
             table.push(if inside { off as usize } else { usize::MAX });
         }
@@ -461,6 +512,17 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 // ---------------------------------------------------------------- CenterCropPad
 
+/// One axis of CenterCropPad: elements copied, and the first input / output
+/// element offset (index times stride) and stride.
+#[derive(Clone, Copy, Debug)]
+struct CropAxis {
+    cnt: usize,
+    src0: usize,
+    ist: usize,
+    dst0: usize,
+    ost: usize,
+}
+
 fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let shape = ctx
@@ -484,26 +546,39 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let mut out = x.shape.to_vec();
     // Per axis: first input index copied, first output index written, count.
-    let mut src0 = [0usize; MAX_RANK];
-    let mut dst0 = [0usize; MAX_RANK];
-    let mut cnt = [0usize; MAX_RANK];
-    cnt[..r].copy_from_slice(x.shape);
+    let mut span: Vec<(usize, usize, usize)> = x.shape.iter().map(|&d| (0, 0, d)).collect();
     for (&a, &s) in axes.iter().zip(&shape) {
         let s = to_usize(s, "CenterCropPad: negative shape")?;
-        let d = x.shape[a];
-        out[a] = s;
+        let (Some(o), Some((src0, dst0, cnt))) = (out.get_mut(a), span.get_mut(a)) else {
+            return Err(internal());
+        };
+        let d = *o;
+        *o = s;
         if s < d {
-            src0[a] = (d - s) / 2;
-            cnt[a] = s;
+            *src0 = (d - s) / 2;
+            *cnt = s;
         } else if s > d {
-            dst0[a] = (s - d) / 2;
+            *dst0 = (s - d) / 2;
         }
     }
     let es = x.dtype.size();
     let ist = crate::tensor::strides(x.shape).ok_or_else(internal)?;
     let ost = crate::tensor::strides(&out).ok_or_else(internal)?;
-    let rows: usize = cnt[..r - 1].iter().product();
-    let row = cnt[r - 1] * es;
+    let mut plan: Vec<CropAxis> = span
+        .iter()
+        .zip(ist.iter().zip(&ost))
+        .map(|(&(src0, dst0, cnt), (&ist, &ost))| CropAxis {
+            cnt,
+            src0: src0 * ist,
+            ist,
+            dst0: dst0 * ost,
+            ost,
+        })
+        .collect();
+    // Rows of the innermost axis are copied whole.
+    let last = plan.pop().ok_or_else(internal)?;
+    let rows: usize = plan.iter().map(|a| a.cnt).product();
+    let row = last.cnt * es;
     Ok(Prepared::single(
         x.dtype,
         &out,
@@ -517,13 +592,13 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
             for ri in 0..rows {
                 let mut rem = ri;
-                let mut si = src0[r - 1] * ist[r - 1];
-                let mut di = dst0[r - 1] * ost[r - 1];
-                for a in (0..r - 1).rev() {
-                    let i = rem % cnt[a];
-                    rem /= cnt[a];
-                    si += (src0[a] + i) * ist[a];
-                    di += (dst0[a] + i) * ost[a];
+                let mut si = last.src0;
+                let mut di = last.dst0;
+                for ax in plan.iter().rev() {
+                    let i = rem % ax.cnt;
+                    rem /= ax.cnt;
+                    si += ax.src0 + i * ax.ist;
+                    di += ax.dst0 + i * ax.ost;
                 }
                 let s = xs.get(si * es..si * es + row).ok_or_else(internal)?;
                 y.get_mut(di * es..di * es + row)
@@ -580,12 +655,12 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     dtype_in(x.dtype, &[DType::F32], "RoiAlign X")?;
     dtype_in(rois.dtype, &[DType::F32], "RoiAlign rois")?;
     dtype_in(bi.dtype, &[DType::I64], "RoiAlign batch_indices")?;
-    if x.shape.len() != 4 {
+    let &[n, c, h, w] = x.shape else {
         return Err(Error::new(ErrorKind::Rank {
             expected: 4,
             got: x.shape.len(),
         }));
-    }
+    };
     let nr = bi.numel();
     if rois.shape != [nr, 4] {
         return Err(shape_err("RoiAlign: rois must be [num_rois, 4]"));
@@ -609,7 +684,6 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let ow = to_usize(ctx.attr_int("output_width", 1)?, "RoiAlign: output_width")?;
     let sr = ctx.attr_int("sampling_ratio", 0)?;
     let scale = ctx.attr_float("spatial_scale", 1.0)? as f64;
-    let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     if h == 0 || w == 0 {
         return Err(shape_err("RoiAlign: empty feature map"));
     }
@@ -623,14 +697,18 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let y = io.output_slice::<f32>(0)?;
             let off = if half { 0.5 } else { 0.0 };
             for ri in 0..nr {
-                let b = usize::try_from(bs[ri])
+                let b = usize::try_from(*bs.get(ri).ok_or_else(internal)?)
                     .ok()
                     .filter(|&b| b < n)
                     .ok_or(shape_err("RoiAlign: batch index out of range"))?;
-                let sw = rs[ri * 4] as f64 * scale - off;
-                let sh = rs[ri * 4 + 1] as f64 * scale - off;
-                let ew = rs[ri * 4 + 2] as f64 * scale - off;
-                let eh = rs[ri * 4 + 3] as f64 * scale - off;
+                let [x1, y1, x2, y2] = *rs
+                    .get(ri * 4..)
+                    .and_then(|s| s.first_chunk::<4>())
+                    .ok_or_else(internal)?;
+                let sw = x1 as f64 * scale - off;
+                let sh = y1 as f64 * scale - off;
+                let ew = x2 as f64 * scale - off;
+                let eh = y2 as f64 * scale - off;
                 let (mut rw, mut rh) = (ew - sw, eh - sh);
                 if !half {
                     rw = rw.max(1.0);
@@ -653,8 +731,12 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let plane = xs
                         .get((b * c + ch) * h * w..(b * c + ch + 1) * h * w)
                         .ok_or_else(internal)?;
+                    let yc = y
+                        .get_mut((ri * c + ch) * oh * ow..(ri * c + ch + 1) * oh * ow)
+                        .ok_or_else(internal)?;
                     for ph in 0..oh {
-                        for pw in 0..ow {
+                        let yrow = yc.get_mut(ph * ow..(ph + 1) * ow).ok_or_else(internal)?;
+                        for (pw, yv) in yrow.iter_mut().enumerate() {
                             let mut acc = 0f64;
                             let mut first = true;
                             for iy in 0..gh {
@@ -663,15 +745,18 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                                     let xx =
                                         sw + pw as f64 * bw + (ix as f64 + 0.5) * bw / gw as f64;
                                     let (pos, wt) = roi_sample(yy, xx, h, w);
+                                    // The four weighted corner values.
+                                    let mut t = [0f64; 4];
+                                    for (tk, (&wk, &pk)) in t.iter_mut().zip(wt.iter().zip(&pos)) {
+                                        *tk = wk * f64::from(*plane.get(pk).ok_or_else(internal)?);
+                                    }
                                     if avg {
-                                        for k in 0..4 {
-                                            acc += wt[k] * plane[pos[k]] as f64;
+                                        for tk in t {
+                                            acc += tk;
                                         }
                                     } else {
-                                        let mut v = wt[0] * plane[pos[0]] as f64;
-                                        for k in 1..4 {
-                                            v = v.max(wt[k] * plane[pos[k]] as f64);
-                                        }
+                                        let [t0, t1, t2, t3] = t;
+                                        let v = t0.max(t1).max(t2).max(t3);
                                         acc = if first { v } else { acc.max(v) };
                                         first = false;
                                     }
@@ -680,7 +765,7 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                             if avg {
                                 acc /= count;
                             }
-                            y[((ri * c + ch) * oh + ph) * ow + pw] = acc as f32;
+                            *yv = acc as f32;
                         }
                     }
                 }
@@ -692,22 +777,66 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 // ---------------------------------------------------------------- DeformConv
 
-/// Bilinear sample of one `h` x `w` plane at (y, x), zero outside.
-fn bilinear_zero(p: &[f32], h: usize, w: usize, y: f32, x: f32) -> f32 {
+/// Bilinear sample of one `h` x `w` plane at (y, x), zero outside; `None`
+/// only if `p` is shorter than `h * w`.
+fn bilinear_zero(p: &[f32], h: usize, w: usize, y: f32, x: f32) -> Option<f32> {
     let fy = libm::floorf(y);
     let fx = libm::floorf(x);
     let (ty, tx) = (y - fy, x - fx);
     let (y0, x0) = (fy as i64, fx as i64);
-    let at = |yy: i64, xx: i64| -> f32 {
+    let at = |yy: i64, xx: i64| -> Option<f32> {
         if yy >= 0 && (yy as usize) < h && xx >= 0 && (xx as usize) < w {
-            p[yy as usize * w + xx as usize]
+            p.get(yy as usize * w + xx as usize).copied()
         } else {
-            0.0
+            Some(0.0)
         }
     };
-    let r0 = (1.0 - tx) * at(y0, x0) + tx * at(y0, x0 + 1);
-    let r1 = (1.0 - tx) * at(y0 + 1, x0) + tx * at(y0 + 1, x0 + 1);
-    (1.0 - ty) * r0 + ty * r1
+    let r0 = (1.0 - tx) * at(y0, x0)? + tx * at(y0, x0 + 1)?;
+    let r1 = (1.0 - tx) * at(y0 + 1, x0)? + tx * at(y0 + 1, x0 + 1)?;
+    Some((1.0 - ty) * r0 + ty * r1)
+}
+
+/// The sampling geometry of one DeformConv: input plane size, output
+/// width, strides, begin pads (top, left) and dilations.
+#[derive(Clone, Copy, Debug)]
+struct DeformGeo {
+    ih: usize,
+    iw: usize,
+    ow: usize,
+    st: [i64; 2],
+    pads: [i64; 2],
+    dil: [i64; 2],
+}
+
+/// Adds kernel tap (a, e) of weight `w` to every output pixel of one
+/// output plane `acc`: `acc += x(tap position + offset) * w * mask`, with
+/// `dy` / `dx` the tap's offset planes and `plane` one input channel.
+fn deform_tap(
+    acc: &mut [f32],
+    plane: &[f32],
+    (dy, dx): (&[f32], &[f32]),
+    mask: impl Iterator<Item = f32>,
+    g: &DeformGeo,
+    (a, e, w): (i64, i64, f32),
+) -> Result<()> {
+    let [st0, st1] = g.st;
+    let [pt, pl] = g.pads;
+    let [dil0, dil1] = g.dil;
+    let ow = g.ow as i64;
+    // Output pixel (i, j) of the flat position, stepped row-major.
+    let (mut i, mut j) = (0i64, 0i64);
+    for (((o, &dy), &dx), m) in acc.iter_mut().zip(dy).zip(dx).zip(mask) {
+        let py = (i * st0 - pt + a * dil0) as f64 + dy as f64;
+        let px = (j * st1 - pl + e * dil1) as f64 + dx as f64;
+        let v = bilinear_zero(plane, g.ih, g.iw, py as f32, px as f32).ok_or_else(internal)?;
+        *o += v * w * m;
+        j += 1;
+        if j == ow {
+            j = 0;
+            i += 1;
+        }
+    }
+    Ok(())
 }
 
 fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -721,15 +850,13 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     ] {
         dtype_in(ctx.input(i)?.dtype, &[DType::F32], what)?;
     }
-    if x.shape.len() != 4 {
+    let &[n, ic, ih, iw] = x.shape else {
         return Err(Error::new(ErrorKind::Unsupported("DeformConv: only 2-D")));
-    }
-    if wt.shape.len() != 4 || off.shape.len() != 4 {
+    };
+    let (&[oc, wt_icg, wt_kh, wt_kw], &[off_n, off_c, oh, ow]) = (wt.shape, off.shape) else {
         return Err(shape_err("DeformConv: W and offset must be 4-D"));
-    }
-    let (n, ic, ih, iw) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-    let oc = wt.shape[0];
-    let kdef = [wt.shape[2] as i64, wt.shape[3] as i64];
+    };
+    let kdef = [wt_kh as i64, wt_kw as i64];
     let pair = |name: &'static str, def: [i64; 2]| -> Result<[i64; 2]> {
         match ctx.attr_ints(name)? {
             Some(&[a, b]) => Ok([a, b]),
@@ -751,14 +878,17 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(attr_err("group", "invalid DeformConv attributes"));
     }
     let (group, og) = (group as usize, og as usize);
-    let (kh, kw) = (ks[0] as usize, ks[1] as usize);
-    if wt.shape[1] * group != ic || oc % group != 0 || ic % og != 0 {
+    let [ks0, ks1] = ks;
+    let [dil0, dil1] = dil;
+    let [st0, st1] = st;
+    let [pad_t, pad_l, pad_b, pad_r] = pads;
+    let (kh, kw) = (ks0 as usize, ks1 as usize);
+    if wt_icg * group != ic || oc % group != 0 || ic % og != 0 {
         return Err(shape_err("DeformConv: channels do not divide into groups"));
     }
-    let (oh, ow) = (off.shape[2], off.shape[3]);
-    let eh = (ih as i64 + pads[0] + pads[2] - ((ks[0] - 1) * dil[0] + 1)) / st[0] + 1;
-    let ew = (iw as i64 + pads[1] + pads[3] - ((ks[1] - 1) * dil[1] + 1)) / st[1] + 1;
-    if off.shape[0] != n || off.shape[1] != og * kh * kw * 2 || eh != oh as i64 || ew != ow as i64 {
+    let eh = (ih as i64 + pad_t + pad_b - ((ks0 - 1) * dil0 + 1)) / st0 + 1;
+    let ew = (iw as i64 + pad_l + pad_r - ((ks1 - 1) * dil1 + 1)) / st1 + 1;
+    if off_n != n || off_c != og * kh * kw * 2 || eh != oh as i64 || ew != ow as i64 {
         return Err(shape_err(
             "DeformConv: offset shape does not match the output",
         ));
@@ -786,6 +916,14 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let icog = ic / og;
     let kk = kh * kw;
     let opl = oh * ow;
+    let geo = DeformGeo {
+        ih,
+        iw,
+        ow,
+        st,
+        pads: [pad_t, pad_l],
+        dil,
+    };
     Ok(Prepared::single(
         DType::F32,
         &[n, oc, oh, ow],
@@ -804,41 +942,59 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 &[]
             };
             let y = io.output_slice::<f32>(0)?;
+            if opl == 0 {
+                return Ok(());
+            }
+            // Output plane by plane: bias, then every input channel's taps in
+            // order, so each pixel sums in the order of the direct loop.
             for b in 0..n {
                 for o in 0..oc {
                     let g = o / ocg;
-                    for i in 0..oh {
-                        for j in 0..ow {
-                            let mut acc = if has_b { bs[o] } else { 0.0 };
-                            for c in g * icg..(g + 1) * icg {
-                                let ogi = c / icog;
-                                let plane = xs
-                                    .get((b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw)
-                                    .ok_or_else(internal)?;
-                                for a in 0..kh {
-                                    for e in 0..kw {
-                                        let k = a * kw + e;
-                                        let ob = ((b * og + ogi) * kk + k) * 2;
-                                        let dy = os[ob * opl + i * ow + j] as f64;
-                                        let dx = os[(ob + 1) * opl + i * ow + j] as f64;
-                                        let py = (i as i64 * st[0] - pads[0] + a as i64 * dil[0])
-                                            as f64
-                                            + dy;
-                                        let px = (j as i64 * st[1] - pads[1] + e as i64 * dil[1])
-                                            as f64
-                                            + dx;
-                                        let v = bilinear_zero(plane, ih, iw, py as f32, px as f32);
-                                        let m = if has_m {
-                                            ms[((b * og + ogi) * kk + k) * opl + i * ow + j]
-                                        } else {
-                                            1.0
-                                        };
-                                        acc +=
-                                            v * ws[((o * icg + c - g * icg) * kh + a) * kw + e] * m;
-                                    }
+                    let yo = y
+                        .get_mut((b * oc + o) * opl..(b * oc + o + 1) * opl)
+                        .ok_or_else(internal)?;
+                    yo.fill(if has_b {
+                        *bs.get(o).ok_or_else(internal)?
+                    } else {
+                        0.0
+                    });
+                    for c in g * icg..(g + 1) * icg {
+                        let ogi = c / icog;
+                        let plane = xs
+                            .get((b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw)
+                            .ok_or_else(internal)?;
+                        let bo = b * og + ogi;
+                        // Per tap: the dy plane, then the dx plane.
+                        let offs = os
+                            .get(bo * kk * 2 * opl..(bo + 1) * kk * 2 * opl)
+                            .ok_or_else(internal)?;
+                        let masks = if has_m {
+                            Some(
+                                ms.get(bo * kk * opl..(bo + 1) * kk * opl)
+                                    .ok_or_else(internal)?,
+                            )
+                        } else {
+                            None
+                        };
+                        let cg = c - g * icg;
+                        let wk = ws
+                            .get((o * icg + cg) * kk..(o * icg + cg + 1) * kk)
+                            .ok_or_else(internal)?;
+                        for (k, (&wv, dydx)) in
+                            wk.iter().zip(offs.chunks_exact(2 * opl)).enumerate()
+                        {
+                            let dydx = dydx.split_at_checked(opl).ok_or_else(internal)?;
+                            let tap = ((k / kw) as i64, (k % kw) as i64, wv);
+                            match masks {
+                                Some(ms) => {
+                                    let mk = ms.get(k * opl..(k + 1) * opl).ok_or_else(internal)?;
+                                    deform_tap(yo, plane, dydx, mk.iter().copied(), &geo, tap)?;
+                                }
+                                None => {
+                                    let ones = core::iter::repeat(1.0);
+                                    deform_tap(yo, plane, dydx, ones, &geo, tap)?;
                                 }
                             }
-                            y[((b * oc + o) * oh + i) * ow + j] = acc;
                         }
                     }
                 }

@@ -1,6 +1,8 @@
 //! Resize and Upsample: nearest (any dtype), N-D linear and cubic (f32),
 //! by separable per-axis taps precomputed at prepare.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -163,11 +165,11 @@ fn axis_taps(p: &Params, in_len: usize, out_len: usize, scale: f64) -> (usize, V
                 let idx = [i0 - 1, i0, i0 + 1, i0 + 2];
                 if p.exclude_outside {
                     let mut s = 0.0;
-                    for t in 0..4 {
-                        if idx[t] < 0 || idx[t] > last {
-                            c[t] = 0.0;
+                    for (w, &i) in c.iter_mut().zip(&idx) {
+                        if i < 0 || i > last {
+                            *w = 0.0;
                         }
-                        s += c[t];
+                        s += *w;
                     }
                     if s != 0.0 {
                         for w in c.iter_mut() {
@@ -175,13 +177,22 @@ fn axis_taps(p: &Params, in_len: usize, out_len: usize, scale: f64) -> (usize, V
                         }
                     }
                 }
-                for t in 0..4 {
-                    v.push((clampi(idx[t]), c[t] as f32));
+                for (&i, &w) in idx.iter().zip(&c) {
+                    v.push((clampi(i), w as f32));
                 }
             }
         }
     }
     (k, v)
+}
+
+/// One axis of the tap table: where its taps start, taps per output
+/// coordinate, output length.
+#[derive(Clone, Copy, Debug)]
+struct AxisTaps {
+    start: usize,
+    k: usize,
+    len: usize,
 }
 
 /// Builds the kernel for output sizes `out` and per-axis scales.
@@ -205,6 +216,11 @@ fn build(
     if r > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
     }
+    if out.len() != r || scales.len() != r {
+        return Err(Error::new(ErrorKind::Internal(
+            "Resize: output sizes or scales differ from the rank",
+        )));
+    }
     if p.mode != Mode::Nearest && x_dt != DType::F32 {
         return Err(Error::new(ErrorKind::UnsupportedDType {
             what: "Resize linear/cubic",
@@ -214,27 +230,28 @@ fn build(
     let st = crate::tensor::strides(in_shape)
         .ok_or(Error::new(ErrorKind::Unsupported("rank above 8")))?;
     let mut table: Vec<(usize, f32)> = Vec::new();
-    let mut start = [0usize; MAX_RANK];
-    let mut ka = [1usize; MAX_RANK];
-    let mut oshape = [1usize; MAX_RANK];
-    for a in 0..r {
-        oshape[a] = out[a];
-        if out[a] > 0 && in_shape[a] == 0 {
+    let mut axes: Vec<AxisTaps> = Vec::with_capacity(r);
+    for (((&len_in, &len), &scale), &stride) in in_shape.iter().zip(out).zip(scales).zip(&st) {
+        if len > 0 && len_in == 0 {
             return Err(Error::new(ErrorKind::Shape("Resize: empty input axis")));
         }
-        let (k, taps) = axis_taps(&p, in_shape[a], out[a], scales[a]);
+        let (k, taps) = axis_taps(&p, len_in, len, scale);
         // Keep only the first tap where every other one weighs 0.
-        let single = k > 1 && taps.chunks(k).all(|c| c[1..].iter().all(|t| t.1 == 0.0));
-        start[a] = table.len();
+        let single = k > 1 && taps.chunks(k).all(|c| c.iter().skip(1).all(|t| t.1 == 0.0));
+        let start = table.len();
         if single {
-            ka[a] = 1;
-            table.extend(taps.chunks(k).map(|c| (c[0].0 * st[a], c[0].1)));
+            // The first tap of every coordinate's `k`.
+            table.extend(taps.iter().step_by(k).map(|t| (t.0 * stride, t.1)));
         } else {
-            ka[a] = k;
-            table.extend(taps.iter().map(|t| (t.0 * st[a], t.1)));
+            table.extend(taps.iter().map(|t| (t.0 * stride, t.1)));
         }
+        axes.push(AxisTaps {
+            start,
+            k: if single { 1 } else { k },
+            len,
+        });
     }
-    let ncombo: usize = ka[..r].iter().product();
+    let ncombo: usize = axes.iter().map(|a| a.k).product();
     let es = x_dt.size();
     if p.mode == Mode::Nearest {
         return Ok(Prepared::single(
@@ -244,14 +261,15 @@ fn build(
                 let src = io.input(0)?.bytes();
                 let mut y = io.output(0)?;
                 let dst = y.bytes_mut();
-                let mut idx = [0usize; MAX_RANK];
+                let mut idx_buf = [0usize; MAX_RANK];
+                let idx = idx_buf.get_mut(..r).ok_or_else(internal)?;
                 for d in dst.chunks_exact_mut(es) {
                     let mut off = 0usize;
-                    for a in 0..r {
-                        off += table.get(start[a] + idx[a]).ok_or_else(internal)?.0;
+                    for (ax, &i) in axes.iter().zip(idx.iter()) {
+                        off += table.get(ax.start + i).ok_or_else(internal)?.0;
                     }
                     d.copy_from_slice(src.get(off * es..off * es + es).ok_or_else(internal)?);
-                    advance(&mut idx, &oshape, r);
+                    advance(idx, &axes);
                 }
                 Ok(())
             }),
@@ -263,19 +281,18 @@ fn build(
         kernel("Resize", move |io: &mut KernelIo<'_>| {
             let src = io.input(0)?.f32()?;
             let y = io.output(0)?.f32()?;
-            let mut idx = [0usize; MAX_RANK];
+            let mut idx_buf = [0usize; MAX_RANK];
+            let idx = idx_buf.get_mut(..r).ok_or_else(internal)?;
             for d in y.iter_mut() {
                 let mut acc = 0.0f32;
                 for combo in 0..ncombo {
                     let mut c = combo;
                     let mut off = 0usize;
                     let mut w = 1.0f32;
-                    for a in (0..r).rev() {
-                        let k = c % ka[a];
-                        c /= ka[a];
-                        let t = table
-                            .get(start[a] + idx[a] * ka[a] + k)
-                            .ok_or_else(internal)?;
+                    for (ax, &i) in axes.iter().zip(idx.iter()).rev() {
+                        let k = c % ax.k;
+                        c /= ax.k;
+                        let t = table.get(ax.start + i * ax.k + k).ok_or_else(internal)?;
                         off += t.0;
                         w *= t.1;
                     }
@@ -284,23 +301,22 @@ fn build(
                     }
                 }
                 *d = acc;
-                advance(&mut idx, &oshape, r);
+                advance(idx, &axes);
             }
             Ok(())
         }),
     ))
 }
 
+/// Steps the output index `idx` (one entry per axis) in row-major order.
 #[inline]
-fn advance(idx: &mut [usize; MAX_RANK], shape: &[usize; MAX_RANK], r: usize) {
-    let mut a = r;
-    while a > 0 {
-        a -= 1;
-        idx[a] += 1;
-        if idx[a] < shape[a] {
+fn advance(idx: &mut [usize], axes: &[AxisTaps]) {
+    for (i, ax) in idx.iter_mut().zip(axes).rev() {
+        *i += 1;
+        if *i < ax.len {
             return;
         }
-        idx[a] = 0;
+        *i = 0;
     }
 }
 
@@ -400,6 +416,11 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             .collect::<Result<_>>()?,
         None => (0..r).collect(),
     };
+    // Input lengths of the covered axes.
+    let sub: Vec<usize> = axes
+        .iter()
+        .map(|&a| x.shape.get(a).copied().ok_or_else(internal))
+        .collect::<Result<_>>()?;
     let scales = ctx.const_floats(2)?.filter(|s| !s.is_empty());
     let sizes = ctx.const_ints(3)?.filter(|s| !s.is_empty());
     let mut out: Vec<usize> = x.shape.to_vec();
@@ -411,11 +432,10 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     "Resize: scales length differs from the axes",
                 )));
             }
-            let sub: Vec<usize> = axes.iter().map(|&a| x.shape[a]).collect();
             let (o, f) = from_scales(&sub, &s)?;
-            for (k, &a) in axes.iter().enumerate() {
-                out[a] = o[k];
-                sc[a] = f[k];
+            for ((&a, &ok), &fk) in axes.iter().zip(&o).zip(&f) {
+                *out.get_mut(a).ok_or_else(internal)? = ok;
+                *sc.get_mut(a).ok_or_else(internal)? = fk;
             }
         }
         (None, Some(z)) => {
@@ -429,35 +449,38 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             } else {
                 "stretch"
             };
-            let ratio = |k: usize, a: usize| z[k] as f64 / x.shape[a] as f64;
+            let ratio = |zk: i64, d: usize| zk as f64 / d as f64;
             let common = match policy {
                 "stretch" => None,
                 "not_larger" => Some(
-                    axes.iter()
-                        .enumerate()
-                        .map(|(k, &a)| ratio(k, a))
+                    z.iter()
+                        .zip(&sub)
+                        .map(|(&zk, &d)| ratio(zk, d))
                         .fold(f64::INFINITY, f64::min),
                 ),
                 "not_smaller" => Some(
-                    axes.iter()
-                        .enumerate()
-                        .map(|(k, &a)| ratio(k, a))
+                    z.iter()
+                        .zip(&sub)
+                        .map(|(&zk, &d)| ratio(zk, d))
                         .fold(0.0, f64::max),
                 ),
                 _ => return Err(attr_err("keep_aspect_ratio_policy", "unknown")),
             };
-            for (k, &a) in axes.iter().enumerate() {
-                if z[k] < 0 {
+            for ((&a, &zk), &d) in axes.iter().zip(&z).zip(&sub) {
+                if zk < 0 {
                     return Err(Error::new(ErrorKind::Shape("Resize: negative size")));
                 }
+                let (Some(oa), Some(sa)) = (out.get_mut(a), sc.get_mut(a)) else {
+                    return Err(internal());
+                };
                 match common {
                     None => {
-                        out[a] = z[k] as usize;
-                        sc[a] = if x.shape[a] == 0 { 1.0 } else { ratio(k, a) };
+                        *oa = zk as usize;
+                        *sa = if d == 0 { 1.0 } else { ratio(zk, d) };
                     }
                     Some(c) => {
-                        out[a] = libm::round(c * x.shape[a] as f64) as usize;
-                        sc[a] = c;
+                        *oa = libm::round(c * d as f64) as usize;
+                        *sa = c;
                     }
                 }
             }
