@@ -5,6 +5,7 @@
 //! of size 1), so one set of loops serves 1-D, 2-D and 3-D. The innermost
 //! loop always runs over the (contiguous) last axis with its bounds hoisted.
 //! The window geometry helpers here are shared with the pool family.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -107,13 +108,30 @@ pub(crate) fn read_pads(ctx: &PrepareCtx<'_>, n: usize) -> Result<Vec<usize>> {
     }
 }
 
-fn check_spatial(n: usize) -> Result<usize> {
+fn check_spatial(n: usize) -> Result<()> {
     if n == 0 || n > MAX_SPATIAL {
         return Err(Error::new(ErrorKind::Unsupported(
             "convolution / pooling over 1 to 3 spatial axes only",
         )));
     }
-    Ok(MAX_SPATIAL - n)
+    Ok(())
+}
+
+/// `base` (a [`Geom`] field) with its last `v.len()` axes set to `v`, one
+/// value per spatial axis (the leading, unused axes keep `base`).
+fn spatial(v: &[usize], base: [usize; MAX_SPATIAL]) -> Result<[usize; MAX_SPATIAL]> {
+    check_spatial(v.len())?;
+    let mut a = base;
+    for (o, &x) in a.iter_mut().rev().zip(v.iter().rev()) {
+        *o = x;
+    }
+    Ok(a)
+}
+
+/// `pads` (begin..., end...) split into its halves for `n` spatial axes.
+fn pad_halves(pads: &[usize], n: usize) -> Result<(&[usize], &[usize])> {
+    pads.split_at_checked(n)
+        .ok_or(Error::new(ErrorKind::Internal("pads shorter than 2n")))
 }
 
 /// Geometry of a forward window op (Conv, MaxPool, AveragePool) over the
@@ -125,7 +143,7 @@ pub(crate) fn forward_geom(
     ceil_mode: bool,
 ) -> Result<Geom> {
     let n = inp.len();
-    let off = check_spatial(n)?;
+    check_spatial(n)?;
     if k.len() != n {
         return Err(attr_err(
             "kernel_shape",
@@ -140,56 +158,63 @@ pub(crate) fn forward_geom(
     } else {
         vec![0; 2 * n]
     };
-    let mut g = Geom::unit();
-    for i in 0..n {
-        let j = off + i;
-        if k[i] == 0 {
+    let (pads_b, pads_e) = pad_halves(&pads, n)?;
+    // Output size and padding (begin, end) per axis.
+    let (mut out, mut pb, mut pe) = (Vec::new(), Vec::new(), Vec::new());
+    let axes = inp.iter().zip(k).zip(&s).zip(&d).zip(pads_b).zip(pads_e);
+    for (((((&xi, &ki), &si), &di), &bi), &ei) in axes {
+        if ki == 0 {
             return Err(attr_err("kernel_shape", "must be positive"));
         }
-        let ek = (k[i] - 1)
-            .checked_mul(d[i])
+        let ek = (ki - 1)
+            .checked_mul(di)
             .and_then(|x| x.checked_add(1))
             .ok_or(Error::new(ErrorKind::Overflow))?;
-        g.inp[j] = inp[i];
-        g.k[j] = k[i];
-        g.s[j] = s[i];
-        g.d[j] = d[i];
         match ap {
             AutoPad::SameUpper | AutoPad::SameLower => {
-                let out = inp[i].div_ceil(s[i]);
-                let total = (out.saturating_sub(1) * s[i] + ek).saturating_sub(inp[i]);
+                let o = xi.div_ceil(si);
+                let total = (o.saturating_sub(1) * si + ek).saturating_sub(xi);
                 let small = total / 2;
-                let (pb, pe) = if ap == AutoPad::SameUpper {
+                let (b, e) = if ap == AutoPad::SameUpper {
                     (small, total - small)
                 } else {
                     (total - small, small)
                 };
-                g.out[j] = out;
-                g.pb[j] = pb;
-                g.pe[j] = pe;
+                out.push(o);
+                pb.push(b);
+                pe.push(e);
             }
             AutoPad::NotSet | AutoPad::Valid => {
-                let (pb, pe) = (pads[i], pads[n + i]);
-                let num = (inp[i] + pb + pe)
+                let (b, e) = (bi, ei);
+                let num = (xi + b + e)
                     .checked_sub(ek)
                     .ok_or(shape_err("window larger than the padded input"))?;
-                let out = if ceil_mode {
-                    let o = num.div_ceil(s[i]) + 1;
-                    if (o - 1) * s[i] >= inp[i] + pb {
+                let o = if ceil_mode {
+                    let o = num.div_ceil(si) + 1;
+                    if (o - 1) * si >= xi + b {
                         o - 1
                     } else {
                         o
                     }
                 } else {
-                    num / s[i] + 1
+                    num / si + 1
                 };
-                g.out[j] = out;
-                g.pb[j] = pb;
-                g.pe[j] = pe;
+                out.push(o);
+                pb.push(b);
+                pe.push(e);
             }
         }
     }
-    Ok(g)
+    let g = Geom::unit();
+    Ok(Geom {
+        inp: spatial(inp, g.inp)?,
+        out: spatial(&out, g.out)?,
+        k: spatial(k, g.k)?,
+        s: spatial(&s, g.s)?,
+        d: spatial(&d, g.d)?,
+        pb: spatial(&pb, g.pb)?,
+        pe: spatial(&pe, g.pe)?,
+    })
 }
 
 /// Parameters of one Conv / ConvTranspose node.
@@ -245,7 +270,10 @@ fn conv_inputs<'a>(ctx: &PrepareCtx<'a>) -> Result<(&'a [usize], &'a [usize], us
         }
     }
     if let Some(ks) = ctx.attr_ints("kernel_shape")? {
-        let wk = &w.shape[2..];
+        let wk = w
+            .shape
+            .get(2..)
+            .ok_or(Error::new(ErrorKind::Internal("Conv: weight rank")))?;
         if ks.len() != wk.len() || ks.iter().zip(wk).any(|(&a, &b)| a < 0 || a as usize != b) {
             return Err(attr_err("kernel_shape", "differs from the weight shape"));
         }
@@ -255,40 +283,59 @@ fn conv_inputs<'a>(ctx: &PrepareCtx<'a>) -> Result<(&'a [usize], &'a [usize], us
 
 fn check_bias(ctx: &PrepareCtx<'_>, m: usize) -> Result<()> {
     if let Some(b) = ctx.opt_input(2) {
-        if b.shape[0] != m {
+        // Rank 1 (`conv_inputs`).
+        let got = *b
+            .shape
+            .first()
+            .ok_or(Error::new(ErrorKind::Internal("Conv: bias rank")))?;
+        if got != m {
             return Err(Error::new(ErrorKind::Dim {
                 axis: 0,
                 expected: m as u64,
-                got: b.shape[0] as u64,
+                got: got as u64,
             }));
         }
     }
     Ok(())
 }
 
-fn out_shape(batch: usize, ch: usize, g: &Geom, n: usize) -> Vec<usize> {
+fn out_shape(batch: usize, ch: usize, g: &Geom, n: usize) -> Result<Vec<usize>> {
     let mut s = vec![batch, ch];
-    s.extend_from_slice(&g.out[MAX_SPATIAL - n..]);
-    s
+    s.extend_from_slice(
+        g.out
+            .get(MAX_SPATIAL - n..)
+            .ok_or(Error::new(ErrorKind::Internal("Conv: spatial rank")))?,
+    );
+    Ok(s)
+}
+
+/// X and W as (batch or channels, channels, spatial sizes), rank >= 3 and
+/// equal (`conv_inputs`).
+fn split_nc<'a>(xs: &'a [usize], ws: &'a [usize]) -> Result<[(usize, usize, &'a [usize]); 2]> {
+    match (xs, ws) {
+        ([x0, x1, xsp @ ..], [w0, w1, wsp @ ..]) if !xsp.is_empty() => {
+            Ok([(*x0, *x1, xsp), (*w0, *w1, wsp)])
+        }
+        _ => Err(Error::new(ErrorKind::Internal("Conv: input rank"))),
+    }
 }
 
 fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (xs, ws, group, has_bias) = conv_inputs(ctx)?;
-    let (batch, c) = (xs[0], xs[1]);
-    let m = ws[0];
+    let [(batch, c, xsp), (m, wc, wsp)] = split_nc(xs, ws)?;
     if c % group != 0 || m % group != 0 {
         return Err(attr_err("group", "does not divide the channels"));
     }
-    if ws[1] * group != c {
+    if wc * group != c {
         return Err(Error::new(ErrorKind::Dim {
             axis: 1,
             expected: (c / group) as u64,
-            got: ws[1] as u64,
+            got: wc as u64,
         }));
     }
     check_bias(ctx, m)?;
-    let n = xs.len() - 2;
-    let g = forward_geom(ctx, &xs[2..], &ws[2..], false)?;
+    let n = xsp.len();
+    let g = forward_geom(ctx, xsp, wsp, false)?;
     let p = ConvParams {
         batch,
         c,
@@ -297,7 +344,7 @@ fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         g,
         has_bias,
     };
-    let shape = out_shape(batch, m, &g, n);
+    let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "Conv", ConvDir::Forward)
 }
 
@@ -378,6 +425,23 @@ fn check_len(s: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
+/// The lengths were checked against the shapes ([`check_len`]): a slice
+/// shorter than its part is a bug.
+fn short(what: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(what))
+}
+
+/// Bias of output channel `oc`, zero without B.
+fn bias_of<T: Float>(b: Option<&[T]>, oc: usize) -> Result<T::Acc> {
+    match b {
+        None => Ok(<T::Acc as Acc>::ZERO),
+        Some(b) => b
+            .get(oc)
+            .map(|v| v.to_acc())
+            .ok_or(short("Conv: bias shorter than the channels")),
+    }
+}
+
 /// `y += a * x` over equal-length slices, `x` widened to the accumulator.
 #[inline]
 fn axpy<W: Float>(y: &mut [W::Acc], x: &[W], a: W::Acc) {
@@ -409,10 +473,11 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
     if y.is_empty() {
         return Ok(());
     }
-    let zero = <T::Acc as Acc>::ZERO;
     if in_sz == 0 || cg == 0 {
-        for (i, v) in y.iter_mut().enumerate() {
-            *v = T::from_acc(b.map_or(zero, |b| b[(i / out_sz) % p.m].to_acc()));
+        // No taps: each output plane is its channel's bias (y is not
+        // empty, so neither is a plane).
+        for (i, yp) in y.chunks_exact_mut(out_sz).enumerate() {
+            yp.fill(T::from_acc(bias_of(b, i % p.m)?));
         }
         return Ok(());
     }
@@ -435,13 +500,21 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
             }
         }
     }
+    let (xb_len, xg_len, w_len) = (p.c * in_sz, cg * in_sz, cg * k_sz);
     for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
-        let xb = &x[ni * p.c * in_sz..][..p.c * in_sz];
+        let xb = x
+            .get(ni * xb_len..(ni + 1) * xb_len)
+            .ok_or(short("Conv: X shorter than its shape"))?;
         for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
             let grp = oc / mg;
-            let wrow = &w[oc * cg * k_sz..][..cg * k_sz];
-            let xg = &xb[grp * cg * in_sz..][..cg * in_sz];
-            let bias = b.map_or(zero, |b| b[oc].to_acc());
+            let wrow = w
+                .get(oc * w_len..(oc + 1) * w_len)
+                .ok_or(short("Conv: W shorter than its shape"))?;
+            let xg = xb
+                .get(grp * xg_len..(grp + 1) * xg_len)
+                .ok_or(short("Conv: X shorter than its shape"))?;
+            let bias = bias_of(b, oc)?;
+            let mut res = Ok(());
             util::accumulate_into(yp, acc, |yp| {
                 yp.fill(bias);
                 if pointwise {
@@ -451,10 +524,12 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
                     }
                     return;
                 }
-                for (xp, wk) in xg.chunks_exact(in_sz).zip(wrow.chunks_exact(k_sz)) {
-                    conv_plane(yp, xp, wk, g);
-                }
+                res = xg
+                    .chunks_exact(in_sz)
+                    .zip(wrow.chunks_exact(k_sz))
+                    .try_for_each(|(xp, wk)| conv_plane(yp, xp, wk, g));
             })?;
+            res?;
         }
     }
     Ok(())
@@ -632,7 +707,13 @@ fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &Co
 }
 
 /// Accumulates one input plane convolved with one kernel into an output plane.
-fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(yp: &mut [T::Acc], xp: &[T], wk: &[W], g: &Geom) {
+fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(
+    yp: &mut [T::Acc],
+    xp: &[T],
+    wk: &[W],
+    g: &Geom,
+) -> Result<()> {
+    let short = short("Conv: plane shorter than its geometry");
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
@@ -643,22 +724,28 @@ fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(yp: &mut [T::Acc], xp: &[T], wk:
         let (od_lo, od_hi) = valid_range(o0, s0, kd * d0, p0, i0);
         for kh in 0..k1 {
             let (oh_lo, oh_hi) = valid_range(o1, s1, kh * d1, p1, i1);
-            for kw in 0..k2 {
-                let wv = wk[(kd * k1 + kh) * k2 + kw].to_acc();
+            let w0 = (kd * k1 + kh) * k2;
+            let wrow = wk.get(w0..w0 + k2).ok_or(short)?;
+            for (kw, wv) in wrow.iter().enumerate() {
+                let wv = wv.to_acc();
                 let (lo, hi) = valid_range(o2, s2, kw * d2, p2, i2);
                 if lo >= hi {
                     continue;
                 }
                 let len = hi - lo;
                 let iw0 = lo * s2 + kw * d2 - p2;
+                // The `len` inputs of a row, `s2` apart.
+                let span = (len - 1) * s2 + 1;
                 for od in od_lo..od_hi {
                     let id = od * s0 + kd * d0 - p0;
                     for oh in oh_lo..oh_hi {
                         let ih = oh * s1 + kh * d1 - p1;
-                        let yrow = &mut yp[(od * o1 + oh) * o2 + lo..][..len];
-                        let xrow = &xp[(id * i1 + ih) * i2 + iw0..];
+                        let y0 = (od * o1 + oh) * o2 + lo;
+                        let yrow = yp.get_mut(y0..y0 + len).ok_or(short)?;
+                        let x0 = (id * i1 + ih) * i2 + iw0;
+                        let xrow = xp.get(x0..x0 + span).ok_or(short)?;
                         if s2 == 1 {
-                            axpy(yrow, &xrow[..len], wv);
+                            axpy(yrow, xrow, wv);
                         } else {
                             for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_by(s2)) {
                                 *o += wv * v.to_acc();
@@ -669,25 +756,26 @@ fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(yp: &mut [T::Acc], xp: &[T], wk:
             }
         }
     }
+    Ok(())
 }
 
 fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (xs, ws, group, has_bias) = conv_inputs(ctx)?;
-    let (batch, c) = (xs[0], xs[1]);
-    if ws[0] != c {
+    let [(batch, c, xsp), (wc, wm, wsp)] = split_nc(xs, ws)?;
+    if wc != c {
         return Err(Error::new(ErrorKind::Dim {
             axis: 0,
             expected: c as u64,
-            got: ws[0] as u64,
+            got: wc as u64,
         }));
     }
     if c % group != 0 {
         return Err(attr_err("group", "does not divide the channels"));
     }
-    let m = ws[1] * group;
+    let m = wm * group;
     check_bias(ctx, m)?;
-    let n = xs.len() - 2;
-    let off = check_spatial(n)?;
+    let n = xsp.len();
+    check_spatial(n)?;
     let s = axis_attr(ctx, "strides", n, 1)?;
     let d = axis_attr(ctx, "dilations", n, 1)?;
     let ap = auto_pad(ctx)?;
@@ -721,7 +809,10 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         None => None,
         Some([]) => None,
         Some(v) => {
-            let v = if v.len() == n + 2 { &v[2..] } else { v };
+            let v = match v.get(2..) {
+                Some(spatial) if v.len() == n + 2 => spatial,
+                _ => v,
+            };
             if v.len() != n || v.iter().any(|&x| x < 0) {
                 return Err(attr_err(
                     "output_shape",
@@ -731,22 +822,22 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             Some(v.iter().map(|&x| x as usize).collect())
         }
     };
-    let mut g = Geom::unit();
-    for i in 0..n {
-        let j = off + i;
-        let (inp, k) = (xs[2 + i], ws[2 + i]);
+    let (pads_b, pads_e) = pad_halves(&pads, n)?;
+    // Output size and padding (begin, end) per axis.
+    let (mut out, mut pb, mut pe) = (Vec::new(), Vec::new(), Vec::new());
+    let axes = xsp.iter().zip(wsp).zip(&s).zip(&d).zip(&opad);
+    let axes = axes.zip(pads_b.iter().zip(pads_e)).enumerate();
+    for (i, (((((&inp, &k), &si), &di), &op), (&bi, &ei))) in axes {
         if k == 0 || inp == 0 {
             return Err(shape_err("ConvTranspose: empty input or kernel"));
         }
-        let ek = (k - 1) * d[i] + 1;
-        let full = s[i] * (inp - 1) + opad[i] + ek;
-        g.inp[j] = inp;
-        g.k[j] = k;
-        g.s[j] = s[i];
-        g.d[j] = d[i];
+        let ek = (k - 1) * di + 1;
+        let full = si * (inp - 1) + op + ek;
         let target = match (&oshape, ap) {
-            (Some(os), _) => Some(os[i]),
-            (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(inp * s[i]),
+            (Some(os), _) => Some(*os.get(i).ok_or(Error::new(ErrorKind::Internal(
+                "ConvTranspose output_shape",
+            )))?),
+            (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(inp * si),
             _ => None,
         };
         if let Some(os) = target {
@@ -756,27 +847,38 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     "ConvTranspose output_shape larger than the full output",
                 )))?;
             let small = total / 2;
-            let (pb, pe) = if ap == AutoPad::SameUpper {
+            let (b, e) = if ap == AutoPad::SameUpper {
                 (small, total - small)
             } else {
                 (total - small, small)
             };
-            g.pb[j] = pb;
-            g.pe[j] = pe;
-            g.out[j] = os;
+            pb.push(b);
+            pe.push(e);
+            out.push(os);
         } else {
-            let (pb, pe) = if ap == AutoPad::Valid {
+            let (b, e) = if ap == AutoPad::Valid {
                 (0, 0)
             } else {
-                (pads[i], pads[n + i])
+                (bi, ei)
             };
-            g.pb[j] = pb;
-            g.pe[j] = pe;
-            g.out[j] = full
-                .checked_sub(pb + pe)
-                .ok_or(shape_err("ConvTranspose: pads exceed the output"))?;
+            pb.push(b);
+            pe.push(e);
+            out.push(
+                full.checked_sub(b + e)
+                    .ok_or(shape_err("ConvTranspose: pads exceed the output"))?,
+            );
         }
     }
+    let u = Geom::unit();
+    let g = Geom {
+        inp: spatial(xsp, u.inp)?,
+        out: spatial(&out, u.out)?,
+        k: spatial(wsp, u.k)?,
+        s: spatial(&s, u.s)?,
+        d: spatial(&d, u.d)?,
+        pb: spatial(&pb, u.pb)?,
+        pe: spatial(&pe, u.pe)?,
+    };
     let p = ConvParams {
         batch,
         c,
@@ -785,7 +887,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         g,
         has_bias,
     };
-    let shape = out_shape(batch, m, &g, n);
+    let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "ConvTranspose", ConvDir::Transpose)
 }
 
@@ -812,22 +914,31 @@ fn conv_transpose<T: Float, W: Float<Acc = T::Acc>>(
     if y.is_empty() {
         return Ok(());
     }
-    let zero = <T::Acc as Acc>::ZERO;
+    let xb_len = p.c * in_sz;
     for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
-        let xb = &x[ni * p.c * in_sz..][..p.c * in_sz];
+        let xb = x
+            .get(ni * xb_len..(ni + 1) * xb_len)
+            .ok_or(short("ConvTranspose: X shorter than its shape"))?;
         for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
             let grp = oc / mg;
             let mo = oc % mg;
-            let bias = b.map_or(zero, |b| b[oc].to_acc());
+            let bias = bias_of(b, oc)?;
+            let mut res = Ok(());
             util::accumulate_into(yp, acc, |yp| {
                 yp.fill(bias);
-                for ci in 0..cg {
+                res = (0..cg).try_for_each(|ci| {
                     let ic = grp * cg + ci;
-                    let xp = &xb[ic * in_sz..][..in_sz];
-                    let wk = &w[(ic * mg + mo) * k_sz..][..k_sz];
-                    scatter_plane(yp, xp, wk, g);
-                }
+                    let xp = xb
+                        .get(ic * in_sz..(ic + 1) * in_sz)
+                        .ok_or(short("ConvTranspose: X shorter than its shape"))?;
+                    let w0 = (ic * mg + mo) * k_sz;
+                    let wk = w
+                        .get(w0..w0 + k_sz)
+                        .ok_or(short("ConvTranspose: W shorter than its shape"))?;
+                    scatter_plane(yp, xp, wk, g)
+                });
             })?;
+            res?;
         }
     }
     Ok(())
@@ -838,7 +949,8 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
     xp: &[T],
     wk: &[W],
     g: &Geom,
-) {
+) -> Result<()> {
+    let short = short("ConvTranspose: plane shorter than its geometry");
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
@@ -849,23 +961,29 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
         let (id_lo, id_hi) = valid_range(i0, s0, kd * d0, p0, o0);
         for kh in 0..k1 {
             let (ih_lo, ih_hi) = valid_range(i1, s1, kh * d1, p1, o1);
-            for kw in 0..k2 {
-                let wv = wk[(kd * k1 + kh) * k2 + kw].to_acc();
+            let w0 = (kd * k1 + kh) * k2;
+            let wrow = wk.get(w0..w0 + k2).ok_or(short)?;
+            for (kw, wv) in wrow.iter().enumerate() {
+                let wv = wv.to_acc();
                 let (lo, hi) = valid_range(i2, s2, kw * d2, p2, o2);
                 if lo >= hi {
                     continue;
                 }
                 let len = hi - lo;
                 let ow0 = lo * s2 + kw * d2 - p2;
+                // The `len` outputs of a row, `s2` apart.
+                let span = (len - 1) * s2 + 1;
                 for id in id_lo..id_hi {
                     let od = id * s0 + kd * d0 - p0;
                     for ih in ih_lo..ih_hi {
                         let oh = ih * s1 + kh * d1 - p1;
-                        let xrow = &xp[(id * i1 + ih) * i2 + lo..][..len];
-                        let yrow = &mut yp[(od * o1 + oh) * o2 + ow0..];
+                        let x0 = (id * i1 + ih) * i2 + lo;
+                        let xrow = xp.get(x0..x0 + len).ok_or(short)?;
+                        let y0 = (od * o1 + oh) * o2 + ow0;
+                        let yrow = yp.get_mut(y0..y0 + span).ok_or(short)?;
                         if s2 == 1 {
                             // Same as axpy with the roles of x and w.
-                            for (o, &v) in yrow[..len].iter_mut().zip(xrow) {
+                            for (o, &v) in yrow.iter_mut().zip(xrow) {
                                 *o += wv * v.to_acc();
                             }
                         } else {
@@ -878,6 +996,7 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
             }
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Matrix products: Gemm and MatMul, over one shared [`gemm`] (f32, f64,
 //! and f16 / bf16 accumulating in f32; f16 B against f32 A for
 //! `Model::weights_to_f16`).
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::kern::sgemm::{self, Dense, MatA, Trans};
@@ -118,8 +119,7 @@ pub fn gemm<A: Float, B: Float<Acc = A::Acc>>(
             }
         }
     }
-    reference_gemm(m, n, k, a, lda, transa, b, ldb, transb, c, ldc, alpha, beta);
-    Ok(())
+    reference_loops(m, n, k, a, lda, transa, b, ldb, transb, c, ldc, alpha, beta)
 }
 
 /// Checks that A, B and C hold every element a GEMM of these shapes reads.
@@ -160,8 +160,18 @@ fn check_gemm(
     Ok(())
 }
 
-/// The reference loops of [`gemm`] (every target, every float type); the
-/// caller has run [`check_gemm`].
+/// The `count` elements `s[0], s[ld], ..., s[(count - 1) * ld]`, their span
+/// checked once (`None` if `s` is shorter); a zero `ld` repeats `s[0]`.
+fn strided<T>(s: &[T], ld: usize, count: usize) -> Option<impl Iterator<Item = &T> + Clone> {
+    let span = s.get(..needed(count, 1, ld))?;
+    // `step_by` yields the `count` elements of the span (one when `ld` is
+    // 0, which `cycle` repeats).
+    Some(span.iter().step_by(ld.max(1)).cycle().take(count))
+}
+
+/// [`reference_loops`] for the blocked kernels' tests, which pass operands
+/// that fit their shapes.
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reference_gemm<A: Float, B: Float<Acc = A::Acc>>(
     m: usize,
@@ -178,13 +188,36 @@ pub(crate) fn reference_gemm<A: Float, B: Float<Acc = A::Acc>>(
     alpha: A::Acc,
     beta: A::Acc,
 ) {
+    reference_loops(m, n, k, a, lda, transa, b, ldb, transb, c, ldc, alpha, beta).unwrap();
+}
+
+/// The reference loops of [`gemm`] (every target, every float type); the
+/// caller has run [`check_gemm`], so an operand shorter than its shape is
+/// an internal error.
+#[allow(clippy::too_many_arguments)]
+fn reference_loops<A: Float, B: Float<Acc = A::Acc>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[A],
+    lda: usize,
+    transa: bool,
+    b: &[B],
+    ldb: usize,
+    transb: bool,
+    c: &mut [A::Acc],
+    ldc: usize,
+    alpha: A::Acc,
+    beta: A::Acc,
+) -> Result<()> {
+    let short = Error::new(ErrorKind::Internal("gemm: operand shorter than its shape"));
     let zero = <A::Acc as Acc>::ZERO;
     if m == 0 || n == 0 {
-        return;
+        return Ok(());
     }
     // Scale C by beta.
     for i in 0..m {
-        let row = &mut c[i * ldc..i * ldc + n];
+        let row = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
         if beta == zero {
             row.fill(zero);
         } else if beta != <A::Acc as Acc>::ONE {
@@ -194,29 +227,27 @@ pub(crate) fn reference_gemm<A: Float, B: Float<Acc = A::Acc>>(
         }
     }
     if k == 0 {
-        return;
+        return Ok(());
     }
-    let a_at = |i: usize, p: usize| {
-        if transa {
-            a[p * lda + i].to_acc()
-        } else {
-            a[i * lda + p].to_acc()
-        }
+    let a_at = |i: usize, p: usize| -> Result<A::Acc> {
+        let at = if transa { p * lda + i } else { i * lda + p };
+        a.get(at).map(|v| v.to_acc()).ok_or(short)
     };
     if !transb {
         // i-k-j: the inner loop runs contiguously over a row of B and of C.
+        let b_row = |p: usize| b.get(p * ldb..p * ldb + n).ok_or(short);
         for i in 0..m {
-            let crow = &mut c[i * ldc..i * ldc + n];
+            let crow = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
             let mut p = 0;
             while p + 4 <= k {
-                let a0 = alpha * a_at(i, p);
-                let a1 = alpha * a_at(i, p + 1);
-                let a2 = alpha * a_at(i, p + 2);
-                let a3 = alpha * a_at(i, p + 3);
-                let b0 = &b[p * ldb..p * ldb + n];
-                let b1 = &b[(p + 1) * ldb..(p + 1) * ldb + n];
-                let b2 = &b[(p + 2) * ldb..(p + 2) * ldb + n];
-                let b3 = &b[(p + 3) * ldb..(p + 3) * ldb + n];
+                let a0 = alpha * a_at(i, p)?;
+                let a1 = alpha * a_at(i, p + 1)?;
+                let a2 = alpha * a_at(i, p + 2)?;
+                let a3 = alpha * a_at(i, p + 3)?;
+                let b0 = b_row(p)?;
+                let b1 = b_row(p + 1)?;
+                let b2 = b_row(p + 2)?;
+                let b3 = b_row(p + 3)?;
                 for ((((cv, &x0), &x1), &x2), &x3) in
                     crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3)
                 {
@@ -226,8 +257,8 @@ pub(crate) fn reference_gemm<A: Float, B: Float<Acc = A::Acc>>(
                 p += 4;
             }
             while p < k {
-                let a0 = alpha * a_at(i, p);
-                let b0 = &b[p * ldb..p * ldb + n];
+                let a0 = alpha * a_at(i, p)?;
+                let b0 = b_row(p)?;
                 for (cv, &x0) in crow.iter_mut().zip(b0) {
                     *cv += a0 * x0.to_acc();
                 }
@@ -237,54 +268,60 @@ pub(crate) fn reference_gemm<A: Float, B: Float<Acc = A::Acc>>(
     } else if !transa {
         // Both operands contiguous over k: dot products, 4 accumulators.
         for i in 0..m {
-            let arow = &a[i * lda..i * lda + k];
-            for j in 0..n {
-                let brow = &b[j * ldb..j * ldb + k];
+            let arow = a.get(i * lda..i * lda + k).ok_or(short)?;
+            let crow = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
+            for (j, cv) in crow.iter_mut().enumerate() {
+                let brow = b.get(j * ldb..j * ldb + k).ok_or(short)?;
                 let mut s = [zero; 4];
                 let mut ac = arow.chunks_exact(4);
                 let mut bc = brow.chunks_exact(4);
                 for (x, y) in (&mut ac).zip(&mut bc) {
-                    s[0] += x[0].to_acc() * y[0].to_acc();
-                    s[1] += x[1].to_acc() * y[1].to_acc();
-                    s[2] += x[2].to_acc() * y[2].to_acc();
-                    s[3] += x[3].to_acc() * y[3].to_acc();
+                    for ((sq, xq), yq) in s.iter_mut().zip(x).zip(y) {
+                        *sq += xq.to_acc() * yq.to_acc();
+                    }
                 }
-                let mut t = (s[0] + s[1]) + (s[2] + s[3]);
+                let [s0, s1, s2, s3] = s;
+                let mut t = (s0 + s1) + (s2 + s3);
                 for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
                     t += x.to_acc() * y.to_acc();
                 }
-                c[i * ldc + j] += alpha * t;
+                *cv += alpha * t;
             }
         }
     } else {
         // A^T B^T: A(i, p) = a[p*lda + i]; keep the dot over k, 4 columns of
         // C at a time.
+        let b_row = |j: usize| b.get(j * ldb..j * ldb + k).ok_or(short);
         for i in 0..m {
-            let mut j = 0;
-            while j + 4 <= n {
-                let mut s = [zero; 4];
-                for p in 0..k {
-                    let av = a[p * lda + i].to_acc();
-                    s[0] += av * b[j * ldb + p].to_acc();
-                    s[1] += av * b[(j + 1) * ldb + p].to_acc();
-                    s[2] += av * b[(j + 2) * ldb + p].to_acc();
-                    s[3] += av * b[(j + 3) * ldb + p].to_acc();
+            let acol = a.get(i..).and_then(|a| strided(a, lda, k)).ok_or(short)?;
+            let crow = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
+            let mut quads = crow.chunks_exact_mut(4);
+            for (q, cq) in (&mut quads).enumerate() {
+                let j = 4 * q;
+                let (b0, b1, b2, b3) = (b_row(j)?, b_row(j + 1)?, b_row(j + 2)?, b_row(j + 3)?);
+                let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
+                for ((((av, x0), x1), x2), x3) in acol.clone().zip(b0).zip(b1).zip(b2).zip(b3) {
+                    let av = av.to_acc();
+                    s0 += av * x0.to_acc();
+                    s1 += av * x1.to_acc();
+                    s2 += av * x2.to_acc();
+                    s3 += av * x3.to_acc();
                 }
-                for (q, &sv) in s.iter().enumerate() {
-                    c[i * ldc + j + q] += alpha * sv;
+                for (cv, sv) in cq.iter_mut().zip([s0, s1, s2, s3]) {
+                    *cv += alpha * sv;
                 }
-                j += 4;
             }
-            while j < n {
+            let j0 = n - n % 4;
+            for (j, cv) in (j0..).zip(quads.into_remainder()) {
                 let mut t = zero;
-                for p in 0..k {
-                    t += a[p * lda + i].to_acc() * b[j * ldb + p].to_acc();
+                for (av, x) in acol.clone().zip(b_row(j)?) {
+                    t += av.to_acc() * x.to_acc();
                 }
-                c[i * ldc + j] += alpha * t;
-                j += 1;
+                *cv += alpha * t;
             }
         }
     }
+    Ok(())
 }
 
 /// Geometry of a Gemm-style product `A' · B'` (+ C broadcast to (M, N)).
@@ -311,18 +348,19 @@ pub(crate) fn gemm_geom(
     b: &[usize],
     c: Option<&[usize]>,
 ) -> Result<GemmGeom> {
-    for s in [a, b] {
-        if s.len() != 2 {
-            return Err(Error::new(ErrorKind::Rank {
-                expected: 2,
-                got: s.len(),
-            }));
-        }
-    }
+    let rank2 = |s: &[usize]| match *s {
+        [rows, cols] => Ok((rows, cols)),
+        _ => Err(Error::new(ErrorKind::Rank {
+            expected: 2,
+            got: s.len(),
+        })),
+    };
+    let (a0, a1) = rank2(a)?;
+    let (b0, b1) = rank2(b)?;
     let transa = ctx.attr_int("transA", 0)? != 0;
     let transb = ctx.attr_int("transB", 0)? != 0;
-    let (m, k) = if transa { (a[1], a[0]) } else { (a[0], a[1]) };
-    let (kb, n) = if transb { (b[1], b[0]) } else { (b[0], b[1]) };
+    let (m, k) = if transa { (a1, a0) } else { (a0, a1) };
+    let (kb, n) = if transb { (b1, b0) } else { (b0, b1) };
     if k != kb {
         return Err(Error::new(ErrorKind::Dim {
             axis: if transb { 1 } else { 0 },
@@ -341,24 +379,24 @@ pub(crate) fn gemm_geom(
                 }));
             }
             let out = [m, n];
-            let off = 2 - cs.len();
-            for (i, &d) in cs.iter().enumerate() {
-                if d != 1 && d != out[i + off] {
+            // C's axes line up with the trailing axes of (M, N).
+            for (&d, &o) in cs.iter().rev().zip(out.iter().rev()) {
+                if d != 1 && d != o {
                     return Err(Error::new(ErrorKind::Shape(
                         "Gemm C does not broadcast to (M, N)",
                     )));
                 }
             }
-            let s = broadcast_strides(cs, &out);
-            Some((s[0], s[1]))
+            let [s0, s1, ..] = broadcast_strides(cs, &out);
+            Some((s0, s1))
         }
     };
     Ok(GemmGeom {
         m,
         n,
         k,
-        lda: a[1],
-        ldb: b[1],
+        lda: a1,
+        ldb: b1,
         transa,
         transb,
         c,
@@ -481,9 +519,16 @@ fn run_gemm<T: Float, W: Float<Acc = T::Acc>>(io: &mut KernelIo<'_>, g: &GemmPar
                     return Err(len_err(need, cv.len()));
                 }
                 let beta = T::Acc::from_f32(beta);
+                let short = Error::new(ErrorKind::Internal("Gemm: C or scratch too short"));
                 for i in 0..m {
-                    for j in 0..n {
-                        acc[i * n + j] = beta * cv[i * s0 + j * s1].to_acc();
+                    // C(i, j) is cv[i * s0 + j * s1] (a zero stride broadcasts).
+                    let crow = cv.get(i * s0..).and_then(|r| strided(r, s1, n));
+                    let arow = acc.get_mut(i * n..i * n + n);
+                    let (Some(crow), Some(arow)) = (crow, arow) else {
+                        return Err(short);
+                    };
+                    for (o, v) in arow.iter_mut().zip(crow) {
+                        *o = beta * v.to_acc();
                     }
                 }
                 <T::Acc as Acc>::ONE
@@ -496,7 +541,10 @@ fn run_gemm<T: Float, W: Float<Acc = T::Acc>>(io: &mut KernelIo<'_>, g: &GemmPar
         )
     };
     if T::IS_ACC {
-        let acc: &mut [T::Acc] = bytemuck::try_cast_slice_mut(&mut y[..m * n])
+        let y = y
+            .get_mut(..m * n)
+            .ok_or(Error::new(ErrorKind::Internal("Gemm output")))?;
+        let acc: &mut [T::Acc] = bytemuck::try_cast_slice_mut(y)
             .map_err(|_| Error::new(ErrorKind::Internal("Gemm output")))?;
         body(acc)?;
     } else {
@@ -520,22 +568,22 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             got: b.dtype,
         }));
     }
-    if a.shape.is_empty() || b.shape.is_empty() {
-        return Err(Error::new(ErrorKind::Shape(
+    let rank0 = || {
+        Err(Error::new(ErrorKind::Shape(
             "MatMul inputs must have rank >= 1",
-        )));
-    }
+        )))
+    };
     let ra = a.shape.len();
     let rb = b.shape.len();
-    let (m, k, a_batch) = if ra == 1 {
-        (1, a.shape[0], &a.shape[..0])
-    } else {
-        (a.shape[ra - 2], a.shape[ra - 1], &a.shape[..ra - 2])
+    let (m, k, a_batch): (usize, usize, &[usize]) = match *a.shape {
+        [] => return rank0(),
+        [k] => (1, k, &[]),
+        [ref batch @ .., m, k] => (m, k, batch),
     };
-    let (kb, n, b_batch) = if rb == 1 {
-        (b.shape[0], 1, &b.shape[..0])
-    } else {
-        (b.shape[rb - 2], b.shape[rb - 1], &b.shape[..rb - 2])
+    let (kb, n, b_batch): (usize, usize, &[usize]) = match *b.shape {
+        [] => return rank0(),
+        [kb] => (kb, 1, &[]),
+        [ref batch @ .., kb, n] => (kb, n, batch),
     };
     if k != kb {
         return Err(Error::new(ErrorKind::Dim {
@@ -546,7 +594,10 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let mut bs = [0usize; MAX_RANK];
     let br = broadcast_shapes(a_batch, b_batch, &mut bs)?;
-    let batch: Vec<usize> = bs[..br].to_vec();
+    let batch: Vec<usize> = bs
+        .get(..br)
+        .ok_or(Error::new(ErrorKind::Internal("MatMul: broadcast rank")))?
+        .to_vec();
     let mut out_shape = batch.clone();
     if ra != 1 {
         out_shape.push(m);
@@ -638,12 +689,10 @@ fn run_matmul<T: Float, W: Float<Acc = T::Acc>>(
 /// round the f64 result back.
 fn prepare_det(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
-    let r = x.shape.len();
-    if r < 2 || x.shape[r - 1] != x.shape[r - 2] {
-        return Err(Error::new(ErrorKind::Shape("Det input must be [*, M, M]")));
-    }
-    let n = x.shape[r - 1];
-    let out = &x.shape[..r - 2];
+    let (out, n) = match *x.shape {
+        [ref batch @ .., rows, cols] if rows == cols => (batch, cols),
+        _ => return Err(Error::new(ErrorKind::Shape("Det input must be [*, M, M]"))),
+    };
     let bytes = n
         .checked_mul(n)
         .and_then(|v| v.checked_mul(8))
@@ -666,10 +715,13 @@ fn prepare_det(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         return Err(len_err(y.len() * n * n, xs.len()));
                     }
                     for (b, yv) in y.iter_mut().enumerate() {
-                        for (d, &v) in a.iter_mut().zip(&xs[b * n * n..(b + 1) * n * n]) {
+                        let xm = xs
+                            .get(b * n * n..(b + 1) * n * n)
+                            .ok_or(Error::new(ErrorKind::Internal("Det input")))?;
+                        for (d, &v) in a.iter_mut().zip(xm) {
                             *d = $get(v);
                         }
-                        *yv = $put(lu_det(a, n));
+                        *yv = $put(lu_det(a, n)?);
                     }
                     Ok(())
                 }),
@@ -692,37 +744,48 @@ fn prepare_det(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 }
 
 /// Determinant of the row-major `n x n` matrix `a` (destroyed).
-fn lu_det(a: &mut [f64], n: usize) -> f64 {
+fn lu_det(a: &mut [f64], n: usize) -> Result<f64> {
+    let short = Error::new(ErrorKind::Internal("Det: scratch shorter than n x n"));
+    let a = a.get_mut(..n * n).ok_or(short)?;
     let mut det = 1.0f64;
     for c in 0..n {
         // Largest pivot keeps the elimination stable.
         let mut p = c;
-        for i in c + 1..n {
-            if a[i * n + c].abs() > a[p * n + c].abs() {
+        let mut piv = *a.get(c * n + c).ok_or(short)?;
+        for (i, row) in a.chunks_exact(n).enumerate().skip(c + 1) {
+            let v = *row.get(c).ok_or(short)?;
+            if v.abs() > piv.abs() {
                 p = i;
+                piv = v;
             }
         }
-        let piv = a[p * n + c];
         if piv == 0.0 {
-            return 0.0;
+            return Ok(0.0);
         }
+        // `upper` ends with row c, `lower` holds the rows below it (p among
+        // them when p != c).
+        let (upper, lower) = a.split_at_mut_checked((c + 1) * n).ok_or(short)?;
+        let prow = upper.get_mut(c * n..).ok_or(short)?;
         if p != c {
-            for j in 0..n {
-                a.swap(c * n + j, p * n + j);
+            let other = lower.get_mut((p - c - 1) * n..(p - c) * n).ok_or(short)?;
+            for (u, v) in prow.iter_mut().zip(other) {
+                core::mem::swap(u, v);
             }
             det = -det;
         }
         det *= piv;
-        for i in c + 1..n {
-            let f = a[i * n + c] / piv;
+        let tail = prow.get(c + 1..).ok_or(short)?;
+        for row in lower.chunks_exact_mut(n) {
+            let (head, rest) = row.split_at_mut_checked(c + 1).ok_or(short)?;
+            let f = *head.last().ok_or(short)? / piv;
             if f != 0.0 {
-                for j in c + 1..n {
-                    a[i * n + j] -= f * a[c * n + j];
+                for (v, &t) in rest.iter_mut().zip(tail) {
+                    *v -= f * t;
                 }
             }
         }
     }
-    det
+    Ok(det)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! MaxUnpool (f32, f64, f16 and bf16 accumulating in f32, MaxPool also
 //! uint8/int8, MaxUnpool f32 only; NCHW layout; windowed pools
 //! over 1 to 3 spatial axes).
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 use alloc::vec::Vec;
 
@@ -89,7 +90,10 @@ fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Resul
         pool_input_of(ctx, util::FLOATS)?
     };
     let dt = ctx.input(0)?.dtype;
-    let n = xs.len() - 2;
+    let [nb, ch, spatial @ ..] = xs else {
+        return Err(Error::new(ErrorKind::Internal("pool: input rank")));
+    };
+    let n = spatial.len();
     let k: Vec<usize> = match ctx.attr_ints("kernel_shape")? {
         None => {
             return Err(Error::new(ErrorKind::Attribute {
@@ -112,10 +116,14 @@ fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Resul
             .collect::<Result<_>>()?,
     };
     let ceil_mode = ctx.attr_int("ceil_mode", 0)? != 0;
-    let g = forward_geom(ctx, &xs[2..], &k, ceil_mode)?;
-    let planes = xs[0] * xs[1];
-    let mut shape = alloc::vec![xs[0], xs[1]];
-    shape.extend_from_slice(&g.out[g.out.len() - n..]);
+    let g = forward_geom(ctx, spatial, &k, ceil_mode)?;
+    let planes = nb * ch;
+    let mut shape = alloc::vec![*nb, *ch];
+    shape.extend_from_slice(
+        g.out
+            .get(g.out.len() - n..)
+            .ok_or(Error::new(ErrorKind::Internal("pool: spatial rank")))?,
+    );
     let indices = mode == Mode::Max && ctx.has_output(1);
     // Indices count in row-major (0) or column-major (1) order per plane.
     let col_major = match ctx.attr_int("storage_order", 0)? {
@@ -296,8 +304,9 @@ fn pool<T: PoolElem>(
     let [d0, d1, d2] = g.d;
     let [p0, p1, p2] = g.pb;
     let [e0, e1, e2] = g.pe;
+    let short = Error::new(ErrorKind::Internal("pool: window outside the plane"));
     for (pi, yp) in y.chunks_exact_mut(out_sz).enumerate() {
-        let xp = &x[pi * in_sz..][..in_sz];
+        let xp = x.get(pi * in_sz..(pi + 1) * in_sz).ok_or(short)?;
         for od in 0..o0 {
             // Taps of this window that fall inside the input, per axis.
             let (ad, bd) = valid_range(k0, d0, od * s0, p0, i0);
@@ -305,7 +314,16 @@ fn pool<T: PoolElem>(
             for oh in 0..o1 {
                 let (ah, bh) = valid_range(k1, d1, oh * s1, p1, i1);
                 let ph = taps_below(oh, s1, d1, k1, p1, i1 + e1);
-                let yrow = &mut yp[(od * o1 + oh) * o2..][..o2];
+                let r0 = (od * o1 + oh) * o2;
+                let yrow = yp.get_mut(r0..r0 + o2).ok_or(short)?;
+                // This row's Indices (MaxPool with that output only).
+                let mut irow = match idx.as_mut() {
+                    Some((iv, col_major)) => {
+                        let o = pi * out_sz + r0;
+                        Some((iv.get_mut(o..o + o2).ok_or(short)?, *col_major))
+                    }
+                    None => None,
+                };
                 for (ow, out) in yrow.iter_mut().enumerate() {
                     let (aw, bw) = valid_range(k2, d2, ow * s2, p2, i2);
                     let mut acc = 0.0f32;
@@ -316,10 +334,19 @@ fn pool<T: PoolElem>(
                         let id = od * s0 + kd * d0 - p0;
                         for kh in ah..bh {
                             let ih = oh * s1 + kh * d1 - p1;
-                            let row = &xp[(id * i1 + ih) * i2..][..i2];
-                            for kw in aw..bw {
+                            let r = (id * i1 + ih) * i2;
+                            let row = xp.get(r..r + i2).ok_or(short)?;
+                            // Taps aw..bw of this row: the inputs from that
+                            // of tap aw on, `d2` apart.
+                            let taps = if aw < bw {
+                                let iw0 = ow * s2 + aw * d2 - p2;
+                                let span = (bw - aw - 1) * d2 + 1;
+                                row.get(iw0..iw0 + span).ok_or(short)?
+                            } else {
+                                &[]
+                            };
+                            for (kw, &v) in (aw..bw).zip(taps.iter().step_by(d2)) {
                                 let iw = ow * s2 + kw * d2 - p2;
-                                let v = row[iw];
                                 match mode {
                                     Mode::Max => {
                                         if v > best || v.is_nan() || at.is_none() {
@@ -333,9 +360,8 @@ fn pool<T: PoolElem>(
                             }
                         }
                     }
-                    if let Some((iv, col_major)) = idx.as_mut() {
-                        let o = pi * out_sz + (od * o1 + oh) * o2 + ow;
-                        iv[o] = match at {
+                    if let Some((iv, col_major)) = irow.as_mut() {
+                        *iv.get_mut(ow).ok_or(short)? = match at {
                             None => -1,
                             Some([a, b, c]) => {
                                 let within = if *col_major {
@@ -370,17 +396,16 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
     let x = ctx.input(0)?;
     util::dtype_in(x.dtype, util::FLOATS, "global pool input")?;
     let (xs, dt) = (x.shape, x.dtype);
-    if xs.len() < 2 {
+    let [nb, ch, spatial @ ..] = xs else {
         return Err(Error::new(ErrorKind::Rank {
             expected: 3,
             got: xs.len(),
         }));
-    }
-    let planes = xs[0] * xs[1];
-    let plane: usize = xs[2..].iter().product();
-    let mut shape = alloc::vec![1usize; xs.len()];
-    shape[0] = xs[0];
-    shape[1] = xs[1];
+    };
+    let planes = nb * ch;
+    let plane: usize = spatial.iter().product();
+    let mut shape = alloc::vec![*nb, *ch];
+    shape.resize(xs.len(), 1);
     let name = match mode {
         Mode::Max => "GlobalMaxPool",
         Mode::Avg(_) => "GlobalAveragePool",
@@ -416,13 +441,17 @@ fn run_global<T: Float>(
     let cnt = T::Acc::from_f64(plane as f64);
     for (o, xp) in y.iter_mut().zip(x.chunks_exact(plane)) {
         *o = match mode {
-            Mode::Max => xp.iter().fold(xp[0], |a, &v| {
-                if v > a || v.to_acc() != v.to_acc() {
-                    v
-                } else {
-                    a
-                }
-            }),
+            Mode::Max => xp.iter().fold(
+                *xp.first()
+                    .ok_or(Error::new(ErrorKind::Internal("GlobalMaxPool plane")))?,
+                |a, &v| {
+                    if v > a || v.to_acc() != v.to_acc() {
+                        v
+                    } else {
+                        a
+                    }
+                },
+            ),
             Mode::Avg(_) => T::from_acc(xp.iter().fold(zero, |s, &v| s + v.to_acc()) / cnt),
             Mode::Lp(p) => T::from_f32(root(
                 xp.iter().map(|&v| abs_pow(v.to_f32(), p)).sum::<f32>(),
@@ -458,7 +487,10 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "MaxUnpool indices must have the shape of X",
         )));
     }
-    let n = xs.len() - 2;
+    let [nb, ch, spatial @ ..] = xs else {
+        return Err(Error::new(ErrorKind::Internal("MaxUnpool: input rank")));
+    };
+    let n = spatial.len();
     if n > 3 {
         return Err(Error::new(ErrorKind::Unsupported(
             "MaxUnpool over more than 3 spatial axes",
@@ -485,10 +517,14 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let k = attr_len("kernel_shape", n, 1)?;
     let s = attr_len("strides", n, 1)?;
     let p = attr_len("pads", 2 * n, 0)?;
-    let mut inferred = alloc::vec![xs[0], xs[1]];
-    for i in 0..n {
-        let v = ((xs[i + 2].max(1) - 1) * s[i] + k[i])
-            .checked_sub(p[i] + p[i + n])
+    let (p_begin, p_end) = p
+        .split_at_checked(n)
+        .ok_or(Error::new(ErrorKind::Internal("MaxUnpool pads")))?;
+    let mut inferred = alloc::vec![*nb, *ch];
+    let axes = spatial.iter().zip(&s).zip(&k).zip(p_begin).zip(p_end);
+    for ((((&xi, &si), &ki), &pb), &pe) in axes {
+        let v = ((xi.max(1) - 1) * si + ki)
+            .checked_sub(pb + pe)
             .ok_or(Error::new(ErrorKind::Shape(
                 "MaxUnpool pads exceed the output",
             )))?;
@@ -514,14 +550,19 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     // Row-major strides of the output and the inferred shape.
     let mut out_st = [0usize; 5];
     let mut inf_st = [0usize; 5];
-    let (mut a, mut b) = (1usize, 1usize);
-    for d in (0..xs.len()).rev() {
-        out_st[d] = a;
-        inf_st[d] = b;
-        a *= shape[d];
-        b *= inferred[d];
-    }
     let rank = xs.len();
+    let (mut a, mut b) = (1usize, 1usize);
+    let strides = out_st
+        .get_mut(..rank)
+        .zip(inf_st.get_mut(..rank))
+        .ok_or(Error::new(ErrorKind::Internal("MaxUnpool rank")))?;
+    let axes = strides.0.iter_mut().zip(strides.1.iter_mut());
+    for ((os, is), (&sd, &id)) in axes.zip(shape.iter().zip(&inferred)).rev() {
+        *os = a;
+        *is = b;
+        a *= sd;
+        b *= id;
+    }
     Ok(Prepared::single(
         DType::F32,
         &shape,
@@ -540,9 +581,9 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 }
                 // Re-address the inferred-shape index into the output.
                 let (mut rem, mut o) = (i as usize, 0usize);
-                for d in 0..rank {
-                    o += rem / inf_st[d] * out_st[d];
-                    rem %= inf_st[d];
+                for (&is, &os) in inf_st.iter().zip(&out_st).take(rank) {
+                    o += rem / is * os;
+                    rem %= is;
                 }
                 let slot = y
                     .get_mut(o)
