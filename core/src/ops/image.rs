@@ -102,6 +102,9 @@ fn cubic_coeffs(t: f32) -> [f32; 4] {
 /// The element index along one axis of size `d` that integer position `i`
 /// reads under `pad`, or `None` for an implicit zero.
 fn pixel_index(i: i64, d: usize, pad: Pad, lo: f64, hi: f64) -> Option<usize> {
+    if d == 0 {
+        return None; // an empty axis has no pixel (and `clamp(0, -1)` panics)
+    }
     let di = d as i64;
     match pad {
         Pad::Zeros => (i >= 0 && i < di).then_some(i as usize),
@@ -234,7 +237,9 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         }
                         if (v as f64) < ax.lo || (v as f64) > ax.hi {
                             match pad {
-                                Pad::Border => v = v.clamp(0.0, len - 1.0),
+                                // `clamp` panics on an empty range.
+                                Pad::Border if len >= 1.0 => v = v.clamp(0.0, len - 1.0),
+                                Pad::Border => {}
                                 Pad::Reflection => v = reflect(v as f64, ax.lo, ax.hi) as f32,
                                 Pad::Zeros => {}
                             }
@@ -248,13 +253,21 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                                 let f = libm::floorf(v);
                                 let t = v - f;
                                 let i0 = f as i64;
-                                ([at(i0), at(i0 + 1), None, None], [1.0 - t, t, 0.0, 0.0])
+                                (
+                                    [at(i0), at(i0.saturating_add(1)), None, None],
+                                    [1.0 - t, t, 0.0, 0.0],
+                                )
                             }
                             Interp::Cubic => {
                                 let f = libm::floorf(v);
                                 let i0 = f as i64;
                                 (
-                                    [at(i0 - 1), at(i0), at(i0 + 1), at(i0 + 2)],
+                                    [
+                                        at(i0.saturating_sub(1)),
+                                        at(i0),
+                                        at(i0.saturating_add(1)),
+                                        at(i0.saturating_add(2)),
+                                    ],
                                     cubic_coeffs(v - f),
                                 )
                             }
@@ -791,8 +804,11 @@ fn bilinear_zero(p: &[f32], h: usize, w: usize, y: f32, x: f32) -> Option<f32> {
             Some(0.0)
         }
     };
-    let r0 = (1.0 - tx) * at(y0, x0)? + tx * at(y0, x0 + 1)?;
-    let r1 = (1.0 - tx) * at(y0 + 1, x0)? + tx * at(y0 + 1, x0 + 1)?;
+    // Saturating: a huge or infinite offset casts to i64::MAX / MIN, and
+    // every tap there is outside (zero).
+    let (y1, x1) = (y0.saturating_add(1), x0.saturating_add(1));
+    let r0 = (1.0 - tx) * at(y0, x0)? + tx * at(y0, x1)?;
+    let r1 = (1.0 - tx) * at(y1, x0)? + tx * at(y1, x1)?;
     Some((1.0 - ty) * r0 + ty * r1)
 }
 
