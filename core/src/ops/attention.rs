@@ -9,6 +9,8 @@
 //! where the ONNX reference (numpy in the input precision, matmuls
 //! accumulating in f32) rounds, so low-precision results match it closely.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
@@ -208,12 +210,20 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             got: rank,
         }));
     }
-    let batch = q.shape[0];
-    if k.shape[0] != batch || v.shape[0] != batch {
+    let rank_err = || internal("Attention: rank");
+    let (Some(&batch), Some(&kb), Some(&vb)) = (q.shape.first(), k.shape.first(), v.shape.first())
+    else {
+        return Err(rank_err());
+    };
+    if kb != batch || vb != batch {
         return Err(shape_err("Attention: batch sizes differ"));
     }
     let (hq, hkv, sq, skv, dq, dk, dv, ql, kl, vl);
     if rank == 3 {
+        let (&[_, q_s, q_hid], &[_, k_s, k_hid], &[_, v_s, v_hid]) = (q.shape, k.shape, v.shape)
+        else {
+            return Err(rank_err());
+        };
         let qh = ctx.attr_int("q_num_heads", 0)?;
         let kh = ctx.attr_int("kv_num_heads", 0)?;
         if qh <= 0 || kh <= 0 {
@@ -224,29 +234,34 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
         hq = qh as usize;
         hkv = kh as usize;
-        if q.shape[2] % hq != 0 || k.shape[2] % hkv != 0 || v.shape[2] % hkv != 0 {
+        if q_hid % hq != 0 || k_hid % hkv != 0 || v_hid % hkv != 0 {
             return Err(shape_err("Attention: hidden size not divisible by heads"));
         }
-        sq = q.shape[1];
-        skv = k.shape[1];
-        dq = q.shape[2] / hq;
-        dk = k.shape[2] / hkv;
-        dv = v.shape[2] / hkv;
-        if v.shape[1] != skv {
+        sq = q_s;
+        skv = k_s;
+        dq = q_hid / hq;
+        dk = k_hid / hkv;
+        dv = v_hid / hkv;
+        if v_s != skv {
             return Err(shape_err("Attention: K and V lengths differ"));
         }
         ql = Lay::d3(hq, sq, dq);
         kl = Lay::d3(hkv, skv, dk);
         vl = Lay::d3(hkv, skv, dv);
     } else {
-        hq = q.shape[1];
-        hkv = k.shape[1];
-        sq = q.shape[2];
-        skv = k.shape[2];
-        dq = q.shape[3];
-        dk = k.shape[3];
-        dv = v.shape[3];
-        if v.shape[1] != hkv || v.shape[2] != skv {
+        let (&[_, q_h, q_s, q_d], &[_, k_h, k_s, k_d], &[_, v_h, v_s, v_d]) =
+            (q.shape, k.shape, v.shape)
+        else {
+            return Err(rank_err());
+        };
+        hq = q_h;
+        hkv = k_h;
+        sq = q_s;
+        skv = k_s;
+        dq = q_d;
+        dk = k_d;
+        dv = v_d;
+        if v_h != hkv || v_s != skv {
             return Err(shape_err("Attention: K and V shapes differ"));
         }
         ql = Lay::d4(hq, sq, dq);
@@ -273,17 +288,19 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     got: if pk.dtype != dt { pk.dtype } else { pv.dtype },
                 }));
             }
-            if pk.shape.len() != 4
-                || pv.shape.len() != 4
-                || pk.shape[..2] != [batch, hkv]
-                || pv.shape[..2] != [batch, hkv]
-                || pk.shape[2] != pv.shape[2]
-                || pk.shape[3] != dk
-                || pv.shape[3] != dv
+            let past_err = || shape_err("Attention: past_key / past_value shape");
+            let (&[pkb, pkh, pkl, pkd], &[pvb, pvh, pvl, pvd]) = (pk.shape, pv.shape) else {
+                return Err(past_err());
+            };
+            if [pkb, pkh] != [batch, hkv]
+                || [pvb, pvh] != [batch, hkv]
+                || pkl != pvl
+                || pkd != dk
+                || pvd != dv
             {
-                return Err(shape_err("Attention: past_key / past_value shape"));
+                return Err(past_err());
             }
-            pk.shape[2]
+            pkl
         }
         _ => {
             return Err(Error::new(ErrorKind::Invalid(
@@ -323,36 +340,35 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 }));
             }
             let r = m.shape.len();
-            if !(1..=4).contains(&r) {
+            let (Some((&cols, lead)), true) = (m.shape.split_last(), r <= 4) else {
                 return Err(Error::new(ErrorKind::Rank {
                     expected: 4,
                     got: r,
                 }));
-            }
-            let cols = m.shape[r - 1];
+            };
             if cols > l {
                 return Err(shape_err("Attention: mask longer than the key sequence"));
             }
-            // Right-aligned broadcast of the leading mask axes onto
-            // (batch, q heads, q rows).
+            // Right-aligned broadcast of the leading mask axes (at most 3)
+            // onto (batch, q heads, q rows).
             let mut st = [0usize; 3];
             let target = [batch, hq, sq];
             let mut stride = cols;
-            for ax in (0..r - 1).rev() {
-                let t = 3 - (r - 1 - ax);
-                let d = m.shape[ax];
-                if d == target[t] {
-                    st[t] = stride;
+            let axes = lead.iter().rev().zip(target.iter().rev());
+            for ((&d, &t), s) in axes.zip(st.iter_mut().rev()) {
+                if d == t {
+                    *s = stride;
                 } else if d != 1 {
                     return Err(shape_err("Attention: mask does not broadcast"));
                 }
                 stride *= d;
             }
+            let [sb, sh, si] = st;
             Some(Mask {
                 is_bool,
-                sb: st[0],
-                sh: st[1],
-                si: st[2],
+                sb,
+                sh,
+                si,
                 cols,
                 numel: m.numel(),
             })
@@ -415,7 +431,10 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "Attention has 1 to 4 outputs",
         )));
     }
-    let outputs: Vec<OutputInfo> = all_out[..n_out].to_vec();
+    let outputs: Vec<OutputInfo> = all_out
+        .get(..n_out)
+        .ok_or(internal("Attention outputs"))?
+        .to_vec();
 
     let a = Att {
         batch,
@@ -471,26 +490,29 @@ struct Src<'a, T> {
 }
 
 impl<T: Fl> Src<'_, T> {
-    /// Start of key row `j` (past rows first) of kv head `h`.
+    /// Key row `j` (past rows first) of kv head `h`.
     #[inline]
-    fn key(&self, a: &Att, b: usize, h: usize, j: usize) -> &[T] {
-        if j < a.past {
+    fn key(&self, a: &Att, b: usize, h: usize, j: usize) -> Result<&[T]> {
+        let row = if j < a.past {
             let o = ((b * a.hkv + h) * a.past + j) * a.dk;
-            &self.pk[o..o + a.dk]
+            self.pk.get(o..o + a.dk)
         } else {
             let o = a.k.at(b, h, j - a.past);
-            &self.k[o..o + a.dk]
-        }
+            self.k.get(o..o + a.dk)
+        };
+        row.ok_or(internal("Attention: key row"))
     }
+    /// Value row `j` (past rows first) of kv head `h`.
     #[inline]
-    fn value(&self, a: &Att, b: usize, h: usize, j: usize) -> &[T] {
-        if j < a.past {
+    fn value(&self, a: &Att, b: usize, h: usize, j: usize) -> Result<&[T]> {
+        let row = if j < a.past {
             let o = ((b * a.hkv + h) * a.past + j) * a.dv;
-            &self.pv[o..o + a.dv]
+            self.pv.get(o..o + a.dv)
         } else {
             let o = a.v.at(b, h, j - a.past);
-            &self.v[o..o + a.dv]
-        }
+            self.v.get(o..o + a.dv)
+        };
+        row.ok_or(internal("Attention: value row"))
     }
 }
 
@@ -556,11 +578,13 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
             for h in 0..a.hkv {
                 for j in 0..a.l {
                     let row = if slot == 1 {
-                        src.key(a, b, h, j)
+                        src.key(a, b, h, j)?
                     } else {
-                        src.value(a, b, h, j)
+                        src.value(a, b, h, j)?
                     };
-                    out[o..o + d].copy_from_slice(row);
+                    out.get_mut(o..o + d)
+                        .ok_or(internal("Attention: present size"))?
+                        .copy_from_slice(row);
                     o += d;
                 }
             }
@@ -577,9 +601,12 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
         for b in 0..a.batch {
             for h in 0..a.hq {
                 for i in 0..a.sq {
-                    row_scores(a, &src, b, h, i, sc, a.qk_stage);
-                    for j in 0..l {
-                        out[o + j] = T::put(sc[j]);
+                    row_scores(a, &src, b, h, i, sc, a.qk_stage)?;
+                    let orow = out
+                        .get_mut(o..o + l)
+                        .ok_or(internal("Attention: qk output size"))?;
+                    for (ov, &x) in orow.iter_mut().zip(sc.iter()) {
+                        *ov = T::put(x);
                     }
                     o += l;
                 }
@@ -596,20 +623,24 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
         for h in 0..a.hq {
             let kvh = h / group;
             for i in 0..a.sq {
-                row_scores(a, &src, b, h, i, sc, Stage::Probs);
+                row_scores(a, &src, b, h, i, sc, Stage::Probs)?;
                 // The query slot of the scratch is free now: accumulate the
                 // row in f32 there, like the reference's matmul, round once.
-                let (p, acc) = sc.split_at_mut(2 * l);
-                let acc = &mut acc[..a.dv];
+                let (p, acc) = sc
+                    .split_at_mut_checked(2 * l)
+                    .ok_or(internal("Attention: scratch"))?;
+                let acc = acc.get_mut(..a.dv).ok_or(internal("Attention: scratch"))?;
                 acc.fill(0.0);
-                for j in 0..l {
-                    let pj = p[j];
-                    for (x, vv) in acc.iter_mut().zip(src.value(a, b, kvh, j)) {
+                for (j, &pj) in p.iter().take(l).enumerate() {
+                    for (x, vv) in acc.iter_mut().zip(src.value(a, b, kvh, j)?) {
                         *x += pj * vv.get();
                     }
                 }
                 let yo = a.y.at(b, h, i);
-                for (o, x) in y[yo..yo + a.dv].iter_mut().zip(acc.iter()) {
+                let yrow = y
+                    .get_mut(yo..yo + a.dv)
+                    .ok_or(internal("Attention: output size"))?;
+                for (o, x) in yrow.iter_mut().zip(acc.iter()) {
                     *o = T::put(*x);
                 }
             }
@@ -634,16 +665,23 @@ fn row_scores<T: Fl>(
     i: usize,
     sc: &mut [f32],
     stage: Stage,
-) {
+) -> Result<()> {
     let l = a.l;
-    let (s, rest) = sc.split_at_mut(l);
-    let (bias, qs) = rest.split_at_mut(l);
-    let qs = &mut qs[..a.dk];
+    let scratch = || internal("Attention: scratch");
+    let (s, rest) = sc.split_at_mut_checked(l).ok_or_else(scratch)?;
+    let (bias, qs) = rest.split_at_mut_checked(l).ok_or_else(scratch)?;
+    let qs = qs.get_mut(..a.dk).ok_or_else(scratch)?;
     let kvh = h / (a.hq / a.hkv);
     let neg = f32::NEG_INFINITY;
 
     // The causal / window frontier sits `offset` keys right of the row.
-    let valid = if a.nonpad { src.nonpad[b] } else { l as i64 };
+    let valid = if a.nonpad {
+        *src.nonpad
+            .get(b)
+            .ok_or(internal("Attention: nonpad_kv_seqlen size"))?
+    } else {
+        l as i64
+    };
     let offset = if a.past > 0 {
         a.past as i64
     } else if a.nonpad {
@@ -652,20 +690,28 @@ fn row_scores<T: Fl>(
         0
     };
     let pos = i as i64 + offset;
-    let mrow = a.mask.map(|m| b * m.sb + h * m.sh + i * m.si);
-    for j in 0..l {
-        let mut x = 0.0f32;
-        if let (Some(m), Some(r)) = (&a.mask, mrow) {
-            if j >= m.cols {
-                x = neg;
-            } else if m.is_bool {
-                if src.mask_b[r + j] == 0 {
-                    x = neg;
+    // The mask's row (missing columns count as masked), then the frontier.
+    match &a.mask {
+        Some(m) => {
+            let r = b * m.sb + h * m.sh + i * m.si;
+            let mask_err = || internal("Attention: mask size");
+            let (present, missing) = bias.split_at_mut_checked(m.cols).ok_or_else(mask_err)?;
+            missing.fill(neg);
+            if m.is_bool {
+                let row = src.mask_b.get(r..r + m.cols).ok_or_else(mask_err)?;
+                for (x, &mv) in present.iter_mut().zip(row) {
+                    *x = if mv == 0 { neg } else { 0.0 };
                 }
             } else {
-                x = src.mask_f[r + j].get();
+                let row = src.mask_f.get(r..r + m.cols).ok_or_else(mask_err)?;
+                for (x, mv) in present.iter_mut().zip(row) {
+                    *x = mv.get();
+                }
             }
         }
+        None => bias.fill(0.0),
+    }
+    for (j, x) in bias.iter_mut().enumerate() {
         let jj = j as i64;
         let diff = pos - jj;
         let blocked = (a.causal && jj > pos)
@@ -673,38 +719,41 @@ fn row_scores<T: Fl>(
             || (a.right >= 0 && -diff > a.right)
             || jj >= valid;
         if blocked {
-            x += neg;
+            *x += neg;
         }
-        bias[j] = x;
     }
     let all_masked = bias.iter().all(|&x| x == neg);
 
     let sqs = T::rt(a.sq_scale);
     let qo = a.q.at(b, h, i);
-    for (d, x) in qs.iter_mut().enumerate() {
-        *x = T::rt(src.q[qo + d].get() * sqs);
+    let qrow = src
+        .q
+        .get(qo..qo + a.dk)
+        .ok_or(internal("Attention: query row"))?;
+    for (x, qv) in qs.iter_mut().zip(qrow) {
+        *x = T::rt(qv.get() * sqs);
     }
     let cap = T::rt(a.softcap);
-    for j in 0..l {
-        let kr = src.key(a, b, kvh, j);
+    for (j, sj) in s.iter_mut().enumerate() {
+        let kr = src.key(a, b, kvh, j)?;
         let mut acc = 0.0f32;
-        for d in 0..a.dk {
-            acc += qs[d] * T::rt(kr[d].get() * sqs);
+        for (&qv, kv) in qs.iter().zip(kr) {
+            acc += qv * T::rt(kv.get() * sqs);
         }
         let mut x = T::rt(acc);
         if a.softcap > 0.0 {
             x = T::rt(T::rt(math::tanh(T::rt(x / cap))) * cap);
         }
-        s[j] = x;
+        *sj = x;
     }
     if stage == Stage::Capped {
-        return;
+        return Ok(());
     }
-    for j in 0..l {
-        s[j] = T::rt(s[j] + bias[j]);
+    for (x, &bj) in s.iter_mut().zip(bias.iter()) {
+        *x = T::rt(*x + bj);
     }
     if stage == Stage::Biased {
-        return;
+        return Ok(());
     }
 
     let p = a.prec;
@@ -742,6 +791,7 @@ fn row_scores<T: Fl>(
             T::rt(p.round(*x / sum))
         };
     }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -781,27 +831,24 @@ fn prepare_rotary(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if cos.shape != sin.shape {
         return Err(shape_err("RotaryEmbedding: cos and sin caches differ"));
     }
-    let (batch, heads, seq, d, xl) = match x.shape.len() {
-        4 => {
-            let (b, h, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-            (b, h, s, d, Lay::d4(h, s, d))
-        }
-        3 => {
+    let (batch, heads, seq, d, xl) = match *x.shape {
+        [b, h, s, d] => (b, h, s, d, Lay::d4(h, s, d)),
+        [b, s, hid] => {
             let nh = ctx.attr_int("num_heads", 0)?;
-            if nh <= 0 || x.shape[2] % nh as usize != 0 {
+            if nh <= 0 || hid % nh as usize != 0 {
                 return Err(Error::new(ErrorKind::Attribute {
                     name: "num_heads",
                     problem: "3D input needs num_heads dividing the hidden size",
                 }));
             }
             let h = nh as usize;
-            let (b, s, d) = (x.shape[0], x.shape[1], x.shape[2] / h);
+            let d = hid / h;
             (b, h, s, d, Lay::d3(h, s, d))
         }
-        r => {
+        _ => {
             return Err(Error::new(ErrorKind::Rank {
                 expected: 4,
-                got: r,
+                got: x.shape.len(),
             }))
         }
     };
@@ -831,23 +878,23 @@ fn prepare_rotary(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (pos_ids, pb, ps, cache_rows, cb, cs) = match ctx.opt_input(3) {
         Some(p) => {
             util::dtype_in(p.dtype, &[DType::I64], "RotaryEmbedding position_ids")?;
-            if p.shape.len() != 2 || cos.shape.len() != 2 {
+            let (&[p_b, p_s], &[rows, _]) = (p.shape, cos.shape) else {
                 return Err(shape_err(
                     "RotaryEmbedding: position_ids [batch, seq] with a 2D cache",
                 ));
-            }
-            let pb = bcast(p.shape[0], batch, p.shape[1])?;
-            let ps = bcast(p.shape[1], seq, 1)?;
-            (true, pb, ps, cos.shape[0], 0, 0)
+            };
+            let pb = bcast(p_b, batch, p_s)?;
+            let ps = bcast(p_s, seq, 1)?;
+            (true, pb, ps, rows, 0, 0)
         }
         None => {
-            if cos.shape.len() != 3 {
+            let &[c_b, c_s, _] = cos.shape else {
                 return Err(shape_err(
                     "RotaryEmbedding: without position_ids the cache is [batch, seq, dim/2]",
                 ));
-            }
-            let cb = bcast(cos.shape[0], batch, cos.shape[1] * half)?;
-            let cs = bcast(cos.shape[1], seq, half)?;
+            };
+            let cb = bcast(c_b, batch, c_s * half)?;
+            let cs = bcast(c_s, seq, half)?;
             (false, 0, 0, 0, cb, cs)
         }
     };
@@ -911,10 +958,19 @@ fn run_rot<T: Fl>(r: &Rot, io: &mut KernelIo<'_>) -> Result<()> {
     }
     let y = io.output_slice::<T>(0)?;
     need(y, n)?;
+    let size = || internal("RotaryEmbedding size");
+    // One rotated pair (x1, x2) by the angle of (cos, sin).
+    let rot = |c: &T, sn: &T, x1: &T, x2: &T| {
+        let (c, sn, x1, x2) = (c.get(), sn.get(), x1.get(), x2.get());
+        (
+            T::put(T::rt(c * x1) - T::rt(sn * x2)),
+            T::put(T::rt(sn * x1) + T::rt(c * x2)),
+        )
+    };
     for b in 0..r.batch {
         for s in 0..r.seq {
             let c0 = if r.pos_ids {
-                let p = pos[b * r.pb + s * r.ps];
+                let p = *pos.get(b * r.pb + s * r.ps).ok_or_else(size)?;
                 if p < 0 || p as usize >= r.cache_rows {
                     return Err(Error::new(ErrorKind::Invalid(
                         "RotaryEmbedding: position id outside the cache",
@@ -924,21 +980,36 @@ fn run_rot<T: Fl>(r: &Rot, io: &mut KernelIo<'_>) -> Result<()> {
             } else {
                 b * r.cb + s * r.cs
             };
-            let (cr, sr) = (&cos[c0..c0 + r.half], &sin[c0..c0 + r.half]);
+            let cr = cos.get(c0..c0 + r.half).ok_or_else(size)?;
+            let sr = sin.get(c0..c0 + r.half).ok_or_else(size)?;
             for h in 0..r.heads {
                 let o = r.x.at(b, h, s);
-                let (xr, yr) = (&x[o..o + r.d], &mut y[o..o + r.d]);
+                let xr = x.get(o..o + r.d).ok_or_else(size)?;
+                let yr = y.get_mut(o..o + r.d).ok_or_else(size)?;
                 yr.copy_from_slice(xr);
-                for t in 0..r.half {
-                    let (i1, i2) = if r.interleaved {
-                        (2 * t, 2 * t + 1)
-                    } else {
-                        (t, t + r.half)
-                    };
-                    let (x1, x2) = (xr[i1].get(), xr[i2].get());
-                    let (c, sn) = (cr[t].get(), sr[t].get());
-                    yr[i1] = T::put(T::rt(c * x1) - T::rt(sn * x2));
-                    yr[i2] = T::put(T::rt(sn * x1) + T::rt(c * x2));
+                // Pairs (2t, 2t + 1) when interleaved, else (t, t + half),
+                // for t < half; the rest of the row passes through.
+                if r.interleaved {
+                    let rd = 2 * r.half;
+                    let xp: &[[T; 2]] = bytemuck::try_cast_slice(xr.get(..rd).ok_or_else(size)?)
+                        .map_err(|_| size())?;
+                    let yp: &mut [[T; 2]] =
+                        bytemuck::try_cast_slice_mut(yr.get_mut(..rd).ok_or_else(size)?)
+                            .map_err(|_| size())?;
+                    for ((([y1, y2], [x1, x2]), c), sn) in yp.iter_mut().zip(xp).zip(cr).zip(sr) {
+                        (*y1, *y2) = rot(c, sn, x1, x2);
+                    }
+                } else {
+                    let (x_lo, x_rest) = xr.split_at_checked(r.half).ok_or_else(size)?;
+                    let (y_lo, y_rest) = yr.split_at_mut_checked(r.half).ok_or_else(size)?;
+                    let x_hi = x_rest.get(..r.half).ok_or_else(size)?;
+                    let pairs = y_lo
+                        .iter_mut()
+                        .zip(y_rest.iter_mut())
+                        .zip(x_lo.iter().zip(x_hi));
+                    for (((y1, y2), (x1, x2)), (c, sn)) in pairs.zip(cr.iter().zip(sr)) {
+                        (*y1, *y2) = rot(c, sn, x1, x2);
+                    }
                 }
             }
         }

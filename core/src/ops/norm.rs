@@ -3,6 +3,8 @@
 //! InvStdDev outputs), RMSNormalization, GroupNormalization, LpNormalization,
 //! MeanVarianceNormalization.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared, Unary};
@@ -42,6 +44,47 @@ fn in_out_f32(io: &mut KernelIo<'_>, f: impl FnOnce(&mut [f32]) -> Result<()>) -
     in_out::<f32>(io, f)
 }
 
+fn internal(m: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(m))
+}
+
+/// Element `i` of a parameter whose length the caller checked.
+#[inline]
+fn at<T: Copy>(v: &[T], i: usize, what: &'static str) -> Result<T> {
+    v.get(i).copied().ok_or(internal(what))
+}
+
+/// `(N, C, inner)` of an `[N, C, ...]` input: rank at least 2.
+fn nc_inner(xs: &[usize]) -> Result<(usize, usize, usize)> {
+    match *xs {
+        [n, c, ref rest @ ..] => Ok((n, c, rest.iter().product())),
+        _ => Err(Error::new(ErrorKind::Rank {
+            expected: 2,
+            got: xs.len(),
+        })),
+    }
+}
+
+/// `(outer, n, inner)` of `shape` around axis `a` (`a < shape.len()`).
+fn around_axis(shape: &[usize], a: usize) -> Result<(usize, usize, usize)> {
+    let (head, rest) = shape.split_at_checked(a).ok_or(internal("axis"))?;
+    let (&n, tail) = rest.split_first().ok_or(internal("axis"))?;
+    Ok((head.iter().product(), n, tail.iter().product()))
+}
+
+/// Elements `i, i + inner, i + 2 * inner, ...` of `blk` (callers have
+/// `i < inner`, so `inner >= 1`).
+#[inline]
+fn column<T>(blk: &[T], i: usize, inner: usize) -> impl Iterator<Item = &T> {
+    blk.iter().skip(i).step_by(inner.max(1))
+}
+
+/// [`column`], mutable.
+#[inline]
+fn column_mut<T>(blk: &mut [T], i: usize, inner: usize) -> impl Iterator<Item = &mut T> {
+    blk.iter_mut().skip(i).step_by(inner.max(1))
+}
+
 fn check_vec(shape: &[usize], c: usize) -> Result<()> {
     if shape.iter().product::<usize>() != c || shape.len() > 1 {
         return Err(Error::new(ErrorKind::Shape(
@@ -70,15 +113,7 @@ fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         )));
     }
     let eps = ctx.attr_float("epsilon", 1e-5)?;
-    if xs.len() < 2 {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 2,
-            got: xs.len(),
-        }));
-    }
-    let c = xs[1];
-    let n = xs[0];
-    let inner: usize = xs[2..].iter().product();
+    let (n, c, inner) = nc_inner(xs)?;
     for (i, what) in [
         (1, "BatchNormalization scale"),
         (2, "BatchNormalization B"),
@@ -98,12 +133,15 @@ fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     );
     let folded: Option<(Vec<f32>, Vec<f32>)> = match consts {
         (Some(s), Some(bb), Some(mean), Some(var)) => {
+            if [&s, &bb, &mean, &var].iter().any(|v| v.len() != c) {
+                return Err(internal("BatchNormalization constant parameter size"));
+            }
             let mut a = Vec::with_capacity(c);
             let mut b = Vec::with_capacity(c);
-            for ch in 0..c {
-                let av = s[ch] / math::sqrt(var[ch] + eps);
+            for (((&sv, &bv), &mv), &vv) in s.iter().zip(&bb).zip(&mean).zip(&var) {
+                let av = sv / math::sqrt(vv + eps);
                 a.push(av);
-                b.push(bb[ch] - mean[ch] * av);
+                b.push(bv - mv * av);
             }
             Some((a, b))
         }
@@ -160,19 +198,23 @@ impl BatchNorm {
             if y.len() != n * c * inner {
                 return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
             }
+            const P: &str = "BatchNormalization params";
             for ch in 0..c {
                 let (a, b) = match (&self.folded, params) {
-                    (Some((fa, fb)), _) => (fa[ch], fb[ch]),
+                    (Some((fa, fb)), _) => (at(fa, ch, P)?, at(fb, ch, P)?),
                     (None, Some((s, bb, mean, var))) => {
-                        let a = s[ch].to_f32() / math::sqrt(var[ch].to_f32() + eps);
-                        (a, bb[ch].to_f32() - mean[ch].to_f32() * a)
+                        let a = at(s, ch, P)?.to_f32() / math::sqrt(at(var, ch, P)?.to_f32() + eps);
+                        (a, at(bb, ch, P)?.to_f32() - at(mean, ch, P)?.to_f32() * a)
                     }
                     _ => return Err(Error::new(ErrorKind::Internal("BatchNormalization params"))),
                 };
                 let (a, b) = (T::Acc::from_f32(a), T::Acc::from_f32(b));
                 for img in 0..n {
                     let base = (img * c + ch) * inner;
-                    for v in &mut y[base..base + inner] {
+                    let plane = y
+                        .get_mut(base..base + inner)
+                        .ok_or(internal("BatchNormalization size"))?;
+                    for v in plane {
                         *v = T::from_acc(a * v.to_acc() + b);
                     }
                 }
@@ -183,22 +225,26 @@ impl BatchNorm {
 }
 
 /// Mean and (population) variance of channel `ch` of `x` (`[n, c, inner]`).
-fn channel_stats(x: &[f32], n: usize, c: usize, inner: usize, ch: usize) -> (f64, f64) {
+fn channel_stats(x: &[f32], n: usize, c: usize, inner: usize, ch: usize) -> Result<(f64, f64)> {
     let cnt = (n * inner).max(1) as f64;
-    let planes = || (0..n).map(move |img| (img * c + ch) * inner);
+    let plane = |img: usize| {
+        let b = (img * c + ch) * inner;
+        x.get(b..b + inner)
+            .ok_or(internal("BatchNormalization size"))
+    };
     let mut sum = 0.0f64;
-    for b in planes() {
-        sum += x[b..b + inner].iter().map(|&v| v as f64).sum::<f64>();
+    for img in 0..n {
+        sum += plane(img)?.iter().map(|&v| v as f64).sum::<f64>();
     }
     let mean = sum / cnt;
     let mut sq = 0.0f64;
-    for b in planes() {
-        sq += x[b..b + inner]
+    for img in 0..n {
+        sq += plane(img)?
             .iter()
             .map(|&v| (v as f64 - mean) * (v as f64 - mean))
             .sum::<f64>();
     }
-    (mean, sq / cnt)
+    Ok((mean, sq / cnt))
 }
 
 /// BatchNormalization with `training_mode=1` (opset 14+): normalizes with
@@ -210,14 +256,7 @@ fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prep
             "BatchNormalization training before opset 14",
         )));
     }
-    if xs.len() < 2 {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 2,
-            got: xs.len(),
-        }));
-    }
-    let (n, c) = (xs[0], xs[1]);
-    let inner: usize = xs[2..].iter().product();
+    let (n, c, inner) = nc_inner(xs)?;
     for (i, what) in [
         (1, "BatchNormalization scale"),
         (2, "BatchNormalization B"),
@@ -250,14 +289,16 @@ fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prep
                 if y.len() != x.len() {
                     return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
                 }
+                const P: &str = "BatchNormalization size";
                 for ch in 0..c {
-                    let (mean, var) = channel_stats(x, n, c, inner, ch);
-                    let a = s[ch] / math::sqrt((var + eps as f64) as f32);
-                    let sh = b[ch] - mean as f32 * a;
+                    let (mean, var) = channel_stats(x, n, c, inner, ch)?;
+                    let a = at(s, ch, P)? / math::sqrt((var + eps as f64) as f32);
+                    let sh = at(b, ch, P)? - mean as f32 * a;
                     for img in 0..n {
                         let base = (img * c + ch) * inner;
-                        for (o, &v) in y[base..base + inner].iter_mut().zip(&x[base..base + inner])
-                        {
+                        let yp = y.get_mut(base..base + inner).ok_or(internal(P))?;
+                        let xp = x.get(base..base + inner).ok_or(internal(P))?;
+                        for (o, &v) in yp.iter_mut().zip(xp) {
                             *o = a * v + sh;
                         }
                     }
@@ -272,10 +313,10 @@ fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prep
                 if o.len() != c {
                     return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
                 }
-                for ch in 0..c {
-                    let st = channel_stats(x, n, c, inner, ch);
+                for (ch, (ov, &pv)) in o.iter_mut().zip(prev).enumerate() {
+                    let st = channel_stats(x, n, c, inner, ch)?;
                     let batch = if k == 0 { st.0 } else { st.1 } as f32;
-                    o[ch] = prev[ch] * momentum + batch * (1.0 - momentum);
+                    *ov = pv * momentum + batch * (1.0 - momentum);
                 }
             }
             Ok(())
@@ -301,14 +342,7 @@ fn prepare_lrn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 1e-4)?;
     let beta = ctx.attr_float("beta", 0.75)?;
     let bias = ctx.attr_float("bias", 1.0)?;
-    if xs.len() < 2 {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 2,
-            got: xs.len(),
-        }));
-    }
-    let (n, c) = (xs[0], xs[1]);
-    let inner: usize = xs[2..].iter().product();
+    let (n, c, inner) = nc_inner(xs)?;
     let size = size as usize;
     let lo = (size - 1) / 2;
     let hi = size - 1 - lo; // ceil((size-1)/2)
@@ -322,20 +356,23 @@ fn prepare_lrn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             if x.len() != n * c * inner || y.len() != x.len() {
                 return Err(Error::new(ErrorKind::Internal("LRN size")));
             }
-            for img in 0..n {
-                let xb = &x[img * c * inner..(img + 1) * c * inner];
-                let yb = &mut y[img * c * inner..(img + 1) * c * inner];
+            if c * inner == 0 {
+                return Ok(());
+            }
+            const P: &str = "LRN size";
+            for (xb, yb) in x.chunks_exact(c * inner).zip(y.chunks_exact_mut(c * inner)) {
                 for ch in 0..c {
                     let c0 = ch.saturating_sub(lo);
                     let c1 = (ch + hi).min(c - 1);
-                    for s in 0..inner {
-                        let mut sum = 0.0f32;
-                        for cc in c0..=c1 {
-                            let v = xb[cc * inner + s];
-                            sum += v * v;
-                        }
-                        let xv = xb[ch * inner + s];
-                        yb[ch * inner + s] = xv / math::pow(bias + scale * sum, beta);
+                    // Channels c0..=c1, and channel ch, of this image.
+                    let win = xb.get(c0 * inner..(c1 + 1) * inner).ok_or(internal(P))?;
+                    let xr = xb.get(ch * inner..(ch + 1) * inner).ok_or(internal(P))?;
+                    let yr = yb
+                        .get_mut(ch * inner..(ch + 1) * inner)
+                        .ok_or(internal(P))?;
+                    for (s, (yv, &xv)) in yr.iter_mut().zip(xr).enumerate() {
+                        let sum = column(win, s, inner).fold(0.0f32, |sum, &v| sum + v * v);
+                        *yv = xv / math::pow(bias + scale * sum, beta);
                     }
                 }
             }
@@ -357,18 +394,16 @@ fn softmax_dims(ctx: &PrepareCtx<'_>, shape: &[usize]) -> Result<(usize, usize, 
                 problem: "axis out of range",
             }));
         }
-        let v = v as usize;
-        Ok((shape[..v].iter().product(), shape[v..].iter().product(), 1))
+        let (head, tail) = shape
+            .split_at_checked(v as usize)
+            .ok_or(internal("Softmax axis"))?;
+        Ok((head.iter().product(), tail.iter().product(), 1))
     } else {
         if r == 0 {
             return Ok((1, 1, 1));
         }
         let a = util::axis(ctx.attr_int("axis", -1)?, r, "axis")?;
-        Ok((
-            shape[..a].iter().product(),
-            shape[a],
-            shape[a + 1..].iter().product(),
-        ))
+        around_axis(shape, a)
     }
 }
 
@@ -384,8 +419,8 @@ fn softmax_t<T: Real>(
     for blk in y.chunks_exact_mut((n * inner).max(1)) {
         for i in 0..inner {
             let mut mx = f64::NEG_INFINITY;
-            for j in 0..n {
-                let v = blk[j * inner + i].to_f64();
+            for v in column(blk, i, inner) {
+                let v = v.to_f64();
                 if v > mx || v.is_nan() {
                     mx = v;
                 }
@@ -394,12 +429,11 @@ fn softmax_t<T: Real>(
                 mx = if mx > 0.0 { mx } else { 0.0 };
             }
             let mut sum = 0.0f64;
-            for j in 0..n {
-                sum += libm::exp(blk[j * inner + i].to_f64() - mx);
+            for v in column(blk, i, inner) {
+                sum += libm::exp(v.to_f64() - mx);
             }
             let l = libm::log(sum) + mx;
-            for j in 0..n {
-                let v = &mut blk[j * inner + i];
+            for v in column_mut(blk, i, inner) {
                 let lp = v.to_f64() - l;
                 *v = T::from_f64(if log { lp } else { libm::exp(lp) });
             }
@@ -434,12 +468,11 @@ fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result
                 if y.len() != outer * n * inner {
                     return Err(Error::new(ErrorKind::Internal("Softmax size")));
                 }
-                for o in 0..outer {
-                    let blk = &mut y[o * n * inner..(o + 1) * n * inner];
+                // An empty y (n * inner == 0) has no blocks.
+                for blk in y.chunks_exact_mut((n * inner).max(1)) {
                     for i in 0..inner {
                         let mut mx = f32::NEG_INFINITY;
-                        for j in 0..n {
-                            let v = blk[j * inner + i];
+                        for &v in column(blk, i, inner) {
                             if v > mx || v.is_nan() {
                                 mx = v;
                             }
@@ -449,22 +482,22 @@ fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result
                         }
                         let mut sum = 0.0f32;
                         if log {
-                            for j in 0..n {
-                                sum += math::exp(blk[j * inner + i] - mx);
+                            for &v in column(blk, i, inner) {
+                                sum += math::exp(v - mx);
                             }
                             let l = math::ln(sum) + mx;
-                            for j in 0..n {
-                                blk[j * inner + i] -= l;
+                            for v in column_mut(blk, i, inner) {
+                                *v -= l;
                             }
                         } else {
-                            for j in 0..n {
-                                let e = math::exp(blk[j * inner + i] - mx);
-                                blk[j * inner + i] = e;
+                            for v in column_mut(blk, i, inner) {
+                                let e = math::exp(*v - mx);
+                                *v = e;
                                 sum += e;
                             }
                             let inv = 1.0 / sum;
-                            for j in 0..n {
-                                blk[j * inner + i] *= inv;
+                            for v in column_mut(blk, i, inner) {
+                                *v *= inv;
                             }
                         }
                     }
@@ -500,17 +533,10 @@ fn normalize_block(blk: &mut [f32], eps: f32) -> f32 {
 
 fn prepare_instance_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let xs = f32_input(ctx, 0, "InstanceNormalization X")?;
-    if xs.len() < 2 {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 2,
-            got: xs.len(),
-        }));
-    }
-    let (n, c) = (xs[0], xs[1]);
+    let (n, c, inner) = nc_inner(xs)?;
     check_vec(f32_input(ctx, 1, "InstanceNormalization scale")?, c)?;
     check_vec(f32_input(ctx, 2, "InstanceNormalization B")?, c)?;
     let eps = ctx.attr_float("epsilon", 1e-5)?;
-    let inner: usize = xs[2..].iter().product();
     Ok(Prepared::single(
         DType::F32,
         xs,
@@ -523,14 +549,14 @@ fn prepare_instance_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         "InstanceNormalization size",
                     )));
                 }
-                for img in 0..n {
-                    for ch in 0..c {
-                        let base = (img * c + ch) * inner;
-                        let blk = &mut y[base..base + inner];
-                        normalize_block(blk, eps);
-                        for v in blk.iter_mut() {
-                            *v = *v * s[ch] + b[ch];
-                        }
+                if inner == 0 {
+                    return Ok(());
+                }
+                // Planes in (image, channel) order; s and b have c values.
+                for (blk, (&sv, &bv)) in y.chunks_exact_mut(inner).zip(s.iter().zip(b).cycle()) {
+                    normalize_block(blk, eps);
+                    for v in blk.iter_mut() {
+                        *v = *v * sv + bv;
                     }
                 }
                 Ok(())
@@ -544,23 +570,69 @@ fn prepare_instance_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 /// normalized block (Scale/B broadcast to the block's shape).
 #[derive(Debug)]
 enum ParamIdx {
-    /// `j * stride`: 1 for a full block, 0 for a single value.
-    Stride(usize),
-    /// Partial broadcast, one index per block position.
+    /// Element `j` at position `j`: the parameter has the block's shape.
+    Full,
+    /// Element 0 everywhere: a single value.
+    One,
+    /// Partial broadcast, one index per block position (nondecreasing).
     Map(Vec<u32>),
 }
 
 impl ParamIdx {
-    #[inline]
-    fn at(&self, j: usize) -> usize {
-        match self {
-            ParamIdx::Stride(s) => j * s,
-            ParamIdx::Map(m) => m.get(j).map_or(0, |&v| v as usize),
-        }
-    }
     /// Whether a parameter of `len` elements covers every index.
     fn fits(&self, block: usize, len: usize) -> bool {
-        block == 0 || self.at(block - 1) < len
+        match self {
+            ParamIdx::Full => block <= len,
+            ParamIdx::One => block == 0 || len >= 1,
+            // The map is nondecreasing: its last entry is its largest.
+            ParamIdx::Map(m) => m.len() == block && m.last().is_none_or(|&k| (k as usize) < len),
+        }
+    }
+
+    /// The values of parameter `p` at the `block` positions of one block.
+    fn lane<'a, T: Copy>(&'a self, p: &'a [T], block: usize) -> Result<Lane<'a, T>> {
+        let short = internal("normalization parameter size");
+        Ok(match self {
+            ParamIdx::Full => Lane::Full(p.get(..block).ok_or(short)?.iter()),
+            ParamIdx::One => Lane::One(*p.first().ok_or(short)?),
+            ParamIdx::Map(m) => Lane::Map(m.iter(), p),
+        })
+    }
+}
+
+/// A parameter's values along one normalized block, as an iterator.
+enum Lane<'a, T> {
+    Full(core::slice::Iter<'a, T>),
+    One(T),
+    Map(core::slice::Iter<'a, u32>, &'a [T]),
+}
+
+impl<T: Copy> Lane<'_, T> {
+    /// Whether every position of the block got its value (an index out of
+    /// range would have ended the lane early).
+    fn done(&self) -> bool {
+        match self {
+            Lane::Full(it) => it.len() == 0,
+            Lane::One(_) => true,
+            Lane::Map(m, _) => m.len() == 0,
+        }
+    }
+}
+
+impl<T: Copy> Iterator for Lane<'_, T> {
+    type Item = T;
+    #[inline]
+    fn next(&mut self) -> Option<T> {
+        match self {
+            Lane::Full(it) => it.next().copied(),
+            Lane::One(v) => Some(*v),
+            Lane::Map(m, p) => {
+                // Advance only past an index in range, so `done` sees a bad one.
+                let v = p.get(*m.as_slice().first()? as usize).copied()?;
+                m.next();
+                Some(v)
+            }
+        }
     }
 }
 
@@ -568,8 +640,11 @@ impl ParamIdx {
 fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
     let mut ps = ps;
     // Leading 1s beyond the block's rank broadcast over the outer dims.
-    while ps.len() > tail.len() && ps.first() == Some(&1) {
-        ps = &ps[1..];
+    while ps.len() > tail.len() {
+        match ps.split_first() {
+            Some((1, rest)) => ps = rest,
+            _ => break,
+        }
     }
     if ps.len() > tail.len() {
         return Err(Error::new(ErrorKind::Unsupported(
@@ -577,34 +652,34 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
         )));
     }
     let off = tail.len() - ps.len();
-    for (i, &p) in ps.iter().enumerate() {
-        if p != 1 && p != tail[off + i] {
-            return Err(Error::new(ErrorKind::Shape(
-                "normalization parameter does not broadcast to the normalized shape",
-            )));
-        }
+    // The trailing dims of the block that the parameter spans.
+    let spanned = tail
+        .get(off..)
+        .ok_or(internal("normalization parameter rank"))?;
+    if ps.iter().zip(spanned).any(|(&p, &t)| p != 1 && p != t) {
+        return Err(Error::new(ErrorKind::Shape(
+            "normalization parameter does not broadcast to the normalized shape",
+        )));
     }
     let block: usize = tail.iter().product();
-    if ps == &tail[off..] {
-        return Ok(ParamIdx::Stride(1));
+    if ps == spanned {
+        return Ok(ParamIdx::Full);
     }
     if ps.iter().all(|&p| p == 1) {
-        return Ok(ParamIdx::Stride(0));
+        return Ok(ParamIdx::One);
     }
     let mut map = Vec::with_capacity(block);
     for j in 0..block {
-        // Multi-index of j over `tail`, folded into the parameter's index.
+        // Multi-index of j over `tail`, folded into the parameter's index
+        // (the dims before `spanned` do not move it).
         let (mut rem, mut idx, mut pstride) = (j, 0usize, 1usize);
-        for d in (0..tail.len()).rev() {
-            let k = rem % tail[d];
-            rem /= tail[d];
-            if d >= off {
-                let p = ps[d - off];
-                if p != 1 {
-                    idx += k * pstride;
-                }
-                pstride *= p;
+        for (&t, &p) in spanned.iter().zip(ps).rev() {
+            let k = rem % t;
+            rem /= t;
+            if p != 1 {
+                idx += k * pstride;
             }
+            pstride *= p;
         }
         map.push(u32::try_from(idx).map_err(|_| Error::new(ErrorKind::Overflow))?);
     }
@@ -697,12 +772,25 @@ impl RowNorm {
         }
         for blk in y.chunks_exact_mut(block) {
             let (mean, inv) = row_stats_t(blk, self.eps, self.rms);
-            for (j, v) in blk.iter_mut().enumerate() {
-                let mut r = (v.to_f64() - mean) * inv * s[self.scale.at(j)].to_f64();
-                if let Some((b, bi)) = b {
-                    r += b[bi.at(j)].to_f64();
+            let norm = |v: &T, sv: T| (v.to_f64() - mean) * inv * sv.to_f64();
+            let mut sl = self.scale.lane(s, block)?;
+            let ok = match b {
+                Some((b, bi)) => {
+                    let mut bl = bi.lane(b, block)?;
+                    for ((v, sv), bv) in blk.iter_mut().zip(&mut sl).zip(&mut bl) {
+                        *v = T::from_f64(norm(v, sv) + bv.to_f64());
+                    }
+                    bl.done()
                 }
-                *v = T::from_f64(r);
+                None => {
+                    for (v, sv) in blk.iter_mut().zip(&mut sl) {
+                        *v = T::from_f64(norm(v, sv));
+                    }
+                    true
+                }
+            };
+            if !ok || !sl.done() {
+                return Err(internal("normalization parameter index"));
             }
         }
         Ok(())
@@ -778,7 +866,9 @@ fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Resu
     }
     let axis = util::axis(ctx.attr_int("axis", -1)?, xs.len(), "axis")?;
     let eps = ctx.attr_float("epsilon", 1e-5)? as f64;
-    let tail = &xs[axis..];
+    let (head, tail) = xs
+        .split_at_checked(axis)
+        .ok_or(internal("normalization axis"))?;
     let scale = param_idx(same_float(ctx, 1, dt)?, tail)?;
     let bias = match (rms, ctx.opt_input(2)) {
         (false, Some(_)) => Some(param_idx(same_float(ctx, 2, dt)?, tail)?),
@@ -790,7 +880,7 @@ fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Resu
         [ctx.has_output(1), ctx.has_output(2)]
     };
     let rn = RowNorm {
-        outer: xs[..axis].iter().product(),
+        outer: head.iter().product(),
         block: tail.iter().product(),
         eps,
         rms,
@@ -801,7 +891,7 @@ fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Resu
     };
     let mut outs = vec![OutputInfo::new(dt, xs)];
     if stats != [false, false] {
-        let mut st: Vec<usize> = xs[..axis].to_vec();
+        let mut st: Vec<usize> = head.to_vec();
         st.resize(xs.len(), 1);
         for want in stats {
             // An absent Mean still takes its slot so InvStdDev stays output 2.
@@ -826,19 +916,13 @@ fn prepare_rms_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let xs = f32_input(ctx, 0, "GroupNormalization X")?;
-    if xs.len() < 2 {
-        return Err(Error::new(ErrorKind::Rank {
-            expected: 2,
-            got: xs.len(),
-        }));
-    }
+    let (n, c, inner) = nc_inner(xs)?;
     if ctx.attr_int("stash_type", 1)? != 1 {
         return Err(Error::new(ErrorKind::Unsupported(
             "GroupNormalization stash_type other than float",
         )));
     }
     let g = ctx.attr_int("num_groups", 0)?;
-    let (n, c) = (xs[0], xs[1]);
     if g < 1 || c % g as usize != 0 {
         return Err(Error::new(ErrorKind::Attribute {
             name: "num_groups",
@@ -852,7 +936,6 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     check_vec(f32_input(ctx, 1, "GroupNormalization scale")?, plen)?;
     check_vec(f32_input(ctx, 2, "GroupNormalization bias")?, plen)?;
     let eps = ctx.attr_float("epsilon", 1e-5)?;
-    let inner: usize = xs[2..].iter().product();
     let cpg = c / g;
     Ok(Prepared::single(
         DType::F32,
@@ -868,16 +951,26 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 if gsize == 0 {
                     return Ok(());
                 }
+                const P: &str = "GroupNormalization size";
                 for (gi, blk) in y.chunks_exact_mut(gsize).enumerate() {
                     let (mean, inv) = row_stats(blk, eps, false);
                     let grp = gi % g;
-                    for (j, v) in blk.iter_mut().enumerate() {
-                        let p = if per_channel {
-                            grp * cpg + j / inner.max(1)
-                        } else {
-                            grp
-                        };
-                        *v = (*v - mean) * inv * s[p] + b[p];
+                    if per_channel {
+                        // One (scale, bias) per channel plane of the group;
+                        // inner > 0 as gsize > 0.
+                        let chans = grp * cpg..(grp + 1) * cpg;
+                        let sg = s.get(chans.clone()).ok_or(internal(P))?;
+                        let bg = b.get(chans).ok_or(internal(P))?;
+                        for ((plane, &sv), &bv) in blk.chunks_exact_mut(inner).zip(sg).zip(bg) {
+                            for v in plane {
+                                *v = (*v - mean) * inv * sv + bv;
+                            }
+                        }
+                    } else {
+                        let (sv, bv) = (at(s, grp, P)?, at(b, grp, P)?);
+                        for v in blk.iter_mut() {
+                            *v = (*v - mean) * inv * sv + bv;
+                        }
                     }
                 }
                 Ok(())
@@ -903,11 +996,7 @@ fn prepare_lp_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }));
     }
     let a = util::axis(ctx.attr_int("axis", -1)?, xs.len(), "axis")?;
-    let (outer, n, inner): (usize, usize, usize) = (
-        xs[..a].iter().product(),
-        xs[a],
-        xs[a + 1..].iter().product(),
-    );
+    let (outer, n, inner) = around_axis(xs, a)?;
     Ok(Prepared::single(
         DType::F32,
         xs,
@@ -916,12 +1005,12 @@ fn prepare_lp_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 if y.len() != outer * n * inner {
                     return Err(Error::new(ErrorKind::Internal("LpNormalization size")));
                 }
-                for o in 0..outer {
-                    let blk = &mut y[o * n * inner..(o + 1) * n * inner];
+                // An empty y (n * inner == 0) has no blocks.
+                for blk in y.chunks_exact_mut((n * inner).max(1)) {
                     for i in 0..inner {
                         let mut acc = 0.0f64;
-                        for j in 0..n {
-                            let v = blk[j * inner + i] as f64;
+                        for &v in column(blk, i, inner) {
+                            let v = v as f64;
                             acc += if p == 1 { v.abs() } else { v * v };
                         }
                         let norm = if p == 1 {
@@ -929,8 +1018,7 @@ fn prepare_lp_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         } else {
                             math::sqrt(acc as f32)
                         };
-                        for j in 0..n {
-                            let v = &mut blk[j * inner + i];
+                        for v in column_mut(blk, i, inner) {
                             // A zero norm gives 0, not 0/0.
                             *v = if norm == 0.0 { 0.0 } else { *v / norm };
                         }
@@ -952,10 +1040,17 @@ fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         )));
     }
     let mut reduced = [false; MAX_RANK];
+    let reduce = |reduced: &mut [bool; MAX_RANK], a: usize| -> Result<()> {
+        // a < r <= MAX_RANK.
+        *reduced
+            .get_mut(a)
+            .ok_or(internal("MeanVarianceNormalization axes"))? = true;
+        Ok(())
+    };
     match ctx.attr_ints("axes")? {
         Some(ax) => {
             for &a in ax {
-                reduced[util::axis(a, r, "axes")?] = true;
+                reduce(&mut reduced, util::axis(a, r, "axes")?)?;
             }
         }
         None => {
@@ -966,41 +1061,23 @@ fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         problem: "default axes [0, 2, 3] need a rank-4 input",
                     }));
                 }
-                reduced[a] = true;
+                reduce(&mut reduced, a)?;
             }
         }
     }
-    // Stride of each axis in the index of its (mean, var) group; 0 on
-    // reduced axes.
-    let mut kstride = [0usize; MAX_RANK];
+    // (size, stride in the index of its (mean, var) group) of each axis;
+    // the stride is 0 on reduced axes.
+    let mut odo = vec![(0usize, 0usize); r];
     let mut groups = 1usize;
-    for d in (0..r).rev() {
-        if !reduced[d] {
-            kstride[d] = groups;
-            groups *= xs[d];
+    for (((dim, ks), &red), &x) in odo.iter_mut().zip(&reduced).zip(xs).rev() {
+        *dim = x;
+        if !red {
+            *ks = groups;
+            groups *= x;
         }
     }
     let numel: usize = xs.iter().product();
     let per_group = numel.checked_div(groups).unwrap_or(0).max(1) as f64;
-    let mut dims = [0usize; MAX_RANK];
-    dims[..r].copy_from_slice(xs);
-    // Group of every element, by odometer over the shape.
-    let walk = move |f: &mut dyn FnMut(usize, usize)| {
-        let mut idx = [0usize; MAX_RANK];
-        let mut grp = 0usize;
-        for k in 0..numel {
-            f(k, grp);
-            for d in (0..r).rev() {
-                idx[d] += 1;
-                grp += kstride[d];
-                if idx[d] < dims[d] {
-                    break;
-                }
-                grp -= kstride[d] * idx[d];
-                idx[d] = 0;
-            }
-        }
-    };
     Ok(Prepared::single(
         DType::F32,
         xs,
@@ -1008,35 +1085,58 @@ fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let x = io.input_slice::<f32>(0)?;
             let (y, scratch) = io.output_and_scratch(0)?;
             let y = y.into_slice::<f32>()?;
+            // (sum, sum of squares) of each group, then (mean, 1 / std).
             let acc: &mut [f64] = bytemuck::try_cast_slice_mut(scratch)
                 .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
-            if x.len() != numel || y.len() != numel || acc.len() < 2 * groups {
-                return Err(Error::new(ErrorKind::Internal(
-                    "MeanVarianceNormalization size",
-                )));
+            let size = || Error::new(ErrorKind::Internal("MeanVarianceNormalization size"));
+            if x.len() != numel || y.len() != numel {
+                return Err(size());
             }
-            let (sum, sq) = acc.split_at_mut(groups);
-            sum.fill(0.0);
-            sq[..groups].fill(0.0);
-            walk(&mut |k, g| {
-                let v = x[k] as f64;
-                sum[g] += v;
-                sq[g] += v * v;
-            });
-            for g in 0..groups {
-                let mean = sum[g] / per_group;
-                let var = (sq[g] / per_group - mean * mean).max(0.0);
-                sum[g] = mean;
+            let acc: &mut [[f64; 2]] =
+                bytemuck::try_cast_slice_mut(acc.get_mut(..2 * groups).ok_or_else(size)?)
+                    .map_err(|_| size())?;
+            acc.fill([0.0; 2]);
+            for (&v, g) in x.iter().zip(group_walk(&odo)) {
+                let [sum, sq] = acc.get_mut(g).ok_or_else(size)?;
+                let v = v as f64;
+                *sum += v;
+                *sq += v * v;
+            }
+            for [sum, sq] in acc.iter_mut() {
+                let mean = *sum / per_group;
+                let var = (*sq / per_group - mean * mean).max(0.0);
+                *sum = mean;
                 // Reciprocal of (std + 1e-9), as in the ONNX function body.
-                sq[g] = 1.0 / (math::sqrt(var as f32) as f64 + 1e-9);
+                *sq = 1.0 / (math::sqrt(var as f32) as f64 + 1e-9);
             }
-            walk(&mut |k, g| {
-                y[k] = ((x[k] as f64 - sum[g]) * sq[g]) as f32;
-            });
+            for ((o, &v), g) in y.iter_mut().zip(x).zip(group_walk(&odo)) {
+                let &[mean, inv] = acc.get(g).ok_or_else(size)?;
+                *o = ((v as f64 - mean) * inv) as f32;
+            }
             Ok(())
         }),
     )
     .with_scratch(2 * groups * 8))
+}
+
+/// The group of every element in order, by odometer over the shape; `odo`
+/// holds (size, group stride) per axis. Endless: zip it with the elements.
+fn group_walk(odo: &[(usize, usize)]) -> impl Iterator<Item = usize> + '_ {
+    let mut idx = [0usize; MAX_RANK];
+    let mut grp = 0usize;
+    core::iter::from_fn(move || {
+        let g = grp;
+        for (i, &(dim, ks)) in idx.iter_mut().zip(odo).rev() {
+            *i += 1;
+            grp += ks;
+            if *i < dim {
+                break;
+            }
+            grp -= ks * *i;
+            *i = 0;
+        }
+        Some(g)
+    })
 }
 
 #[cfg(test)]
