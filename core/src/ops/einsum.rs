@@ -9,6 +9,8 @@
 //! the contracted labels sums into one output element. Correctness over
 //! speed: no contraction reordering or GEMM.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::{kernel, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::MAX_RANK;
@@ -23,6 +25,10 @@ const LETTERS: usize = 52;
 const MAX_LABELS: usize = LETTERS + MAX_RANK;
 /// Operands the kernel holds at once (a fixed array: no allocation).
 const MAX_INPUTS: usize = 8;
+
+fn internal(what: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(what))
+}
 
 fn eq_err(problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute {
@@ -40,8 +46,7 @@ enum Sym {
 fn parse_term(s: &[u8]) -> Result<Vec<Sym>> {
     let mut out = Vec::new();
     let mut i = 0;
-    while i < s.len() {
-        let c = s[i];
+    while let Some(&c) = s.get(i) {
         match c {
             b'a'..=b'z' => out.push(Sym::Letter((c - b'a') as usize)),
             b'A'..=b'Z' => out.push(Sym::Letter(26 + (c - b'A') as usize)),
@@ -69,8 +74,8 @@ struct Plan {
     out_shape: Vec<usize>,
     /// Size of every label, output labels first.
     sizes: Vec<usize>,
-    /// `strides[k * sizes.len() + l]`: step in operand `k` for label `l`.
-    strides: Vec<usize>,
+    /// `strides[l][k]`: step in operand `k` for label `l` (0 past `n_in`).
+    strides: Vec<[usize; MAX_INPUTS]>,
     n_in: usize,
     out_count: usize,
     red_count: usize,
@@ -79,8 +84,12 @@ struct Plan {
 fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
     let eq: Vec<u8> = eq.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
     let (lhs, rhs) = match eq.windows(2).position(|w| w == b"->") {
-        Some(p) => (&eq[..p], Some(&eq[p + 2..])),
-        None => (&eq[..], None),
+        Some(p) => {
+            let lhs = eq.get(..p).ok_or(internal("einsum: arrow position"))?;
+            let rhs = eq.get(p + 2..).ok_or(internal("einsum: arrow position"))?;
+            (lhs, Some(rhs))
+        }
+        None => (eq.as_slice(), None),
     };
     let terms: Vec<Vec<Sym>> = lhs
         .split(|&c| c == b',')
@@ -112,17 +121,20 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
     let mut size: [Option<usize>; MAX_LABELS] = [None; MAX_LABELS];
     let mut count = [0usize; MAX_LABELS];
     let mut dims: Vec<Vec<usize>> = Vec::with_capacity(terms.len());
-    for (k, term) in terms.iter().enumerate() {
+    for ((term, &ell_k), &shape) in terms.iter().zip(&ell).zip(shapes) {
         let mut d = Vec::new();
         for s in term {
             match *s {
                 Sym::Letter(l) => d.push(l),
-                Sym::Ellipsis => d.extend((e_rank - ell[k]..e_rank).map(|j| LETTERS + j)),
+                Sym::Ellipsis => d.extend((e_rank - ell_k..e_rank).map(|j| LETTERS + j)),
             }
         }
-        for (&l, &n) in d.iter().zip(shapes[k]) {
-            count[l] += 1;
-            size[l] = match size[l] {
+        for (&l, &n) in d.iter().zip(shape) {
+            let (Some(count_l), Some(size_l)) = (count.get_mut(l), size.get_mut(l)) else {
+                return Err(internal("einsum: label index"));
+            };
+            *count_l += 1;
+            *size_l = match *size_l {
                 None => Some(n),
                 Some(m) if m == n => Some(m),
                 // Only `...` dimensions broadcast, as in numpy.
@@ -140,7 +152,11 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
             for s in parse_term(r)? {
                 match s {
                     Sym::Letter(l) => {
-                        if size[l].is_none() {
+                        if size
+                            .get(l)
+                            .ok_or(internal("einsum: label index"))?
+                            .is_none()
+                        {
                             return Err(eq_err("output label not in any input"));
                         }
                         if out.contains(&l) {
@@ -156,34 +172,54 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
             // numpy's implicit form: `...` first, then the labels seen once,
             // in ASCII order (capitals first).
             out.extend(LETTERS..LETTERS + e_rank);
-            out.extend((26..LETTERS).chain(0..26).filter(|&l| count[l] == 1));
+            let seen = |l: &usize| count.get(*l) == Some(&1);
+            out.extend((26..LETTERS).chain(0..26).filter(seen));
         }
     }
     let mut labels = out.clone();
-    labels.extend((0..MAX_LABELS).filter(|l| size[*l].is_some() && !out.contains(l)));
-    let sizes: Vec<usize> = labels.iter().map(|&l| size[l].unwrap_or(1)).collect();
-    let nl = labels.len();
-    let mut strides = alloc::vec![0usize; shapes.len() * nl];
-    for (k, d) in dims.iter().enumerate() {
-        let shape = shapes[k];
+    labels.extend(
+        size.iter()
+            .enumerate()
+            .filter(|(l, s)| s.is_some() && !out.contains(l))
+            .map(|(l, _)| l),
+    );
+    let sizes: Vec<usize> = labels
+        .iter()
+        .map(|&l| {
+            let s = size.get(l).ok_or(internal("einsum: label index"))?;
+            Ok(s.unwrap_or(1))
+        })
+        .collect::<Result<_>>()?;
+    let mut strides = alloc::vec![[0usize; MAX_INPUTS]; labels.len()];
+    for (k, (d, &shape)) in dims.iter().zip(shapes).enumerate() {
+        if d.len() != shape.len() {
+            return Err(internal("einsum: labels per dimension"));
+        }
         let mut st = 1usize;
-        for p in (0..shape.len()).rev() {
+        for (&dl, &n) in d.iter().zip(shape).rev() {
             let li = labels
                 .iter()
-                .position(|&l| l == d[p])
-                .ok_or(Error::new(ErrorKind::Internal("einsum label")))?;
-            if !(shape[p] == 1 && sizes[li] != 1) {
-                strides[k * nl + li] += st;
+                .position(|&l| l == dl)
+                .ok_or(internal("einsum label"))?;
+            let size_l = *sizes.get(li).ok_or(internal("einsum: label size"))?;
+            if !(n == 1 && size_l != 1) {
+                *strides
+                    .get_mut(li)
+                    .and_then(|s| s.get_mut(k))
+                    .ok_or(internal("einsum: stride index"))? += st;
             }
-            st = st.saturating_mul(shape[p]);
+            st = st.saturating_mul(n);
         }
     }
-    let out_shape: Vec<usize> = sizes[..out.len()].to_vec();
+    let (out_sizes, red_sizes) = sizes
+        .split_at_checked(out.len())
+        .ok_or(internal("einsum: output labels"))?;
+    let out_shape: Vec<usize> = out_sizes.to_vec();
     let out_count = out_shape
         .iter()
         .try_fold(1usize, |a, &b| a.checked_mul(b))
         .ok_or(Error::new(ErrorKind::Overflow))?;
-    let red_count = sizes[out.len()..]
+    let red_count = red_sizes
         .iter()
         .try_fold(1usize, |a, &b| a.checked_mul(b))
         .ok_or(Error::new(ErrorKind::Overflow))?;
@@ -282,42 +318,42 @@ impl Plan {
             y.fill(T::put(T::A::ZERO));
             return Ok(());
         }
-        let nl = self.sizes.len();
         let mut idx = [0usize; MAX_LABELS];
+        let idx = idx
+            .get_mut(..self.sizes.len())
+            .ok_or(internal("einsum: label count"))?;
         let mut offs = [0usize; MAX_INPUTS];
         let mut acc = T::A::ZERO;
         let mut r = 0;
         let mut o = 0;
         for _ in 0..self.out_count * self.red_count {
             let mut prod = T::A::ONE;
-            for k in 0..self.n_in {
-                let v = xs[k]
-                    .get(offs[k])
-                    .ok_or(Error::new(ErrorKind::Internal("einsum offset")))?;
+            for (x, &off) in xs.iter().zip(&offs).take(self.n_in) {
+                let v = x.get(off).ok_or(internal("einsum offset"))?;
                 prod = prod.mul(v.get());
             }
             acc = acc.add(prod);
             r += 1;
             if r == self.red_count {
-                y[o] = T::put(acc);
+                *y.get_mut(o).ok_or(internal("einsum: output index"))? = T::put(acc);
                 acc = T::A::ZERO;
                 r = 0;
                 o += 1;
             }
             // Advance the odometer, last label fastest.
-            for l in (0..nl).rev() {
-                idx[l] += 1;
-                let st = &self.strides;
-                if idx[l] < self.sizes[l] {
-                    for k in 0..self.n_in {
-                        offs[k] += st[k * nl + l];
+            let labels = idx.iter_mut().zip(&self.sizes).zip(&self.strides);
+            for ((i, &size), st) in labels.rev() {
+                *i += 1;
+                if *i < size {
+                    for (off, &s) in offs.iter_mut().zip(st).take(self.n_in) {
+                        *off += s;
                     }
                     break;
                 }
-                for k in 0..self.n_in {
-                    offs[k] -= st[k * nl + l] * (self.sizes[l] - 1);
+                for (off, &s) in offs.iter_mut().zip(st).take(self.n_in) {
+                    *off -= s * (size - 1);
                 }
-                idx[l] = 0;
+                *i = 0;
             }
         }
         Ok(())

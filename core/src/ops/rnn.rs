@@ -10,6 +10,8 @@
 //! steps through `t < L` (reverse starts at `L - 1`), its state stays put
 //! afterwards and its `Y` rows past `L` are zero.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::model::AttrValue;
@@ -32,6 +34,23 @@ fn shape_err(s: &'static str) -> Error {
 
 fn internal(s: &'static str) -> Error {
     Error::new(ErrorKind::Internal(s))
+}
+
+/// Row `r` of `n` values of a row-major buffer.
+fn row(s: &[f32], r: usize, n: usize) -> Result<&[f32]> {
+    s.get(r * n..(r + 1) * n).ok_or(internal("RNN row"))
+}
+
+fn row_mut(s: &mut [f32], r: usize, n: usize) -> Result<&mut [f32]> {
+    s.get_mut(r * n..(r + 1) * n).ok_or(internal("RNN row"))
+}
+
+/// A peephole row, or zeros where there is none (P is optional).
+fn peeps(p: Option<&[f32]>) -> impl Iterator<Item = f32> + '_ {
+    p.into_iter()
+        .flatten()
+        .copied()
+        .chain(core::iter::repeat(0.0))
 }
 
 /// An activation function of the `activations` attribute.
@@ -111,7 +130,10 @@ impl Act {
             *o = c.to_ascii_lowercase();
         }
         let mut a = |d: f32| alpha.next().unwrap_or(d);
-        Ok(match &buf[..name.len()] {
+        let name = buf
+            .get(..name.len())
+            .ok_or(internal("RNN activation name"))?;
+        Ok(match name {
             b"relu" => Act::Relu,
             b"tanh" => Act::Tanh,
             b"sigmoid" => Act::Sigmoid,
@@ -233,25 +255,27 @@ impl Plan {
 
     fn run(&self, inp: &Inputs<'_>, mut y: Option<&mut [f32]>, s: &mut [f32]) -> Result<()> {
         let (bsz, hid, inz, gh) = (self.batch, self.hidden, self.input, self.gh());
-        let (gx, s) = s.split_at_mut(bsz * gh);
-        let (ghb, s) = s.split_at_mut(bsz * gh);
-        let (tmp, s) = s.split_at_mut(bsz * hid);
-        let (hs, s) = s.split_at_mut(self.state_len());
-        let cs = s
-            .get_mut(..self.state_len())
-            .ok_or(internal("RNN scratch"))?;
+        let scratch = internal("RNN scratch");
+        let (gx, s) = s.split_at_mut_checked(bsz * gh).ok_or(scratch)?;
+        let (ghb, s) = s.split_at_mut_checked(bsz * gh).ok_or(scratch)?;
+        let (tmp, s) = s.split_at_mut_checked(bsz * hid).ok_or(scratch)?;
+        let (hs, s) = s.split_at_mut_checked(self.state_len()).ok_or(scratch)?;
+        let cs = s.get_mut(..self.state_len()).ok_or(scratch)?;
         for d in 0..self.ndir {
             for b in 0..bsz {
                 let so = self.state_off(d, b);
-                let dst = (d * bsz + b) * hid;
-                let hrow = &mut hs[dst..dst + hid];
+                let hrow = row_mut(hs, d * bsz + b, hid)?;
                 match inp.h0 {
-                    Some(h0) => hrow.copy_from_slice(&h0[so..so + hid]),
+                    Some(h0) => hrow.copy_from_slice(
+                        h0.get(so..so + hid).ok_or(internal("RNN initial_h row"))?,
+                    ),
                     None => hrow.fill(0.0),
                 }
-                let crow = &mut cs[dst..dst + hid];
+                let crow = row_mut(cs, d * bsz + b, hid)?;
                 match inp.c0 {
-                    Some(c0) => crow.copy_from_slice(&c0[so..so + hid]),
+                    Some(c0) => crow.copy_from_slice(
+                        c0.get(so..so + hid).ok_or(internal("RNN initial_c row"))?,
+                    ),
                     None => crow.fill(0.0),
                 }
             }
@@ -271,34 +295,54 @@ impl Plan {
                 }
             }
         };
-        let zero_bias = [0.0f32; 0];
+        // Y row (time, direction, batch): the new hidden state where the
+        // batch entry is still running, else zeros.
+        let mut put_y = |t: usize, d: usize, b: usize, h: &[f32], active: bool| -> Result<()> {
+            if let Some(y) = y.as_deref_mut() {
+                let off = self.y_off(t, d, b);
+                let yr = y.get_mut(off..off + hid).ok_or(internal("RNN Y row"))?;
+                if active {
+                    yr.copy_from_slice(h);
+                } else {
+                    yr.fill(0.0);
+                }
+            }
+            Ok(())
+        };
         for d in 0..self.ndir {
-            let w = &inp.w[d * gh * inz..(d + 1) * gh * inz];
-            let r = &inp.r[d * gh * hid..(d + 1) * gh * hid];
+            let w = row(inp.w, d, gh * inz)?;
+            let r = row(inp.r, d, gh * hid)?;
             let bias: &[f32] = match inp.b {
-                Some(b) => &b[d * 2 * gh..(d + 1) * 2 * gh],
-                None => &zero_bias,
+                Some(b) => row(b, d, 2 * gh)?,
+                None => &[],
             };
+            // B is optional: without it both biases are zero.
             let wb = |k: usize| bias.get(k).copied().unwrap_or(0.0);
             let rb = |k: usize| bias.get(gh + k).copied().unwrap_or(0.0);
-            let peep = |k: usize| match inp.p {
-                Some(p) => p[d * 3 * hid + k],
-                None => 0.0,
+            // Peepholes of the input, output and forget gates.
+            let (p_i, p_o, p_f) = match inp.p {
+                Some(p) => {
+                    let pd = row(p, d, 3 * hid)?;
+                    (
+                        Some(row(pd, 0, hid)?),
+                        Some(row(pd, 1, hid)?),
+                        Some(row(pd, 2, hid)?),
+                    )
+                }
+                None => (None, None, None),
             };
-            let [fa, ga, ha] = self.acts[d];
-            let h = &mut hs[d * bsz * hid..(d + 1) * bsz * hid];
-            let c = &mut cs[d * bsz * hid..(d + 1) * bsz * hid];
+            let [fa, ga, ha] = *self.acts.get(d).ok_or(internal("RNN direction"))?;
+            let reverse = *self.reverse.get(d).ok_or(internal("RNN direction"))?;
+            let h = row_mut(hs, d, bsz * hid)?;
+            let c = row_mut(cs, d, bsz * hid)?;
             for step in 0..self.seq {
-                let t = if self.reverse[d] {
-                    self.seq - 1 - step
-                } else {
-                    step
-                };
+                let t = if reverse { self.seq - 1 - step } else { step };
                 let (xa, lda) = if self.batch_major {
-                    (&inp.x[t * inz..], self.seq * inz)
+                    (inp.x.get(t * inz..), self.seq * inz)
                 } else {
-                    (&inp.x[t * bsz * inz..], inz)
+                    (inp.x.get(t * bsz * inz..), inz)
                 };
+                let xa = xa.ok_or(internal("RNN X offset"))?;
                 sgemm(bsz, gh, inz, xa, lda, false, w, inz, true, gx, gh, 1.0, 0.0)?;
                 // GRU without linear_before_reset needs (r * H) first, so its
                 // hidden-gate recurrent product waits.
@@ -315,46 +359,55 @@ impl Plan {
                     Cell::Rnn => {
                         for b in 0..bsz {
                             let active = t < len_of(b)?;
-                            for j in 0..hid {
-                                let k = b * hid + j;
-                                let v = fa.apply(self.clip(gx[k] + ghb[k] + wb(j) + rb(j)));
+                            let hr = row_mut(h, b, hid)?;
+                            let gates = row(gx, b, hid)?.iter().zip(row(ghb, b, hid)?);
+                            for (j, ((&x, &hh), hk)) in gates.zip(hr.iter_mut()).enumerate() {
+                                let v = fa.apply(self.clip(x + hh + wb(j) + rb(j)));
                                 if active {
-                                    h[k] = v;
-                                }
-                                if let Some(y) = y.as_deref_mut() {
-                                    y[self.y_off(t, d, b) + j] = if active { v } else { 0.0 };
+                                    *hk = v;
                                 }
                             }
+                            put_y(t, d, b, hr, active)?;
                         }
                     }
                     Cell::Lstm { input_forget } => {
                         for b in 0..bsz {
                             let active = t < len_of(b)?;
-                            for j in 0..hid {
-                                let k = b * hid + j;
-                                let pre = |g: usize| {
-                                    let q = g * hid + j;
-                                    gx[b * gh + q] + ghb[b * gh + q] + wb(q) + rb(q)
-                                };
-                                let cp = c[k];
-                                let ig = fa.apply(self.clip(pre(0) + peep(j) * cp));
+                            // Pre-activations of the gates i, o, f, c in
+                            // place: both products and both biases.
+                            let pre = row_mut(gx, b, gh)?;
+                            for (q, (x, &hh)) in pre.iter_mut().zip(row(ghb, b, gh)?).enumerate() {
+                                *x = *x + hh + wb(q) + rb(q);
+                            }
+                            let pre = &*pre;
+                            let gates = row(pre, 0, hid)?
+                                .iter()
+                                .zip(row(pre, 1, hid)?)
+                                .zip(row(pre, 2, hid)?)
+                                .zip(row(pre, 3, hid)?);
+                            let peep = peeps(p_i).zip(peeps(p_o)).zip(peeps(p_f));
+                            let hr = row_mut(h, b, hid)?;
+                            let state = row_mut(c, b, hid)?.iter_mut().zip(hr.iter_mut());
+                            for (((((&pi, &po), &pf), &pc), ((ppi, ppo), ppf)), (ck, hk)) in
+                                gates.zip(peep).zip(state)
+                            {
+                                let cp = *ck;
+                                let ig = fa.apply(self.clip(pi + ppi * cp));
                                 let fg = if input_forget {
                                     1.0 - ig
                                 } else {
-                                    fa.apply(self.clip(pre(2) + peep(2 * hid + j) * cp))
+                                    fa.apply(self.clip(pf + ppf * cp))
                                 };
-                                let cc = ga.apply(self.clip(pre(3)));
+                                let cc = ga.apply(self.clip(pc));
                                 let cn = fg * cp + ig * cc;
-                                let og = fa.apply(self.clip(pre(1) + peep(hid + j) * cn));
+                                let og = fa.apply(self.clip(po + ppo * cn));
                                 let hn = og * ha.apply(cn);
                                 if active {
-                                    c[k] = cn;
-                                    h[k] = hn;
-                                }
-                                if let Some(y) = y.as_deref_mut() {
-                                    y[self.y_off(t, d, b) + j] = if active { hn } else { 0.0 };
+                                    *ck = cn;
+                                    *hk = hn;
                                 }
                             }
+                            put_y(t, d, b, hr, active)?;
                         }
                     }
                     Cell::Gru {
@@ -362,43 +415,52 @@ impl Plan {
                     } => {
                         // z and r overwrite their pre-activations in gx.
                         for b in 0..bsz {
-                            for j in 0..hid {
-                                let zq = b * gh + j;
-                                let rq = zq + hid;
-                                gx[zq] = fa.apply(self.clip(gx[zq] + ghb[zq] + wb(j) + rb(j)));
-                                gx[rq] = fa
-                                    .apply(self.clip(gx[rq] + ghb[rq] + wb(hid + j) + rb(hid + j)));
-                                tmp[b * hid + j] = gx[rq] * h[b * hid + j];
+                            let zr = row_mut(gx, b, gh)?
+                                .get_mut(..2 * hid)
+                                .ok_or(internal("GRU gates"))?;
+                            let zr_h = row(ghb, b, gh)?;
+                            for (q, (x, &hh)) in zr.iter_mut().zip(zr_h).enumerate() {
+                                *x = fa.apply(self.clip(*x + hh + wb(q) + rb(q)));
+                            }
+                            let rg = row(zr, 1, hid)?;
+                            let rh = row_mut(tmp, b, hid)?;
+                            for ((o, &rj), &hj) in rh.iter_mut().zip(rg).zip(row(h, b, hid)?) {
+                                *o = rj * hj;
                             }
                         }
                         if !linear_before_reset {
-                            let rh = &r[2 * hid * hid..];
-                            let out = &mut ghb[2 * hid..];
+                            let rh = r.get(2 * hid * hid..).ok_or(internal("GRU R"))?;
+                            let out = ghb.get_mut(2 * hid..).ok_or(internal("GRU scratch"))?;
                             sgemm(
                                 bsz, hid, hid, tmp, hid, false, rh, hid, true, out, gh, 1.0, 0.0,
                             )?;
                         }
                         for b in 0..bsz {
                             let active = t < len_of(b)?;
-                            for j in 0..hid {
-                                let k = b * hid + j;
-                                let q = b * gh;
-                                let (z, rg) = (gx[q + j], gx[q + hid + j]);
-                                let (xh, hh) = (gx[q + 2 * hid + j], ghb[q + 2 * hid + j]);
+                            let g = row(gx, b, gh)?;
+                            let hh = row(row(ghb, b, gh)?, 2, hid)?;
+                            let gates = row(g, 0, hid)?
+                                .iter()
+                                .zip(row(g, 1, hid)?)
+                                .zip(row(g, 2, hid)?)
+                                .zip(hh);
+                            let hr = row_mut(h, b, hid)?;
+                            for (j, ((((&z, &rg), &xh), &hh), hk)) in
+                                gates.zip(hr.iter_mut()).enumerate()
+                            {
+                                let q = 2 * hid + j;
                                 let pre = if linear_before_reset {
-                                    xh + rg * (hh + rb(2 * hid + j)) + wb(2 * hid + j)
+                                    xh + rg * (hh + rb(q)) + wb(q)
                                 } else {
-                                    xh + hh + wb(2 * hid + j) + rb(2 * hid + j)
+                                    xh + hh + wb(q) + rb(q)
                                 };
                                 let cand = ga.apply(self.clip(pre));
-                                let hn = (1.0 - z) * cand + z * h[k];
+                                let hn = (1.0 - z) * cand + z * *hk;
                                 if active {
-                                    h[k] = hn;
-                                }
-                                if let Some(y) = y.as_deref_mut() {
-                                    y[self.y_off(t, d, b) + j] = if active { hn } else { 0.0 };
+                                    *hk = hn;
                                 }
                             }
+                            put_y(t, d, b, hr, active)?;
                         }
                     }
                 }
@@ -417,9 +479,10 @@ impl Plan {
         let hid = self.hidden;
         for d in 0..self.ndir {
             for b in 0..self.batch {
-                let src = (d * self.batch + b) * hid;
                 let dst = self.state_off(d, b);
-                out[dst..dst + hid].copy_from_slice(&st[src..src + hid]);
+                out.get_mut(dst..dst + hid)
+                    .ok_or(internal("RNN state output row"))?
+                    .copy_from_slice(row(st, d * self.batch + b, hid)?);
             }
         }
         Ok(())
@@ -493,17 +556,11 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
             }))
         }
     };
-    if x.shape.len() != 3 || w.shape.len() != 3 || r.shape.len() != 3 {
+    let (&[x0, x1, input], 3, &[_, _, hidden]) = (x.shape, w.shape.len(), r.shape) else {
         return Err(shape_err("X, W and R must be 3-D"));
-    }
-    let (seq, batch) = if batch_major {
-        (x.shape[1], x.shape[0])
-    } else {
-        (x.shape[0], x.shape[1])
     };
-    let input = x.shape[2];
+    let (seq, batch) = if batch_major { (x1, x0) } else { (x0, x1) };
     let g = cell.gates();
-    let hidden = r.shape[2];
     let hs = ctx.attr_int("hidden_size", -1)?;
     if hs >= 0 && hs as usize != hidden {
         return Err(shape_err("hidden_size differs from R's shape"));
@@ -573,11 +630,14 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
             let beta = ctx.attr_floats("activation_beta")?.unwrap_or(&[]);
             let mut ai = alpha.iter().copied();
             let mut bi = beta.iter().copied();
-            for (n, nm) in names.iter().enumerate() {
-                acts[n / k][n % k] = Act::parse(nm, &mut ai, &mut bi)?;
+            // Name n sets function n % k of direction n / k.
+            let slots = acts.iter_mut().flat_map(|set| set.iter_mut().take(k));
+            for (slot, nm) in slots.zip(names) {
+                *slot = Act::parse(nm, &mut ai, &mut bi)?;
             }
             if names.len() == k {
-                acts[1] = acts[0];
+                let [first, second] = &mut acts;
+                *second = *first;
             }
         }
         Some(_) => {

@@ -9,6 +9,8 @@
 //! subgraphs are not run (mote has no subgraph evaluation inside a kernel):
 //! nodes carrying a non-identity one are reported unsupported.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::AttrValue;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
@@ -106,6 +108,17 @@ fn need<T>(s: &[T], n: usize) -> Result<()> {
         }));
     }
     Ok(())
+}
+
+/// Row `r` of `n` elements of a row-major buffer.
+fn row<T>(s: &[T], r: usize, n: usize) -> Result<&[T]> {
+    s.get(r * n..(r + 1) * n)
+        .ok_or(internal("row out of range"))
+}
+
+fn row_mut<T>(s: &mut [T], r: usize, n: usize) -> Result<&mut [T]> {
+    s.get_mut(r * n..(r + 1) * n)
+        .ok_or(internal("row out of range"))
 }
 
 fn as_f64(scratch: &mut [u8], n: usize) -> Result<&mut [f64]> {
@@ -278,7 +291,9 @@ fn prepare_causal_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn run_causal_conv<T: Fl>(c: &Ccs, io: &mut KernelIo<'_>) -> Result<()> {
     let x = io.input_slice::<T>(0)?;
     let w = io.input_slice::<T>(1)?;
-    let p = c.k - 1;
+    let p =
+        c.k.checked_sub(1)
+            .ok_or(internal("CausalConvWithState: kernel size 0"))?;
     let rows = c.batch * c.ch;
     need(x, rows * c.len)?;
     need(w, c.ch * c.k)?;
@@ -286,60 +301,98 @@ fn run_causal_conv<T: Fl>(c: &Ccs, io: &mut KernelIo<'_>) -> Result<()> {
     let past: &[T] = if c.past { io.input_slice::<T>(3)? } else { &[] };
     need(bias, if c.bias { c.ch } else { 0 })?;
     need(past, if c.past { rows * p } else { 0 })?;
-    // The padded row is the past state (or zeros) followed by the input.
-    let padded = |r: usize, i: usize| -> f64 {
-        if i < p {
-            if c.past {
-                past[r * p + i].get()
-            } else {
-                0.0
-            }
-        } else {
-            x[r * c.len + i - p].get()
-        }
-    };
     if c.present {
         let (y, st) = io.outputs2(0, 1)?;
         let y = y.into_slice::<T>()?;
         let st = st.into_slice::<T>()?;
         need(y, rows * c.len)?;
         need(st, rows * p)?;
-        conv_rows(c, w, bias, &padded, y);
+        conv_rows(c, p, w, bias, x, past, y)?;
+        // The new state is the last K - 1 values of the padded row: the
+        // tail of the past state (or zeros) when L < K - 1, then the input.
+        let from_past = p.saturating_sub(c.len);
         for r in 0..rows {
-            for i in 0..p {
-                st[r * p + i] = T::put(padded(r, c.len + i));
+            let xr = row(x, r, c.len)?;
+            let (st_past, st_in) = row_mut(st, r, p)?
+                .split_at_mut_checked(from_past)
+                .ok_or(internal("CausalConvWithState: state split"))?;
+            if c.past {
+                let pr = row(past, r, p)?;
+                for (o, v) in st_past.iter_mut().zip(pr.iter().skip(c.len)) {
+                    *o = T::put(v.get());
+                }
+            } else {
+                st_past.fill(T::put(0.0));
+            }
+            for (o, v) in st_in
+                .iter_mut()
+                .zip(xr.iter().skip(c.len.saturating_sub(p)))
+            {
+                *o = T::put(v.get());
             }
         }
     } else {
         let y = io.output_slice::<T>(0)?;
         need(y, rows * c.len)?;
-        conv_rows(c, w, bias, &padded, y);
+        conv_rows(c, p, w, bias, x, past, y)?;
     }
     Ok(())
 }
 
+/// The convolution over the padded rows: each padded row is the past state
+/// (or zeros), `p = K - 1` values, followed by the input row.
 fn conv_rows<T: Fl>(
     c: &Ccs,
+    p: usize,
     w: &[T],
     bias: &[T],
-    padded: &impl Fn(usize, usize) -> f64,
+    x: &[T],
+    past: &[T],
     y: &mut [T],
-) {
+) -> Result<()> {
     for r in 0..c.batch * c.ch {
         let ch = r % c.ch;
-        let wr = &w[ch * c.k..(ch + 1) * c.k];
-        let b0 = if c.bias { bias[ch].get() } else { 0.0 };
-        for t in 0..c.len {
+        let wr = row(w, ch, c.k)?;
+        let b0 = if c.bias {
+            bias.get(ch)
+                .ok_or(internal("CausalConvWithState: bias"))?
+                .get()
+        } else {
+            0.0
+        };
+        let xr = row(x, r, c.len)?;
+        let pr = if c.past { Some(row(past, r, p)?) } else { None };
+        for (t, o) in row_mut(y, r, c.len)?.iter_mut().enumerate() {
             let mut acc = b0;
-            for (j, wj) in wr.iter().enumerate() {
-                acc += wj.get() * padded(r, t + j);
+            // Taps j < p - t read the past state (or zeros) at t + j, the
+            // others the input at t + j - p; in tap order, as one loop would.
+            let n_past = p.saturating_sub(t);
+            match pr {
+                Some(pr) => {
+                    for (wj, v) in wr.iter().zip(pr.iter().skip(t)) {
+                        acc += wj.get() * v.get();
+                    }
+                }
+                None => {
+                    for wj in wr.iter().take(n_past) {
+                        acc += wj.get() * 0.0;
+                    }
+                }
+            }
+            for (wj, v) in wr
+                .iter()
+                .skip(n_past)
+                .zip(xr.iter().skip(t.saturating_sub(p)))
+            {
+                acc += wj.get() * v.get();
             }
             // The reference rounds the convolution to the input type
             // before the activation.
             let conv = T::rt(acc);
-            y[r * c.len + t] = T::put(if c.silu { conv * sigmoid(conv) } else { conv });
+            *o = T::put(if c.silu { conv * sigmoid(conv) } else { conv });
         }
     }
+    Ok(())
 }
 
 // -------------------------------------------------------- LinearAttention
@@ -546,19 +599,26 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
         None => 0,
     };
     need(beta, b_n * t_n * bw)?;
+    if dv == 0 {
+        // No output element and no state value: nothing to compute (and the
+        // state rows below have dv >= 1 values each).
+        return Ok(());
+    }
     let group = l.hq / l.hkv;
     {
         let (out, scratch) = io.output_and_scratch(0)?;
         let out = out.into_slice::<T>()?;
         need(out, b_n * t_n * l.hq * dv)?;
         let sc = as_f64(scratch, states + dv)?;
-        let (all, vt) = sc.split_at_mut(states);
+        let (all, vt) = sc
+            .split_at_mut_checked(states)
+            .ok_or(internal("LinearAttention: scratch split"))?;
         for b in 0..b_n {
             for g in 0..l.hkv {
-                let base = (b * l.hkv + g) * per;
-                let st = &mut all[base..base + per];
+                // The state of this head: dk rows of dv values.
+                let st = row_mut(all, b * l.hkv + g, per)?;
                 if l.past {
-                    for (s, p) in st.iter_mut().zip(&past[base..base + per]) {
+                    for (s, p) in st.iter_mut().zip(row(past, b * l.hkv + g, per)?) {
                         *s = p.get();
                     }
                 } else {
@@ -566,44 +626,55 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
                 }
                 for t in 0..t_n {
                     let bt = b * t_n + t;
-                    let kt = &k[(bt * l.hkv + g) * dk..][..dk];
+                    let kt = row(k, bt * l.hkv + g, dk)?;
                     if let Some(per_dim) = l.decay {
-                        for d in 0..dk {
-                            let gi = if per_dim { g * dk + d } else { g };
-                            let f = libm::exp(decay[bt * dw + gi].get());
-                            for s in &mut st[d * dv..(d + 1) * dv] {
+                        // One gate per key dim, or the head's one for all
+                        // of them (cycled).
+                        let gates = row(decay, bt, dw)?;
+                        let gates = if per_dim {
+                            row(gates, g, dk)?
+                        } else {
+                            row(gates, g, 1)?
+                        };
+                        for (srow, x) in st.chunks_exact_mut(dv).zip(gates.iter().cycle()) {
+                            let f = libm::exp(x.get());
+                            for s in srow {
                                 *s *= f;
                             }
                         }
                     }
-                    for (m, o) in vt.iter_mut().enumerate() {
-                        *o = v[(bt * l.hkv + g) * dv + m].get();
+                    for (o, x) in vt.iter_mut().zip(row(v, bt * l.hkv + g, dv)?) {
+                        *o = x.get();
                     }
                     if let Some(per_head) = l.beta {
                         // Delta rule: write only what the state does not
                         // already retrieve for this key.
-                        let be = beta[bt * bw + if per_head { g } else { 0 }].get();
+                        let be = beta
+                            .get(bt * bw + if per_head { g } else { 0 })
+                            .ok_or(internal("LinearAttention: beta"))?
+                            .get();
                         for (m, o) in vt.iter_mut().enumerate() {
                             let mut r = 0.0;
-                            for (d, kd) in kt.iter().enumerate() {
-                                r += st[d * dv + m] * kd.get();
+                            // Column m of the state, one value per key dim.
+                            for (s, kd) in st.iter().skip(m).step_by(dv).zip(kt) {
+                                r += s * kd.get();
                             }
                             *o = be * (*o - r);
                         }
                     }
-                    for (d, kd) in kt.iter().enumerate() {
+                    for (srow, kd) in st.chunks_exact_mut(dv).zip(kt) {
                         let kd = kd.get();
-                        for (s, &x) in st[d * dv..(d + 1) * dv].iter_mut().zip(vt.iter()) {
+                        for (s, &x) in srow.iter_mut().zip(vt.iter()) {
                             *s += kd * x;
                         }
                     }
                     for h in g * group..(g + 1) * group {
-                        let qt = &q[(bt * l.hq + h) * dk..][..dk];
-                        let o = &mut out[(bt * l.hq + h) * dv..][..dv];
+                        let qt = row(q, bt * l.hq + h, dk)?;
+                        let o = row_mut(out, bt * l.hq + h, dv)?;
                         for (m, om) in o.iter_mut().enumerate() {
                             let mut acc = 0.0;
-                            for (d, qd) in qt.iter().enumerate() {
-                                acc += qd.get() * st[d * dv + m];
+                            for (qd, s) in qt.iter().zip(st.iter().skip(m).step_by(dv)) {
+                                acc += qd.get() * s;
                             }
                             *om = T::put(l.scale * acc);
                         }
@@ -646,7 +717,7 @@ fn is_identity_graph(v: &AttrValue) -> bool {
             g.nodes.is_empty()
                 && g.inputs.len() == 1
                 && g.outputs.len() == 1
-                && g.inputs[0] == g.outputs[0]
+                && g.inputs.first() == g.outputs.first()
         }
         _ => false,
     }
@@ -730,21 +801,23 @@ fn run_flex<T: Fl>(f: &Flex, io: &mut KernelIo<'_>) -> Result<()> {
     let out = out.into_slice::<T>()?;
     need(out, f.batch * f.hq * f.l * f.ev)?;
     let sc = as_f64(scratch, f.s + f.e)?;
-    let (p, qs) = sc.split_at_mut(f.s);
+    let (p, qs) = sc
+        .split_at_mut_checked(f.s)
+        .ok_or(internal("FlexAttention: scratch split"))?;
     for b in 0..f.batch {
         for h in 0..f.hq {
             let kv = b * f.hkv + h / group;
-            let kh = &k[kv * f.s * f.e..][..f.s * f.e];
-            let vh = &v[kv * f.s * f.ev..][..f.s * f.ev];
+            let kh = row(k, kv, f.s * f.e)?;
+            let vh = row(v, kv, f.s * f.ev)?;
             for i in 0..f.l {
-                let qr = &q[((b * f.hq + h) * f.l + i) * f.e..][..f.e];
+                let qr = row(q, (b * f.hq + h) * f.l + i, f.e)?;
                 for (o, x) in qs.iter_mut().zip(qr) {
                     *o = T::rt(x.get() * ss);
                 }
                 let mut mx = f64::NEG_INFINITY;
                 for (j, pj) in p.iter_mut().enumerate() {
                     let mut acc = 0.0;
-                    for (qd, kd) in qs.iter().zip(&kh[j * f.e..(j + 1) * f.e]) {
+                    for (qd, kd) in qs.iter().zip(row(kh, j, f.e)?) {
                         acc += qd * T::rt(kd.get() * ss);
                     }
                     *pj = T::rt(acc);
@@ -755,11 +828,12 @@ fn run_flex<T: Fl>(f: &Flex, io: &mut KernelIo<'_>) -> Result<()> {
                     *pj = libm::exp(*pj - mx);
                     sum += *pj;
                 }
-                let o = &mut out[((b * f.hq + h) * f.l + i) * f.ev..][..f.ev];
+                let o = row_mut(out, (b * f.hq + h) * f.l + i, f.ev)?;
                 for (m, om) in o.iter_mut().enumerate() {
                     let mut acc = 0.0;
-                    for (j, pj) in p.iter().enumerate() {
-                        acc += pj * vh[j * f.ev + m].get();
+                    // Column m of V (o is not empty here, so f.ev >= 1).
+                    for (pj, vj) in p.iter().zip(vh.iter().skip(m).step_by(f.ev)) {
+                        acc += pj * vj.get();
                     }
                     *om = T::put(acc / sum);
                 }

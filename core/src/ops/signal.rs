@@ -6,6 +6,8 @@
 //! models use and needs no scratch. Windows and mel matrices depend only on
 //! build-time values, so they are computed at prepare as constants.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -37,8 +39,10 @@ fn internal() -> Error {
 fn const_scalar(ctx: &PrepareCtx<'_>, i: usize) -> Result<Option<i64>> {
     match ctx.const_ints(i)? {
         None => Ok(None),
-        Some(v) if v.len() == 1 => Ok(Some(v[0])),
-        Some(_) => Err(shape_err("expected a scalar input")),
+        Some(v) => match *v {
+            [x] => Ok(Some(x)),
+            _ => Err(shape_err("expected a scalar input")),
+        },
     }
 }
 
@@ -71,16 +75,93 @@ struct Layout {
     c_out: usize,
 }
 
-/// Transforms every line of `x` into `y`; `n` is the DFT length.
-fn transform(x: &[f32], y: &mut [f32], l: Layout, n: usize, dir: Dir, tw: &[(f64, f64)]) {
+/// Values as complex pairs (the last axis of size 2).
+fn pairs(x: &[f32]) -> Result<&[C]> {
+    bytemuck::try_cast_slice(x)
+        .map_err(|_| Error::new(ErrorKind::Internal("signal: complex pairs")))
+}
+
+fn pairs_mut(x: &mut [f32]) -> Result<&mut [C]> {
+    bytemuck::try_cast_slice_mut(x)
+        .map_err(|_| Error::new(ErrorKind::Internal("signal: complex pairs")))
+}
+
+/// An input point: a real value (imaginary part 0) or a complex pair.
+trait Point: Copy {
+    fn parts(self) -> (f64, f64);
+    /// Both parts times `w` (a real point's imaginary part stays 0).
+    fn scaled(self, w: f64) -> (f64, f64);
+}
+
+impl Point for f32 {
+    #[inline]
+    fn parts(self) -> (f64, f64) {
+        (self as f64, 0.0)
+    }
+    #[inline]
+    fn scaled(self, w: f64) -> (f64, f64) {
+        (self as f64 * w, 0.0)
+    }
+}
+
+impl Point for C {
+    #[inline]
+    fn parts(self) -> (f64, f64) {
+        let [re, im] = self;
+        (re as f64, im as f64)
+    }
+    #[inline]
+    fn scaled(self, w: f64) -> (f64, f64) {
+        let [re, im] = self;
+        (re as f64 * w, im as f64 * w)
+    }
+}
+
+/// An output point: a real value (the imaginary part dropped) or a pair.
+trait OutPoint {
+    fn set(&mut self, re: f32, im: f32);
+}
+
+impl OutPoint for f32 {
+    #[inline]
+    fn set(&mut self, re: f32, _im: f32) {
+        *self = re;
+    }
+}
+
+impl OutPoint for C {
+    #[inline]
+    fn set(&mut self, re: f32, im: f32) {
+        *self = [re, im];
+    }
+}
+
+/// Transforms every line of `x` into `y` (one point per component group:
+/// `x` is `f32` for `c_in = 1`, pairs for 2, likewise `y` for `c_out`);
+/// `n` is the DFT length.
+fn transform<P: Point, Q: OutPoint>(
+    x: &[P],
+    y: &mut [Q],
+    l: Layout,
+    n: usize,
+    dir: Dir,
+    tw: &[(f64, f64)],
+) -> Result<()> {
     let Layout {
         outer,
         inner,
         n_in,
-        c_in,
         n_out,
-        c_out,
+        ..
     } = l;
+    if inner == 0 {
+        return Ok(());
+    }
+    if x.len() < outer * n_in * inner || y.len() < outer * n_out * inner {
+        return Err(Error::new(ErrorKind::Internal("DFT: buffer sizes")));
+    }
+    // Exactly n entries, so every `(k * t) % n` below is in range.
+    let tw = tw.get(..n).ok_or_else(internal)?;
     let used = match dir {
         Dir::InverseReal => n_in.min(n / 2 + 1),
         _ => n_in.min(n),
@@ -92,13 +173,15 @@ fn transform(x: &[f32], y: &mut [f32], l: Layout, n: usize, dir: Dir, tw: &[(f64
     };
     for o in 0..outer {
         for i in 0..inner {
-            for k in 0..n_out {
+            // Point t of this line is x[(o * n_in + t) * inner + i], output
+            // point k is y[(o * n_out + k) * inner + i].
+            let line = x.iter().skip(o * n_in * inner + i).step_by(inner);
+            let out = y.iter_mut().skip(o * n_out * inner + i).step_by(inner);
+            for (k, yk) in out.take(n_out).enumerate() {
                 let (mut re, mut im) = (0f64, 0f64);
-                for t in 0..used {
-                    let at = ((o * n_in + t) * inner + i) * c_in;
-                    let xr = x[at] as f64;
-                    let xi = if c_in == 2 { x[at + 1] as f64 } else { 0.0 };
-                    let (c, s) = tw[(k * t) % n];
+                for (t, p) in line.clone().take(used).enumerate() {
+                    let (xr, xi) = p.parts();
+                    let (c, s) = *tw.get((k * t) % n).ok_or_else(internal)?;
                     match dir {
                         // x * e^{-iθ}
                         Dir::Forward => {
@@ -118,14 +201,11 @@ fn transform(x: &[f32], y: &mut [f32], l: Layout, n: usize, dir: Dir, tw: &[(f64
                         }
                     }
                 }
-                let at = ((o * n_out + k) * inner + i) * c_out;
-                y[at] = (re * scale) as f32;
-                if c_out == 2 {
-                    y[at + 1] = (im * scale) as f32;
-                }
+                yk.set((re * scale) as f32, (im * scale) as f32);
             }
         }
     }
+    Ok(())
 }
 
 // ------------------------------------------------------------ f32 c2c FFT
@@ -224,33 +304,40 @@ impl Cfftp {
 
     /// Transforms `c` in place (`ch` is a work buffer of the same length),
     /// then scales by `fct` unless it is 1.
-    fn exec(&self, c: &mut [C], ch: &mut [C], fwd: bool, fct: f32) {
+    fn exec(&self, c: &mut [C], ch: &mut [C], fwd: bool, fct: f32) -> Result<()> {
         let n = self.n;
+        let c = c.get_mut(..n).ok_or(fft_err())?;
+        let ch = ch.get_mut(..n).ok_or(fft_err())?;
         if n == 1 {
-            c[0] = [c[0][0] * fct, c[0][1] * fct];
-            return;
+            for v in c.iter_mut() {
+                *v = [v[0] * fct, v[1] * fct];
+            }
+            return Ok(());
         }
         let mut l1 = 1;
         let mut in_c = true;
         for &(ip, off) in &self.fact {
             let ido = n / (l1 * ip);
-            let wa = &self.tw[off..];
+            if ido == 0 {
+                return Err(fft_err());
+            }
+            let wa = self.tw.get(off..).ok_or(fft_err())?;
             let (src, dst): (&[C], &mut [C]) = if in_c {
                 (&*c, &mut *ch)
             } else {
                 (&*ch, &mut *c)
             };
             match ip {
-                2 => pass2(ido, l1, src, dst, wa, fwd),
-                3 => pass3(ido, l1, src, dst, wa, fwd),
-                4 => pass4(ido, l1, src, dst, wa, fwd),
-                _ => pass5(ido, l1, src, dst, wa, fwd),
+                2 => pass2(ido, l1, src, dst, wa, fwd)?,
+                3 => pass3(ido, l1, src, dst, wa, fwd)?,
+                4 => pass4(ido, l1, src, dst, wa, fwd)?,
+                _ => pass5(ido, l1, src, dst, wa, fwd)?,
             }
             in_c = !in_c;
             l1 *= ip;
         }
         if !in_c {
-            for (d, s) in c[..n].iter_mut().zip(&ch[..n]) {
+            for (d, s) in c.iter_mut().zip(ch.iter()) {
                 *d = if fct != 1.0 {
                     [s[0] * fct, s[1] * fct]
                 } else {
@@ -258,54 +345,137 @@ impl Cfftp {
                 };
             }
         } else if fct != 1.0 {
-            for d in c[..n].iter_mut() {
+            for d in c.iter_mut() {
                 *d = [d[0] * fct, d[1] * fct];
             }
         }
+        Ok(())
     }
 }
 
-fn pass2(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
-    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 2 * k)];
-    for k in 0..l1 {
-        ch[ido * k] = cadd(cci(0, 0, k), cci(0, 1, k));
-        ch[ido * (k + l1)] = csub(cci(0, 0, k), cci(0, 1, k));
-        for i in 1..ido {
-            ch[i + ido * k] = cadd(cci(i, 0, k), cci(i, 1, k));
-            ch[i + ido * (k + l1)] = smul(csub(cci(i, 0, k), cci(i, 1, k)), wa[i - 1], fwd);
+fn fft_err() -> Error {
+    Error::new(ErrorKind::Internal("DFT: FFT plan"))
+}
+
+// A pass of radix `ip` reads `cc` as `[l1][ip][ido]` and writes `ch` as
+// `[ip][l1][ido]`: for each k, `ip` input rows of `ido` points (one group)
+// go to row k of each of the `ip` output planes. Point i > 0 of output
+// plane u > 0 is then multiplied by twiddle `wa[(u - 1) * (ido - 1) + i - 1]`.
+
+/// The twiddles of output plane `u` (1-based), by point: none for point 0.
+fn plane_twiddles(
+    wa: &[C],
+    ido: usize,
+    u: usize,
+) -> Result<impl Iterator<Item = Option<&C>> + Clone> {
+    let m = ido.checked_sub(1).ok_or(fft_err())?;
+    let w = wa.get((u - 1) * m..u * m).ok_or(fft_err())?;
+    Ok(core::iter::once(None).chain(w.iter().map(Some)))
+}
+
+/// `v` times a twiddle, if any.
+#[inline]
+fn twiddle(v: C, w: Option<&C>, fwd: bool) -> C {
+    match w {
+        Some(&w) => smul(v, w, fwd),
+        None => v,
+    }
+}
+
+/// The `ip` output planes of a pass and its input groups, checked.
+fn pass_io<'a, const IP: usize>(
+    ido: usize,
+    l1: usize,
+    cc: &'a [C],
+    ch: &'a mut [C],
+) -> Result<([&'a mut [C]; IP], core::slice::ChunksExact<'a, C>)> {
+    let len = l1 * ido * IP;
+    let cc = cc.get(..len).ok_or(fft_err())?;
+    let ch = ch.get_mut(..len).ok_or(fft_err())?;
+    if l1 * ido == 0 {
+        return Err(fft_err());
+    }
+    let mut planes = ch.chunks_exact_mut(l1 * ido);
+    let mut out: [&mut [C]; IP] = core::array::from_fn(|_| <&mut [C]>::default());
+    for o in out.iter_mut() {
+        *o = planes.next().ok_or(fft_err())?;
+    }
+    Ok((out, cc.chunks_exact(IP * ido)))
+}
+
+/// Splits a group of `IP` input rows of `ido` (>= 1) points.
+fn group_rows<const IP: usize>(g: &[C], ido: usize) -> Result<[&[C]; IP]> {
+    let mut rows: [&[C]; IP] = [&[]; IP];
+    let mut it = g.chunks_exact(ido);
+    for r in rows.iter_mut() {
+        *r = it.next().ok_or(fft_err())?;
+    }
+    Ok(rows)
+}
+
+fn pass2(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> Result<()> {
+    let tw1 = plane_twiddles(wa, ido, 1)?;
+    let ([ch0, ch1], groups) = pass_io::<2>(ido, l1, cc, ch)?;
+    let rows = ch0.chunks_exact_mut(ido).zip(ch1.chunks_exact_mut(ido));
+    for ((y0, y1), g) in rows.zip(groups) {
+        let [c0, c1] = group_rows::<2>(g, ido)?;
+        let outs = y0.iter_mut().zip(y1.iter_mut());
+        for (((o0, o1), (&a, &b)), w1) in outs.zip(c0.iter().zip(c1)).zip(tw1.clone()) {
+            *o0 = cadd(a, b);
+            *o1 = twiddle(csub(a, b), w1, fwd);
         }
     }
+    Ok(())
 }
 
-fn pass3(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
+fn pass3(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> Result<()> {
     let twr = -0.5f32;
     let twi = if fwd { -1.0f32 } else { 1.0 } * (0.866_025_403_784_438_6_f64 as f32);
-    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 3 * k)];
-    for k in 0..l1 {
-        for i in 0..ido {
-            let t0 = cci(i, 0, k);
-            let t1 = cadd(cci(i, 1, k), cci(i, 2, k));
-            let t2 = csub(cci(i, 1, k), cci(i, 2, k));
-            ch[i + ido * k] = cadd(t0, t1);
+    let tws = plane_twiddles(wa, ido, 1)?.zip(plane_twiddles(wa, ido, 2)?);
+    let ([ch0, ch1, ch2], groups) = pass_io::<3>(ido, l1, cc, ch)?;
+    let rows = ch0
+        .chunks_exact_mut(ido)
+        .zip(ch1.chunks_exact_mut(ido))
+        .zip(ch2.chunks_exact_mut(ido));
+    for (((y0, y1), y2), g) in rows.zip(groups) {
+        let [c0, c1, c2] = group_rows::<3>(g, ido)?;
+        let outs = y0.iter_mut().zip(y1.iter_mut()).zip(y2.iter_mut());
+        let ins = c0.iter().zip(c1).zip(c2);
+        for ((((o0, o1), o2), ((&t0, &x1), &x2)), (w1, w2)) in outs.zip(ins).zip(tws.clone()) {
+            let t1 = cadd(x1, x2);
+            let t2 = csub(x1, x2);
+            *o0 = cadd(t0, t1);
             let ca = [t0[0] + t1[0] * twr, t0[1] + t1[1] * twr];
             let cb = [-(t2[1] * twi), t2[0] * twi];
             let (u1, u2) = (cadd(ca, cb), csub(ca, cb));
-            if i == 0 {
-                ch[ido * (k + l1)] = u1;
-                ch[ido * (k + 2 * l1)] = u2;
-            } else {
-                ch[i + ido * (k + l1)] = smul(u1, wa[i - 1], fwd);
-                ch[i + ido * (k + 2 * l1)] = smul(u2, wa[i - 1 + (ido - 1)], fwd);
-            }
+            *o1 = twiddle(u1, w1, fwd);
+            *o2 = twiddle(u2, w2, fwd);
         }
     }
+    Ok(())
 }
 
-fn pass4(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
-    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 4 * k)];
-    for k in 0..l1 {
-        for i in 0..ido {
-            let (c0, c1, c2, c3) = (cci(i, 0, k), cci(i, 1, k), cci(i, 2, k), cci(i, 3, k));
+fn pass4(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> Result<()> {
+    let tws = plane_twiddles(wa, ido, 1)?
+        .zip(plane_twiddles(wa, ido, 2)?)
+        .zip(plane_twiddles(wa, ido, 3)?);
+    let ([ch0, ch1, ch2, ch3], groups) = pass_io::<4>(ido, l1, cc, ch)?;
+    let rows = ch0
+        .chunks_exact_mut(ido)
+        .zip(ch1.chunks_exact_mut(ido))
+        .zip(ch2.chunks_exact_mut(ido))
+        .zip(ch3.chunks_exact_mut(ido));
+    for ((((y0, y1), y2), y3), g) in rows.zip(groups) {
+        let [r0, r1, r2, r3] = group_rows::<4>(g, ido)?;
+        let outs = y0
+            .iter_mut()
+            .zip(y1.iter_mut())
+            .zip(y2.iter_mut())
+            .zip(y3.iter_mut());
+        let ins = r0.iter().zip(r1).zip(r2).zip(r3);
+        for ((outs, ins), tws) in outs.zip(ins).zip(tws.clone()) {
+            let ((((o0, o1), o2), o3), (((&c0, &c1), &c2), &c3)) = (outs, ins);
+            let ((w1, w2), w3) = tws;
             let (t2, t1) = (cadd(c0, c2), csub(c0, c2));
             let (t3, mut t4) = (cadd(c1, c3), csub(c1, c3));
             t4 = if fwd {
@@ -313,72 +483,75 @@ fn pass4(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
             } else {
                 [-t4[1], t4[0]]
             };
-            let (o0, o1, o2, o3) = (cadd(t2, t3), cadd(t1, t4), csub(t2, t3), csub(t1, t4));
-            ch[i + ido * k] = o0;
-            if i == 0 {
-                ch[ido * (k + l1)] = o1;
-                ch[ido * (k + 2 * l1)] = o2;
-                ch[ido * (k + 3 * l1)] = o3;
-            } else {
-                let w = |x: usize| wa[i - 1 + x * (ido - 1)];
-                ch[i + ido * (k + l1)] = smul(o1, w(0), fwd);
-                ch[i + ido * (k + 2 * l1)] = smul(o2, w(1), fwd);
-                ch[i + ido * (k + 3 * l1)] = smul(o3, w(2), fwd);
-            }
+            *o0 = cadd(t2, t3);
+            *o1 = twiddle(cadd(t1, t4), w1, fwd);
+            *o2 = twiddle(csub(t2, t3), w2, fwd);
+            *o3 = twiddle(csub(t1, t4), w3, fwd);
         }
     }
+    Ok(())
 }
 
-fn pass5(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) {
+fn pass5(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> Result<()> {
     let sign = if fwd { -1.0f32 } else { 1.0 };
     let tw1r = 0.309_016_994_374_947_4_f64 as f32;
     let tw1i = sign * (0.951_056_516_295_153_5_f64 as f32);
     let tw2r = -0.809_016_994_374_947_4_f64 as f32;
     let tw2i = sign * (0.587_785_252_292_473_1_f64 as f32);
-    let cci = |a: usize, b: usize, k: usize| cc[a + ido * (b + 5 * k)];
-    for k in 0..l1 {
-        for i in 0..ido {
-            let t0 = cci(i, 0, k);
-            let (t1, t4) = (
-                cadd(cci(i, 1, k), cci(i, 4, k)),
-                csub(cci(i, 1, k), cci(i, 4, k)),
-            );
-            let (t2, t3) = (
-                cadd(cci(i, 2, k), cci(i, 3, k)),
-                csub(cci(i, 2, k), cci(i, 3, k)),
-            );
-            ch[i + ido * k] = [t0[0] + t1[0] + t2[0], t0[1] + t1[1] + t2[1]];
-            let mut step = |u1: usize, u2: usize, twar: f32, twbr: f32, twai: f32, twbi: f32| {
+    let tws = plane_twiddles(wa, ido, 1)?
+        .zip(plane_twiddles(wa, ido, 2)?)
+        .zip(plane_twiddles(wa, ido, 3)?)
+        .zip(plane_twiddles(wa, ido, 4)?);
+    let ([ch0, ch1, ch2, ch3, ch4], groups) = pass_io::<5>(ido, l1, cc, ch)?;
+    let rows = ch0
+        .chunks_exact_mut(ido)
+        .zip(ch1.chunks_exact_mut(ido))
+        .zip(ch2.chunks_exact_mut(ido))
+        .zip(ch3.chunks_exact_mut(ido))
+        .zip(ch4.chunks_exact_mut(ido));
+    for (((((y0, y1), y2), y3), y4), g) in rows.zip(groups) {
+        let [r0, r1, r2, r3, r4] = group_rows::<5>(g, ido)?;
+        let outs = y0
+            .iter_mut()
+            .zip(y1.iter_mut())
+            .zip(y2.iter_mut())
+            .zip(y3.iter_mut())
+            .zip(y4.iter_mut());
+        let ins = r0.iter().zip(r1).zip(r2).zip(r3).zip(r4);
+        for ((outs, ins), tws) in outs.zip(ins).zip(tws.clone()) {
+            let (((((o0, o1), o2), o3), o4), ((((&t0, &c1), &c2), &c3), &c4)) = (outs, ins);
+            let (((w1, w2), w3), w4) = tws;
+            let (t1, t4) = (cadd(c1, c4), csub(c1, c4));
+            let (t2, t3) = (cadd(c2, c3), csub(c2, c3));
+            *o0 = [t0[0] + t1[0] + t2[0], t0[1] + t1[1] + t2[1]];
+            let step = |twar: f32, twbr: f32, twai: f32, twbi: f32| {
                 let ca = [
                     t0[0] + twar * t1[0] + twbr * t2[0],
                     t0[1] + twar * t1[1] + twbr * t2[1],
                 ];
                 let cb = [-(twai * t4[1] + twbi * t3[1]), twai * t4[0] + twbi * t3[0]];
-                let (a, b) = (cadd(ca, cb), csub(ca, cb));
-                if i == 0 {
-                    ch[ido * (k + u1 * l1)] = a;
-                    ch[ido * (k + u2 * l1)] = b;
-                } else {
-                    ch[i + ido * (k + u1 * l1)] = smul(a, wa[i - 1 + (u1 - 1) * (ido - 1)], fwd);
-                    ch[i + ido * (k + u2 * l1)] = smul(b, wa[i - 1 + (u2 - 1) * (ido - 1)], fwd);
-                }
+                (cadd(ca, cb), csub(ca, cb))
             };
-            step(1, 4, tw1r, tw2r, tw1i, tw2i);
-            step(2, 3, tw2r, tw1r, tw2i, -tw1i);
+            let (a, b) = step(tw1r, tw2r, tw1i, tw2i);
+            *o1 = twiddle(a, w1, fwd);
+            *o4 = twiddle(b, w4, fwd);
+            let (a, b) = step(tw2r, tw1r, tw2i, -tw1i);
+            *o2 = twiddle(a, w2, fwd);
+            *o3 = twiddle(b, w3, fwd);
         }
     }
+    Ok(())
 }
 
 fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     dtype_in(x.dtype, &[DType::F32], "DFT")?;
     let r = x.shape.len();
-    if r < 2 {
+    let (Some((&c_in, _)), true) = (x.shape.split_last(), r >= 2) else {
         return Err(shape_err(
             "DFT: input needs a signal axis and a component axis",
         ));
-    }
-    let c_in = x.shape[r - 1];
+    };
     if !(c_in == 1 || c_in == 2) {
         return Err(shape_err("DFT: last axis must be 1 (real) or 2 (complex)"));
     }
@@ -393,7 +566,7 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let inverse = ctx.attr_int("inverse", 0)? != 0;
     let onesided = ctx.attr_int("onesided", 0)? != 0;
-    let n_in = x.shape[ax];
+    let n_in = *x.shape.get(ax).ok_or_else(internal)?;
     let n = match const_scalar(ctx, 1)? {
         Some(v) => usize::try_from(v)
             .ok()
@@ -412,16 +585,21 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         (true, true) => (Dir::InverseReal, n, 1),
     };
     let l = Layout {
-        outer: x.shape[..ax].iter().product(),
-        inner: x.shape[ax + 1..r - 1].iter().product(),
+        outer: x.shape.get(..ax).ok_or_else(internal)?.iter().product(),
+        inner: x
+            .shape
+            .get(ax + 1..r - 1)
+            .ok_or_else(internal)?
+            .iter()
+            .product(),
         n_in,
         c_in,
         n_out,
         c_out,
     };
     let mut out = x.shape.to_vec();
-    out[ax] = n_out;
-    out[r - 1] = c_out;
+    *out.get_mut(ax).ok_or_else(internal)? = n_out;
+    *out.last_mut().ok_or_else(internal)? = c_out;
     // numpy transforms real input in f64 but complex input (built from f32
     // parts) in f32, so only the latter takes the f32 replica.
     let plan = match dir {
@@ -437,8 +615,12 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             kernel("DFT", move |io| {
                 let xs = io.input_slice::<f32>(0)?;
                 let y = io.output_slice::<f32>(0)?;
-                transform(xs, y, l, n, dir, &tw);
-                Ok(())
+                match (l.c_in, l.c_out) {
+                    (1, 1) => transform(xs, y, l, n, dir, &tw),
+                    (1, _) => transform(xs, pairs_mut(y)?, l, n, dir, &tw),
+                    (_, 1) => transform(pairs(xs)?, y, l, n, dir, &tw),
+                    _ => transform(pairs(xs)?, pairs_mut(y)?, l, n, dir, &tw),
+                }
             }),
         ));
     };
@@ -454,22 +636,35 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let y = yt.as_slice_mut::<f32>()?;
             let buf: &mut [C] = bytemuck::try_cast_slice_mut(scratch)
                 .map_err(|_| Error::new(ErrorKind::Internal("DFT scratch alignment")))?;
-            let (c, ch) = buf.split_at_mut(n);
+            let (c, ch) = buf
+                .split_at_mut_checked(n)
+                .ok_or(Error::new(ErrorKind::Internal("DFT scratch size")))?;
+            // This path has complex input and output (c_in = c_out = 2).
+            let (xs, ys) = (pairs(xs)?, pairs_mut(y)?);
+            if l.c_in != 2
+                || l.inner == 0
+                || xs.len() < l.outer * l.n_in * l.inner
+                || ys.len() < l.outer * l.n_out * l.inner
+            {
+                return Err(Error::new(ErrorKind::Internal("DFT: buffer sizes")));
+            }
             for o in 0..l.outer {
                 for i in 0..l.inner {
-                    for (t, v) in c.iter_mut().enumerate() {
-                        *v = if t < l.n_in {
-                            let at = ((o * l.n_in + t) * l.inner + i) * l.c_in;
-                            [xs[at], if l.c_in == 2 { xs[at + 1] } else { 0.0 }]
-                        } else {
-                            [0.0, 0.0]
-                        };
+                    // Point t of this line is xs[(o * n_in + t) * inner + i],
+                    // output point k is ys[(o * n_out + k) * inner + i].
+                    let line = xs.iter().skip(o * l.n_in * l.inner + i).step_by(l.inner);
+                    let line = line.take(l.n_in).chain(core::iter::repeat(&[0.0, 0.0]));
+                    for (v, p) in c.iter_mut().zip(line) {
+                        *v = *p;
                     }
-                    plan.exec(c, ch, fwd, fct);
-                    for (k, v) in c[..l.n_out].iter().enumerate() {
-                        let at = ((o * l.n_out + k) * l.inner + i) * 2;
-                        y[at] = v[0];
-                        y[at + 1] = v[1];
+                    plan.exec(c, ch, fwd, fct)?;
+                    let out = ys
+                        .iter_mut()
+                        .skip(o * l.n_out * l.inner + i)
+                        .step_by(l.inner);
+                    let spectrum = c.get(..l.n_out).ok_or_else(internal)?;
+                    for (yk, v) in out.zip(spectrum) {
+                        *yk = *v;
                     }
                 }
             }
@@ -482,23 +677,26 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     dtype_in(x.dtype, &[DType::F32], "STFT")?;
-    if x.shape.len() != 3 || !(x.shape[2] == 1 || x.shape[2] == 2) {
+    let &[batch, len, c_in] = x.shape else {
+        return Err(shape_err("STFT: signal must be [batch, length, 1 or 2]"));
+    };
+    if !(c_in == 1 || c_in == 2) {
         return Err(shape_err("STFT: signal must be [batch, length, 1 or 2]"));
     }
-    let (batch, len, c_in) = (x.shape[0], x.shape[1], x.shape[2]);
     let step = const_scalar(ctx, 1)?.ok_or(Error::new(ErrorKind::MissingInput { index: 1 }))?;
     let step = usize::try_from(step)
         .ok()
         .filter(|&s| s > 0)
         .ok_or(shape_err("STFT: frame_step must be positive"))?;
     let win = ctx.opt_input(2);
+    let mut win_len = None;
     if let Some(w) = win {
         dtype_in(w.dtype, &[DType::F32], "STFT window")?;
-        if w.shape.len() != 1 {
+        let &[wl] = w.shape else {
             return Err(shape_err("STFT: window must be 1-D"));
-        }
+        };
+        win_len = Some(wl);
     }
-    let win_len = win.map(|w| w.shape[0]);
     let flen = match const_scalar(ctx, 3)? {
         Some(v) => usize::try_from(v)
             .ok()
@@ -517,48 +715,82 @@ fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let used = wlen.min(flen);
     let has_win = win.is_some();
     let tw = twiddles(flen);
+    let st = Stft {
+        batch,
+        len,
+        step,
+        flen,
+        frames,
+        bins,
+        used,
+    };
     Ok(Prepared::single(
         DType::F32,
         &[batch, frames, bins, 2],
         kernel("STFT", move |io| {
             let xs = io.input_slice::<f32>(0)?;
             let ws: &[f32] = if has_win {
-                io.input_slice::<f32>(2)?
+                io.input_slice::<f32>(2)?.get(..used).ok_or_else(internal)?
             } else {
                 &[]
             };
-            let y = io.output_slice::<f32>(0)?;
-            for b in 0..batch {
-                for f in 0..frames {
-                    for k in 0..bins {
-                        let (mut re, mut im) = (0f64, 0f64);
-                        for t in 0..used {
-                            let pos = f * step + t;
-                            if pos >= len {
-                                break;
-                            }
-                            let w = if has_win { ws[t] as f64 } else { 1.0 };
-                            let at = (b * len + pos) * c_in;
-                            let xr = xs[at] as f64 * w;
-                            let xi = if c_in == 2 {
-                                xs[at + 1] as f64 * w
-                            } else {
-                                0.0
-                            };
-                            let (c, s) = tw[(k * t) % flen];
-                            re += xr * c + xi * s;
-                            im += xi * c - xr * s;
-                        }
-                        let at = ((b * frames + f) * bins + k) * 2;
-                        let o = y.get_mut(at..at + 2).ok_or_else(internal)?;
-                        o[0] = re as f32;
-                        o[1] = im as f32;
-                    }
-                }
+            let y = pairs_mut(io.output_slice::<f32>(0)?)?;
+            if c_in == 2 {
+                run_stft(&st, pairs(xs)?, ws, y, &tw)
+            } else {
+                run_stft(&st, xs, ws, y, &tw)
             }
-            Ok(())
         }),
     ))
+}
+
+/// STFT sizes, fixed at prepare.
+#[derive(Clone, Copy, Debug)]
+struct Stft {
+    batch: usize,
+    len: usize,
+    step: usize,
+    flen: usize,
+    frames: usize,
+    bins: usize,
+    /// Samples taken from each frame (window length and frame length).
+    used: usize,
+}
+
+/// STFT of points `xs` (`[batch, len]`) into `y` (`[batch, frames, bins]`
+/// pairs), weighted by the window `ws` (empty: no window).
+fn run_stft<P: Point>(
+    st: &Stft,
+    xs: &[P],
+    ws: &[f32],
+    y: &mut [C],
+    tw: &[(f64, f64)],
+) -> Result<()> {
+    // Exactly flen entries, so every `(k * t) % flen` below is in range.
+    let tw = tw.get(..st.flen).ok_or_else(internal)?;
+    for b in 0..st.batch {
+        for f in 0..st.frames {
+            // This frame's samples: `used` from f * step, cut at the end.
+            let start = b * st.len + f * st.step;
+            let cnt = st.used.min(st.len.saturating_sub(f * st.step));
+            let frame = xs.get(start..start + cnt).ok_or_else(internal)?;
+            let row = (b * st.frames + f) * st.bins;
+            let out = y.get_mut(row..row + st.bins).ok_or_else(internal)?;
+            for (k, o) in out.iter_mut().enumerate() {
+                let (mut re, mut im) = (0f64, 0f64);
+                // Without a window every weight is 1.
+                let weights = ws.iter().map(|&w| w as f64).chain(core::iter::repeat(1.0));
+                for (t, (p, w)) in frame.iter().zip(weights).enumerate() {
+                    let (xr, xi) = p.scaled(w);
+                    let (c, s) = *tw.get((k * t) % st.flen).ok_or_else(internal)?;
+                    re += xr * c + xi * s;
+                    im += xi * c - xr * s;
+                }
+                *o = [re as f32, im as f32];
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `vals` as a constant of the op's `output_datatype` (default float).
@@ -667,11 +899,14 @@ fn prepare_mel(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             .ok()
             .filter(|&j| j < spec)
             .ok_or(shape_err("MelWeightMatrix: band edge out of range"))?;
-        out[j * nb + i] = v;
+        *out.get_mut(j * nb + i).ok_or_else(internal)? = v;
         Ok(())
     };
-    for i in 0..nb {
-        let (l, c, h) = (edges[i], edges[i + 1], edges[i + 2]);
+    // Band i rises from edge i to edge i + 1 and falls to edge i + 2.
+    for (i, e) in edges.windows(3).enumerate() {
+        let &[l, c, h] = e else {
+            return Err(internal());
+        };
         if c == l {
             set(c, i, 1.0)?;
         } else {
@@ -786,7 +1021,7 @@ mod tests {
                 let mut c: Vec<C> = r.chunks(2).map(|p| [p[0], p[1]]).collect();
                 let mut ch = vec![[0.0f32; 2]; n];
                 let fct = if fwd { 1.0 } else { 1.0 / n as f32 };
-                plan.exec(&mut c, &mut ch, fwd, fct);
+                plan.exec(&mut c, &mut ch, fwd, fct).unwrap();
                 let mut want = vec![0.0f32; 2 * n];
                 let l = Layout {
                     outer: 1,
@@ -796,7 +1031,15 @@ mod tests {
                     n_out: n,
                     c_out: 2,
                 };
-                transform(&r, &mut want, l, n, dir, &tw);
+                transform(
+                    pairs(&r).unwrap(),
+                    pairs_mut(&mut want).unwrap(),
+                    l,
+                    n,
+                    dir,
+                    &tw,
+                )
+                .unwrap();
                 let got: Vec<f32> = c.iter().flatten().copied().collect();
                 assert_close(&got, &want, 1e-5);
             }
