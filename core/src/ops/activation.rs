@@ -2,6 +2,8 @@
 //! HardSwish, Tanh, Elu, Selu, Softplus, Softsign, PRelu, Gelu, Swish,
 //! Hardmax.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::elementwise::{binary, unary_float, unsupported_dtype, with_type, Bcast, Num};
@@ -317,16 +319,16 @@ fn prepare_softsign(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     )
 }
 
-fn prelu_kernel<T: Num>(bc: Bcast) -> Prepared {
+fn prelu_kernel<T: Num>(bc: Bcast) -> Result<Prepared> {
     let zero = T::from_usize(0);
-    Prepared::single(
+    Ok(Prepared::single(
         T::DTYPE,
-        bc.shape(),
+        bc.shape()?,
         kernel("PRelu", move |io| {
             binary::<T, T>(io, &bc, |v, s| if v < zero { s.mul(v) } else { v })
         }),
     )
-    .in_place()
+    .in_place())
 }
 
 fn prepare_prelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -338,7 +340,7 @@ fn prepare_prelu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "PRelu slope must broadcast to the input shape",
         )));
     }
-    with_type!(@num x.dtype, T => Ok(prelu_kernel::<T>(bc)),
+    with_type!(@num x.dtype, T => prelu_kernel::<T>(bc),
         _ => Err(unsupported_dtype("PRelu", x.dtype)))
 }
 
@@ -397,21 +399,29 @@ fn hardmax_kernel<T: Num>(shape: &[usize], outer: usize, len: usize, inner: usiz
             for v in y.iter_mut() {
                 *v = zero;
             }
-            if len == 0 {
+            if len == 0 || inner == 0 {
                 return Ok(());
             }
-            for o in 0..outer {
+            // One plane of `len * inner` elements per outer index; lane `i`
+            // of a plane is every `inner`-th element from `i`.
+            let plane = len * inner;
+            for (xp, yp) in x.chunks_exact(plane).zip(y.chunks_exact_mut(plane)) {
                 for i in 0..inner {
-                    let base = o * len * inner + i;
-                    let (mut best, mut bv) = (0, x[base]);
-                    for k in 1..len {
-                        let v = x[base + k * inner];
+                    let mut lane = xp.iter().skip(i).step_by(inner);
+                    let Some(&first) = lane.next() else {
+                        return Err(Error::new(ErrorKind::Internal("Hardmax: empty lane")));
+                    };
+                    let (mut best, mut bv) = (0, first);
+                    for (k, &v) in (1..).zip(lane) {
                         if v > bv || (is_nan(v) && !is_nan(bv)) {
                             best = k;
                             bv = v;
                         }
                     }
-                    y[base + best * inner] = one;
+                    *yp.get_mut(best * inner + i)
+                        .ok_or(Error::new(ErrorKind::Internal(
+                            "Hardmax: maximum past the plane",
+                        )))? = one;
                 }
             }
             Ok(())
@@ -436,11 +446,23 @@ fn prepare_hardmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }));
     }
     let axis = a as usize;
-    let outer: usize = x.shape[..axis].iter().product();
+    let (head, tail) = x
+        .shape
+        .split_at_checked(axis)
+        .ok_or(Error::new(ErrorKind::Attribute {
+            name: "axis",
+            problem: "axis out of range",
+        }))?;
+    let outer: usize = head.iter().product();
     let (len, inner) = if legacy {
-        (x.shape[axis..].iter().product(), 1)
+        (tail.iter().product(), 1)
     } else {
-        (x.shape[axis], x.shape[axis + 1..].iter().product())
+        // `a < r` here, so `tail` has the axis first.
+        let (&len, rest) = tail.split_first().ok_or(Error::new(ErrorKind::Attribute {
+            name: "axis",
+            problem: "axis out of range",
+        }))?;
+        (len, rest.iter().product())
     };
     with_type!(@float x.dtype, T => Ok(hardmax_kernel::<T>(x.shape, outer, len, inner)),
         _ => Err(unsupported_dtype("Hardmax", x.dtype)))

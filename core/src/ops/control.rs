@@ -22,6 +22,8 @@
 //! must then be known at build time) and report their real length
 //! ([`Prepared::dynamic_shapes`]).
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -368,8 +370,9 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let mut s = [0usize; crate::tensor::MAX_RANK];
                 let r = es.len() + 1;
                 let dims = s.get_mut(..r).ok_or(internal("Loop rank"))?;
-                dims[0] = it;
-                dims[1..].copy_from_slice(es);
+                let (first, rest) = dims.split_first_mut().ok_or(internal("Loop rank"))?;
+                *first = it;
+                rest.copy_from_slice(es);
                 io.set_output_shape(n + j, dims)?;
             }
             Ok(())
@@ -391,12 +394,14 @@ struct Axis {
 }
 
 impl Axis {
-    fn new(shape: &[usize], a: usize, es: usize) -> Self {
-        Axis {
-            outer: shape[..a].iter().product(),
-            len: shape[a],
-            inner: shape[a + 1..].iter().product::<usize>() * es,
-        }
+    fn new(shape: &[usize], a: usize, es: usize) -> Result<Self> {
+        let (head, tail) = shape.split_at_checked(a).ok_or(internal("Scan axis"))?;
+        let (&len, rest) = tail.split_first().ok_or(internal("Scan axis"))?;
+        Ok(Axis {
+            outer: head.iter().product(),
+            len,
+            inner: rest.iter().product::<usize>() * es,
+        })
     }
     /// Byte ranges (in the full tensor, in the slice) of slice `t`.
     fn blocks(self, t: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -435,10 +440,11 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let mut len = None;
     let mut in_geo = Vec::with_capacity(m);
-    for j in 0..m {
+    for (j, &ax) in in_axes.iter().enumerate() {
         let v = ctx.input(n + j)?;
-        let a = util::axis(in_axes[j], v.shape.len(), "scan_input_axes")?;
-        let l = v.shape[a];
+        let a = util::axis(ax, v.shape.len(), "scan_input_axes")?;
+        let geo = Axis::new(v.shape, a, v.dtype.size())?;
+        let l = geo.len;
         if len.is_some_and(|x| x != l) {
             return Err(Error::new(ErrorKind::Shape(
                 "Scan inputs differ in sequence length",
@@ -448,7 +454,7 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         let mut s = Vec::from(v.shape);
         s.remove(a);
         formal.push((v.dtype, s));
-        in_geo.push(Axis::new(v.shape, a, v.dtype.size()));
+        in_geo.push(geo);
     }
     let len = len.unwrap_or(0);
     let body = plan_body(ctx, g, &formal, &caps)?;
@@ -475,12 +481,12 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .map(|(dt, s)| OutputInfo::new(*dt, s))
         .collect();
     let mut out_geo = Vec::with_capacity(k_scan);
-    for (j, o) in outs.iter().skip(n).enumerate() {
-        let a = util::axis(out_axes[j], o.shape.len() + 1, "scan_output_axes")?;
+    for (o, &ax) in outs.iter().skip(n).zip(&out_axes) {
+        let a = util::axis(ax, o.shape.len() + 1, "scan_output_axes")?;
         let mut s = o.shape.clone();
         s.insert(a, len);
         checked_numel(&s)?;
-        out_geo.push(Axis::new(&s, a, o.dtype.size()));
+        out_geo.push(Axis::new(&s, a, o.dtype.size())?);
         outputs.push(OutputInfo::new(o.dtype, &s));
     }
     let scratch = body.arena();
@@ -495,8 +501,8 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for k in 0..n {
                     carry_in(io, &body, k, k)?;
                 }
-                for (j, geo) in in_geo.iter().enumerate() {
-                    let tj = if in_dirs[j] != 0 { len - 1 - t } else { t };
+                for (j, (geo, &dir)) in in_geo.iter().zip(&in_dirs).enumerate() {
+                    let tj = if dir != 0 { len - 1 - t } else { t };
                     let src = io.input(n + j)?.bytes();
                     let mut s = body.session(io.scratch()?)?;
                     let mut d = s.input_mut(n + j)?;
@@ -514,8 +520,8 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for k in 0..n {
                     read_out(io, &body, k, k, 0)?;
                 }
-                for (j, geo) in out_geo.iter().enumerate() {
-                    let tj = if out_dirs[j] != 0 { len - 1 - t } else { t };
+                for (j, (geo, &dir)) in out_geo.iter().zip(&out_dirs).enumerate() {
+                    let tj = if dir != 0 { len - 1 - t } else { t };
                     let (mut y, s) = io.output_and_scratch(n + j)?;
                     let sess = body.session(s)?;
                     let v = sess.output(n + j)?;

@@ -3,6 +3,8 @@
 //! and Mean, and unary math (Sqrt, Exp, Log, Abs, Neg, Reciprocal, Floor,
 //! Ceil, Erf, trigonometry, Round, Sign, ...) over f32, f64, f16 and bf16.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -105,7 +107,7 @@ impl Bcast {
     pub(crate) fn new(a: &[usize], b: &[usize]) -> Result<Self> {
         let mut out_shape = [0usize; MAX_RANK];
         let rank = broadcast_shapes(a, b, &mut out_shape)?;
-        let out = &out_shape[..rank];
+        let out = out_shape.get(..rank).ok_or(rank_err())?;
         let n = crate::error::checked_numel(out)?;
         let na = crate::error::checked_numel(a)?;
         let nb = crate::error::checked_numel(b)?;
@@ -140,13 +142,64 @@ impl Bcast {
     }
 
     /// The output shape.
-    pub(crate) fn shape(&self) -> &[usize] {
-        &self.out_shape[..self.rank]
+    pub(crate) fn shape(&self) -> Result<&[usize]> {
+        self.out_shape.get(..self.rank).ok_or(rank_err())
     }
+}
+
+fn rank_err() -> Error {
+    Error::new(ErrorKind::Internal("broadcast rank above MAX_RANK"))
 }
 
 fn len_err() -> Error {
     Error::new(ErrorKind::Internal("binary operand length"))
+}
+
+/// One operand read along an output row (the innermost axis): a contiguous
+/// run (stride 1) or one element repeated (stride 0, a broadcast axis).
+#[derive(Clone, Copy)]
+enum Row<'a, T> {
+    Run(&'a [T]),
+    Rep(T),
+}
+
+impl<'a, T: Copy> Row<'a, T> {
+    /// The row of `w` elements of `x` from offset `off`, innermost stride `s`
+    /// (broadcast strides are 0 or 1 there); `Err` if it leaves `x`.
+    #[inline]
+    fn at(x: &'a [T], off: usize, s: usize, w: usize) -> Result<Self> {
+        match s {
+            0 => x.get(off).map(|&v| Row::Rep(v)),
+            1 => off
+                .checked_add(w)
+                .and_then(|end| x.get(off..end))
+                .map(Row::Run),
+            _ => None,
+        }
+        .ok_or(len_err())
+    }
+}
+
+/// Walks a broadcast `shape` one innermost row at a time, for operands with
+/// broadcast `strides`: the row width, each operand's innermost stride, and
+/// an iterator over each row's start offsets. `None` when the shape has no
+/// elements in a row (width 0: nothing to do). A scalar shape is one row of
+/// one element.
+fn rows<const N: usize>(
+    shape: &[usize],
+    strides: [[usize; MAX_RANK]; N],
+) -> Result<Option<(usize, [usize; N], StridedIter<N>)>> {
+    let Some((&w, outer)) = shape.split_last() else {
+        return Ok(Some((1, [0; N], StridedIter::new(&[], strides))));
+    };
+    if w == 0 {
+        return Ok(None);
+    }
+    let mut last = [0usize; N];
+    for (l, st) in last.iter_mut().zip(&strides) {
+        *l = *st.get(outer.len()).ok_or(rank_err())?;
+    }
+    Ok(Some((w, last, StridedIter::new(outer, strides))))
 }
 
 /// Runs `y = f(a, b)` over a broadcast plan; output dtype is operand 0's.
@@ -184,8 +237,22 @@ pub(crate) fn binary<A: Element, B: Element>(
                 }
             }
             Mode::General => {
-                for (o, [ob]) in y.iter_mut().zip(StridedIter::new(bc.shape(), [bc.sb])) {
-                    *o = f(*o, b[ob]);
+                let Some((w, [lb], starts)) = rows(bc.shape()?, [bc.sb])? else {
+                    return Ok(());
+                };
+                for (yr, [ob]) in y.chunks_exact_mut(w).zip(starts) {
+                    match Row::at(b, ob, lb, w)? {
+                        Row::Run(br) => {
+                            for (o, &bv) in yr.iter_mut().zip(br) {
+                                *o = f(*o, bv);
+                            }
+                        }
+                        Row::Rep(bv) => {
+                            for o in yr.iter_mut() {
+                                *o = f(*o, bv);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -220,11 +287,32 @@ pub(crate) fn binary<A: Element, B: Element>(
             }
         }
         Mode::General => {
-            for (o, [oa, ob]) in y
-                .iter_mut()
-                .zip(StridedIter::new(bc.shape(), [bc.sa, bc.sb]))
-            {
-                *o = f(a[oa], b[ob]);
+            let Some((w, [la, lb], starts)) = rows(bc.shape()?, [bc.sa, bc.sb])? else {
+                return Ok(());
+            };
+            for (yr, [oa, ob]) in y.chunks_exact_mut(w).zip(starts) {
+                match (Row::at(a, oa, la, w)?, Row::at(b, ob, lb, w)?) {
+                    (Row::Run(ar), Row::Run(br)) => {
+                        for ((o, &av), &bv) in yr.iter_mut().zip(ar).zip(br) {
+                            *o = f(av, bv);
+                        }
+                    }
+                    (Row::Run(ar), Row::Rep(bv)) => {
+                        for (o, &av) in yr.iter_mut().zip(ar) {
+                            *o = f(av, bv);
+                        }
+                    }
+                    (Row::Rep(av), Row::Run(br)) => {
+                        for (o, &bv) in yr.iter_mut().zip(br) {
+                            *o = f(av, bv);
+                        }
+                    }
+                    (Row::Rep(av), Row::Rep(bv)) => {
+                        for o in yr.iter_mut() {
+                            *o = f(av, bv);
+                        }
+                    }
+                }
             }
         }
     }
@@ -581,10 +669,10 @@ enum Arith {
     ModTrunc,
 }
 
-fn arith_kernel<T: Num>(bc: Bcast, op: Arith, name: &'static str) -> Prepared {
+fn arith_kernel<T: Num>(bc: Bcast, op: Arith, name: &'static str) -> Result<Prepared> {
     let p = Prepared::single(
         T::DTYPE,
-        bc.shape(),
+        bc.shape()?,
         kernel(name, move |io| match op {
             Arith::Add => binary::<T, T>(io, &bc, T::add),
             Arith::Sub => binary::<T, T>(io, &bc, T::sub),
@@ -594,11 +682,7 @@ fn arith_kernel<T: Num>(bc: Bcast, op: Arith, name: &'static str) -> Prepared {
             Arith::ModTrunc => binary::<T, T>(io, &bc, T::rem_trunc),
         }),
     );
-    if bc.a_is_out {
-        p.in_place()
-    } else {
-        p
-    }
+    Ok(if bc.a_is_out { p.in_place() } else { p })
 }
 
 fn prepare_arith(ctx: &PrepareCtx<'_>, op: Arith, name: &'static str) -> Result<Prepared> {
@@ -606,7 +690,7 @@ fn prepare_arith(ctx: &PrepareCtx<'_>, op: Arith, name: &'static str) -> Result<
     let dt = a.dtype;
     let b = ctx.input_of(1, dt)?;
     let bc = Bcast::new(a.shape, b.shape)?;
-    with_type!(@num dt, T => Ok(arith_kernel::<T>(bc, op, name)), _ => Err(unsupported_dtype(name, dt)))
+    with_type!(@num dt, T => arith_kernel::<T>(bc, op, name), _ => Err(unsupported_dtype(name, dt)))
 }
 
 fn prepare_add(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -636,19 +720,15 @@ fn prepare_mod(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     prepare_arith(ctx, op, "Mod")
 }
 
-fn pow_kernel<A: Num, B: Num>(bc: Bcast) -> Prepared {
+fn pow_kernel<A: Num, B: Num>(bc: Bcast) -> Result<Prepared> {
     let p = Prepared::single(
         A::DTYPE,
-        bc.shape(),
+        bc.shape()?,
         kernel("Pow", move |io| {
             binary::<A, B>(io, &bc, |x, y| x.pow(y.exponent()))
         }),
     );
-    if bc.a_is_out {
-        p.in_place()
-    } else {
-        p
-    }
+    Ok(if bc.a_is_out { p.in_place() } else { p })
 }
 
 fn prepare_pow(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -657,7 +737,7 @@ fn prepare_pow(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let bc = Bcast::new(a.shape, b.shape)?;
     with_type!(@list a.dtype, [
         F32 => f32, F64 => f64, F16 => half::f16, BF16 => half::bf16, I32 => i32, I64 => i64
-    ], A => with_type!(@num b.dtype, B => Ok(pow_kernel::<A, B>(bc)),
+    ], A => with_type!(@num b.dtype, B => pow_kernel::<A, B>(bc),
         _ => Err(unsupported_dtype("Pow exponent", b.dtype))),
     _ => Err(unsupported_dtype("Pow", a.dtype)))
 }
@@ -683,29 +763,39 @@ fn fold_into<T: Copy>(
     shape: &[usize],
     first: bool,
     f: impl Fn(T, T) -> T,
-) {
-    match (strides, first) {
-        (None, true) => {
+) -> Result<()> {
+    let Some(s) = strides else {
+        if first {
             for (o, &v) in y.iter_mut().zip(x) {
                 *o = v;
             }
-        }
-        (None, false) => {
+        } else {
             for (o, &v) in y.iter_mut().zip(x) {
                 *o = f(*o, v);
             }
         }
-        (Some(s), true) => {
-            for (o, [i]) in y.iter_mut().zip(StridedIter::new(shape, [*s])) {
-                *o = x[i];
+        return Ok(());
+    };
+    let Some((w, [l], starts)) = rows(shape, [*s])? else {
+        return Ok(());
+    };
+    for (yr, [i]) in y.chunks_exact_mut(w).zip(starts) {
+        match (Row::at(x, i, l, w)?, first) {
+            (Row::Run(xr), true) => yr.copy_from_slice(xr),
+            (Row::Run(xr), false) => {
+                for (o, &v) in yr.iter_mut().zip(xr) {
+                    *o = f(*o, v);
+                }
             }
-        }
-        (Some(s), false) => {
-            for (o, [i]) in y.iter_mut().zip(StridedIter::new(shape, [*s])) {
-                *o = f(*o, x[i]);
+            (Row::Rep(v), true) => yr.fill(v),
+            (Row::Rep(v), false) => {
+                for o in yr.iter_mut() {
+                    *o = f(*o, v);
+                }
             }
         }
     }
+    Ok(())
 }
 
 fn fold_kernel<T: Num>(
@@ -729,9 +819,9 @@ fn fold_kernel<T: Num>(
                 }
                 let st = st.as_ref();
                 match op {
-                    Fold::Max => fold_into(y, x, st, &shape, i == 0, max_nan),
-                    Fold::Min => fold_into(y, x, st, &shape, i == 0, min_nan),
-                    Fold::Sum | Fold::Mean => fold_into(y, x, st, &shape, i == 0, T::add),
+                    Fold::Max => fold_into(y, x, st, &shape, i == 0, max_nan)?,
+                    Fold::Min => fold_into(y, x, st, &shape, i == 0, min_nan)?,
+                    Fold::Sum | Fold::Mean => fold_into(y, x, st, &shape, i == 0, T::add)?,
                 }
             }
             if op == Fold::Mean {
@@ -753,7 +843,7 @@ fn prepare_fold(ctx: &PrepareCtx<'_>, op: Fold, name: &'static str) -> Result<Pr
         let x = ctx.input_of(i, dt)?;
         let mut o = [0usize; MAX_RANK];
         let r = broadcast_shapes(&out, x.shape, &mut o)?;
-        out = o[..r].to_vec();
+        out = o.get(..r).ok_or(rank_err())?.to_vec();
     }
     let n_out = crate::error::checked_numel(&out)?;
     let mut strides = Vec::with_capacity(ctx.num_inputs());

@@ -4,6 +4,8 @@
 //!
 //! (Equal, Less, ..., Not and Where live in `shape.rs`.)
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::elementwise::{binary, unsupported_dtype, with_type, Bcast};
 use crate::ops::{kernel, KernelIo, OpDef, PrepareCtx, Prepared};
@@ -43,7 +45,7 @@ fn prepare_bool(ctx: &PrepareCtx<'_>, op: Logic, name: &'static str) -> Result<P
     // Any nonzero byte is true; outputs are normalized to 0/1.
     let p = Prepared::single(
         DType::Bool,
-        bc.shape(),
+        bc.shape()?,
         kernel(name, move |io| match op {
             Logic::And => binary::<u8, u8>(io, &bc, |x, y| (x != 0 && y != 0) as u8),
             Logic::Or => binary::<u8, u8>(io, &bc, |x, y| (x != 0 || y != 0) as u8),
@@ -122,10 +124,10 @@ fn in_place_if(p: Prepared, bc: &Bcast) -> Prepared {
     }
 }
 
-fn shift_kernel<T: Bits>(bc: Bcast, left: bool) -> Prepared {
+fn shift_kernel<T: Bits>(bc: Bcast, left: bool) -> Result<Prepared> {
     let p = Prepared::single(
         T::DTYPE,
-        bc.shape(),
+        bc.shape()?,
         kernel("BitShift", move |io| {
             if left {
                 binary::<T, T>(io, &bc, T::shl_by)
@@ -134,7 +136,7 @@ fn shift_kernel<T: Bits>(bc: Bcast, left: bool) -> Prepared {
             }
         }),
     );
-    in_place_if(p, &bc)
+    Ok(in_place_if(p, &bc))
 }
 
 fn prepare_bitshift(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -149,7 +151,7 @@ fn prepare_bitshift(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
     };
     let (dt, bc) = int_dtype_check(ctx, "BitShift")?;
-    with_type!(@int dt, T => Ok(shift_kernel::<T>(bc, left)),
+    with_type!(@int dt, T => shift_kernel::<T>(bc, left),
         _ => Err(unsupported_dtype("BitShift", dt)))
 }
 
@@ -160,22 +162,22 @@ enum Bit {
     Xor,
 }
 
-fn bitwise_kernel<T: Bits>(bc: Bcast, op: Bit, name: &'static str) -> Prepared {
+fn bitwise_kernel<T: Bits>(bc: Bcast, op: Bit, name: &'static str) -> Result<Prepared> {
     let p = Prepared::single(
         T::DTYPE,
-        bc.shape(),
+        bc.shape()?,
         kernel(name, move |io| match op {
             Bit::And => binary::<T, T>(io, &bc, T::and),
             Bit::Or => binary::<T, T>(io, &bc, T::or),
             Bit::Xor => binary::<T, T>(io, &bc, T::xor),
         }),
     );
-    in_place_if(p, &bc)
+    Ok(in_place_if(p, &bc))
 }
 
 fn prepare_bitwise(ctx: &PrepareCtx<'_>, op: Bit, name: &'static str) -> Result<Prepared> {
     let (dt, bc) = int_dtype_check(ctx, name)?;
-    with_type!(@int dt, T => Ok(bitwise_kernel::<T>(bc, op, name)),
+    with_type!(@int dt, T => bitwise_kernel::<T>(bc, op, name),
         _ => Err(unsupported_dtype(name, dt)))
 }
 

@@ -7,6 +7,8 @@
 //! `ignore_index`; `mean` divides the weighted sum by the sum of those
 //! weights, so ignored samples count neither in the sum nor in the divisor.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::DType;
@@ -49,16 +51,16 @@ fn prepare_geom(ctx: &PrepareCtx<'_>, what: &'static str) -> Result<(LossGeom, O
     let x = ctx.input(0)?;
     util::dtype_in(x.dtype, FLOATS, what)?;
     let xs = x.shape;
-    if xs.len() < 2 {
+    let &[n, c, ref spatial @ ..] = xs else {
         return Err(Error::new(ErrorKind::Rank {
             expected: 2,
             got: xs.len(),
         }));
-    }
+    };
     let t = ctx.input(1)?;
     util::dtype_in(t.dtype, &[DType::I64, DType::I32], "loss target")?;
-    let mut want_t = vec![xs[0]];
-    want_t.extend_from_slice(&xs[2..]);
+    let mut want_t = vec![n];
+    want_t.extend_from_slice(spatial);
     if t.shape != want_t.as_slice() {
         return Err(Error::new(ErrorKind::Shape(
             "loss target must have shape [N, d1..dk] of the input [N, C, d1..dk]",
@@ -73,7 +75,7 @@ fn prepare_geom(ctx: &PrepareCtx<'_>, what: &'static str) -> Result<(LossGeom, O
                     got: w.dtype,
                 }));
             }
-            if w.shape != [xs[1]] {
+            if w.shape != [c] {
                 return Err(Error::new(ErrorKind::Shape(
                     "loss weight must have shape [C]",
                 )));
@@ -103,9 +105,9 @@ fn prepare_geom(ctx: &PrepareCtx<'_>, what: &'static str) -> Result<(LossGeom, O
     };
     Ok((
         LossGeom {
-            n: xs[0],
-            c: xs[1],
-            d: xs[2..].iter().product(),
+            n,
+            c,
+            d: spatial.iter().product(),
             reduction,
             ignore,
             weighted,
@@ -131,10 +133,10 @@ impl Targets<'_> {
         }
     }
     #[inline]
-    fn get(&self, i: usize) -> i64 {
+    fn get(&self, i: usize) -> Option<i64> {
         match self {
-            Targets::I64(v) => v[i],
-            Targets::I32(v) => v[i] as i64,
+            Targets::I64(v) => v.get(i).copied(),
+            Targets::I32(v) => v.get(i).map(|&t| t as i64),
         }
     }
 }
@@ -149,6 +151,10 @@ fn targets<'a>(io: &KernelIo<'a>, dt: DType) -> Result<Targets<'a>> {
 // Scores are computed in f64 through norm's `Real`.
 use crate::ops::norm::Real;
 
+fn internal(what: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(what))
+}
+
 /// Applies the loss to every sample: `neg_score(n, t, d)` gives
 /// `-score[n, t, d]`; per-sample losses go to `y` when not reduced, and the
 /// (reduced) result is returned otherwise.
@@ -157,7 +163,7 @@ fn accumulate<T: Real>(
     t: Targets<'_>,
     w: Option<&[T]>,
     y: &mut [T],
-    mut neg_score: impl FnMut(usize, usize, usize) -> f64,
+    mut neg_score: impl FnMut(usize, usize, usize) -> Result<f64>,
 ) -> Result<()> {
     let (n, c, d) = (g.n, g.c, g.d);
     if t.len() != n * d
@@ -171,7 +177,7 @@ fn accumulate<T: Real>(
     for i in 0..n {
         for j in 0..d {
             let k = i * d + j;
-            let tv = t.get(k);
+            let tv = t.get(k).ok_or(internal("loss target index"))?;
             let loss = if g.ignore == Some(tv) {
                 0.0
             } else {
@@ -179,21 +185,27 @@ fn accumulate<T: Real>(
                     return Err(Error::new(ErrorKind::Shape("loss target out of [0, C)")));
                 }
                 let tc = tv as usize;
-                let wt = w.map_or(1.0, |w| w[tc].to_f64());
+                let wt = match w {
+                    Some(w) => w.get(tc).ok_or(internal("loss weight index"))?.to_f64(),
+                    None => 1.0,
+                };
                 wsum += wt;
-                wt * neg_score(i, tc, j)
+                wt * neg_score(i, tc, j)?
             };
             match g.reduction {
-                Reduction::None => y[k] = T::from_f64(loss),
+                Reduction::None => {
+                    *y.get_mut(k).ok_or(internal("loss output index"))? = T::from_f64(loss)
+                }
                 _ => sum += loss,
             }
         }
     }
-    match g.reduction {
-        Reduction::None => {}
-        Reduction::Sum => y[0] = T::from_f64(sum),
-        Reduction::Mean => y[0] = T::from_f64(sum / wsum),
-    }
+    let total = match g.reduction {
+        Reduction::None => return Ok(()),
+        Reduction::Sum => sum,
+        Reduction::Mean => sum / wsum,
+    };
+    *y.first_mut().ok_or(internal("loss output index"))? = T::from_f64(total);
     Ok(())
 }
 
@@ -214,7 +226,12 @@ fn run_nll<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom) -> Result<()> {
     }
     let y = io.output_slice::<T>(0)?;
     let (c, d) = (g.c, g.d);
-    accumulate(g, t, w, y, |i, tc, j| -x[(i * c + tc) * d + j].to_f64())
+    accumulate(g, t, w, y, |i, tc, j| {
+        let v = x
+            .get((i * c + tc) * d + j)
+            .ok_or(internal("loss input index"))?;
+        Ok(-v.to_f64())
+    })
 }
 
 fn prepare_nll(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -230,14 +247,46 @@ fn prepare_nll(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     ))
 }
 
-/// `ln(sum_c exp(x[c]))` over axis 1 at sample `(i, j)` of `x` (`[n, c, d]`),
-/// shifted by the maximum for stability.
+/// The `c` elements `x[i, 0..c, j]` of `x` (`[n, c, d]`), `j < d`.
 #[inline]
-fn log_sum_exp<T: Real>(x: &[T], c: usize, d: usize, i: usize, j: usize) -> f64 {
-    let at = |ch: usize| x[(i * c + ch) * d + j].to_f64();
+fn lane<T>(
+    x: &[T],
+    c: usize,
+    d: usize,
+    i: usize,
+    j: usize,
+) -> Result<core::iter::StepBy<core::slice::Iter<'_, T>>> {
+    let plane = x
+        .get(i * c * d..(i + 1) * c * d)
+        .ok_or(internal("loss input plane"))?;
+    if d == 0 {
+        return Err(internal("loss lane of an empty plane"));
+    }
+    Ok(plane
+        .get(lane_from(c, j)..)
+        .ok_or(internal("loss lane"))?
+        .iter()
+        .step_by(d))
+}
+
+/// Where lane `j` of a `[c, d]` plane starts: at `j`, or at 0 when `c = 0`
+/// (an empty plane: every lane is empty).
+#[inline]
+fn lane_from(c: usize, j: usize) -> usize {
+    if c == 0 {
+        0
+    } else {
+        j
+    }
+}
+
+/// `ln(sum_c exp(x[c]))` over one `lane` (axis 1 at one sample), shifted by
+/// the maximum for stability.
+#[inline]
+fn log_sum_exp<'a, T: Real + 'a>(lane: impl Iterator<Item = &'a T> + Clone) -> f64 {
     let mut mx = f64::NEG_INFINITY;
-    for ch in 0..c {
-        let v = at(ch);
+    for v in lane.clone() {
+        let v = v.to_f64();
         if v > mx || v.is_nan() {
             mx = v;
         }
@@ -246,8 +295,8 @@ fn log_sum_exp<T: Real>(x: &[T], c: usize, d: usize, i: usize, j: usize) -> f64 
         mx = if mx > 0.0 { mx } else { 0.0 };
     }
     let mut s = 0.0f64;
-    for ch in 0..c {
-        s += libm::exp(at(ch) - mx);
+    for v in lane {
+        s += libm::exp(v.to_f64() - mx);
     }
     libm::log(s) + mx
 }
@@ -264,7 +313,10 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
         let y = io.output_slice::<T>(0)?;
         // Only the target's log-probability is needed: no buffer.
         return accumulate(g, t, w, y, |i, tc, j| {
-            log_sum_exp(x, c, d, i, j) - x[(i * c + tc) * d + j].to_f64()
+            let v = x
+                .get((i * c + tc) * d + j)
+                .ok_or(internal("loss input index"))?;
+            Ok(log_sum_exp(lane(x, c, d, i, j)?) - v.to_f64())
         });
     }
     let (y, lp) = io.outputs2(0, 1)?;
@@ -275,15 +327,26 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
     }
     for i in 0..n {
         for j in 0..d {
-            let l = log_sum_exp(x, c, d, i, j);
-            for ch in 0..c {
-                let k = (i * c + ch) * d + j;
-                lp[k] = T::from_f64(x[k].to_f64() - l);
+            let xl = lane(x, c, d, i, j)?;
+            let l = log_sum_exp(xl.clone());
+            let plane = lp
+                .get_mut(i * c * d..(i + 1) * c * d)
+                .ok_or(internal("log_prob plane"))?;
+            let lpl = plane
+                .get_mut(lane_from(c, j)..)
+                .ok_or(internal("log_prob lane"))?;
+            for (o, v) in lpl.iter_mut().step_by(d).zip(xl) {
+                *o = T::from_f64(v.to_f64() - l);
             }
         }
     }
     let lp: &[T] = lp;
-    accumulate(g, t, w, y, |i, tc, j| -lp[(i * c + tc) * d + j].to_f64())
+    accumulate(g, t, w, y, |i, tc, j| {
+        let v = lp
+            .get((i * c + tc) * d + j)
+            .ok_or(internal("log_prob index"))?;
+        Ok(-v.to_f64())
+    })
 }
 
 fn prepare_sce(ctx: &PrepareCtx<'_>) -> Result<Prepared> {

@@ -21,6 +21,8 @@
 //! y_scale, y_zp` and the two bounds) is a requantize-and-clamp: a
 //! dequantize → Relu / Clip → quantize chain, or a change of scale.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec::Vec;
 
 use crate::compiled::export::{Export, Params};
@@ -150,15 +152,18 @@ fn acc_bias(
                 Some(_) => per_ch(ctx, bi + 2, m, "bias zero point")?,
                 None => alloc::vec![0.0; m],
             };
-            for c in 0..m {
-                let q = at(c).ok_or(Error::new(ErrorKind::Internal("bias")))? - bz[c];
+            if bs.len() != m || bz.len() != m {
+                return Err(Error::new(ErrorKind::Internal("bias scale length")));
+            }
+            for (c, ((&acc, &bsc), &bzc)) in acc_scale.iter().zip(&bs).zip(&bz).enumerate() {
+                let q = at(c).ok_or(Error::new(ErrorKind::Internal("bias")))? - bzc;
                 // A bias quantized at exactly the accumulator's scale (what
                 // every quantizer writes) is used as is.
-                let same = beta == 1.0 && (bs[c] as f32) == (acc_scale[c] as f32);
+                let same = beta == 1.0 && (bsc as f32) == (acc as f32);
                 let v = if same {
                     q
                 } else {
-                    libm::rint(q * bs[c] * beta / acc_scale[c])
+                    libm::rint(q * bsc * beta / acc)
                 };
                 out.push(v.clamp(i32::MIN as f64, i32::MAX as f64) as i32);
             }
@@ -273,26 +278,21 @@ fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(Error::new(ErrorKind::Unsupported("QMatMul with transA")));
     }
     let trans_b = ctx.attr_int("transB", 0)? != 0;
-    if b.shape.len() != 2 || a.shape.is_empty() {
+    let (&[b0, b1], Some((&ka, a_lead))) = (b.shape, a.shape.split_last()) else {
         return Err(Error::new(ErrorKind::Shape(
             "QMatMul: A of rank >= 1 and a 2-D B",
         )));
-    }
-    let (k, n) = if trans_b {
-        (b.shape[1], b.shape[0])
-    } else {
-        (b.shape[0], b.shape[1])
     };
-    let ka = a.shape[a.shape.len() - 1];
+    let (k, n) = if trans_b { (b1, b0) } else { (b0, b1) };
     if ka != k {
         return Err(Error::new(ErrorKind::Dim {
-            axis: a.shape.len() - 1,
+            axis: a_lead.len(),
             expected: k as u64,
             got: ka as u64,
         }));
     }
     let rows = a.numel() / k.max(1);
-    let mut shape: Vec<usize> = a.shape[..a.shape.len() - 1].to_vec();
+    let mut shape: Vec<usize> = a_lead.to_vec();
     shape.push(n);
     let alpha = ctx.attr_float("alpha", 1.0)? as f64;
     let beta = ctx.attr_float("beta", 1.0)? as f64;

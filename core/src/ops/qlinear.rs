@@ -19,6 +19,8 @@
 //!
 //! DynamicQuantizeLinear computes entirely in f32, as its reference does.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -110,6 +112,10 @@ pub(crate) fn len_err(expected: usize, got: usize) -> Error {
     })
 }
 
+fn internal(what: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(what))
+}
+
 fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
 }
@@ -148,19 +154,17 @@ struct MmGeom {
 }
 
 fn mm_geom(a: &[usize], b: &[usize]) -> Result<MmGeom> {
-    if a.is_empty() || b.is_empty() {
-        return Err(shape_err("matrix product inputs must have rank >= 1"));
-    }
+    let rank_err = || shape_err("matrix product inputs must have rank >= 1");
     let (ra, rb) = (a.len(), b.len());
-    let (m, k, a_batch) = if ra == 1 {
-        (1, a[0], &a[..0])
-    } else {
-        (a[ra - 2], a[ra - 1], &a[..ra - 2])
+    let (m, k, a_batch) = match a {
+        [] => return Err(rank_err()),
+        &[k] => (1, k, &[][..]),
+        [a_batch @ .., m, k] => (*m, *k, a_batch),
     };
-    let (kb, n, b_batch) = if rb == 1 {
-        (b[0], 1, &b[..0])
-    } else {
-        (b[rb - 2], b[rb - 1], &b[..rb - 2])
+    let (kb, n, b_batch) = match b {
+        [] => return Err(rank_err()),
+        &[kb] => (kb, 1, &[][..]),
+        [b_batch @ .., kb, n] => (*kb, *n, b_batch),
     };
     if k != kb {
         return Err(Error::new(ErrorKind::Dim {
@@ -171,7 +175,7 @@ fn mm_geom(a: &[usize], b: &[usize]) -> Result<MmGeom> {
     }
     let mut bs = [0usize; MAX_RANK];
     let br = broadcast_shapes(a_batch, b_batch, &mut bs)?;
-    let batch: Vec<usize> = bs[..br].to_vec();
+    let batch: Vec<usize> = bs.get(..br).ok_or(internal("batch rank"))?.to_vec();
     let mut out_shape = batch.clone();
     if ra != 1 {
         out_shape.push(m);
@@ -235,8 +239,8 @@ fn line_param(
     if numel == 1 {
         return Ok(lp);
     }
-    if p.len() == 1 {
-        if p[0] != lines {
+    if let &[len] = p {
+        if len != lines {
             return Err(shape_err(
                 "a 1-D scale / zero point needs one element per row of A or column of B",
             ));
@@ -244,18 +248,16 @@ fn line_param(
         lp.line = 1;
         return Ok(lp);
     }
-    let r = p.len();
-    let (along, across) = if row {
-        (p[r - 2], p[r - 1])
-    } else {
-        (p[r - 1], p[r - 2])
+    // Rank 0 has one element: rank >= 2 here.
+    let &[ref pb @ .., r2, r1] = p else {
+        return Err(internal("scale / zero point rank"));
     };
+    let (along, across) = if row { (r2, r1) } else { (r1, r2) };
     if across != 1 || (along != 1 && along != lines) {
         return Err(shape_err(
             "scale / zero point must be [..., M, 1] for A or [..., 1, N] for B",
         ));
     }
-    let pb = &p[..r - 2];
     if pb.len() > op_batch.len()
         || pb
             .iter()
@@ -278,13 +280,34 @@ fn line_param(
 /// `sum_p (a[i, p] - za) * (b[p, j] - zb)` over one batch matrix pair,
 /// wrapping in i32.
 #[inline]
-fn dot_int<A: QInt, B: QInt>(arow: &[A], za: i32, b: &[B], j: usize, n: usize, zb: i32) -> i32 {
+fn dot_int<A: QInt, B: QInt>(
+    arow: &[A],
+    za: i32,
+    b: &[B],
+    j: usize,
+    n: usize,
+    zb: i32,
+) -> Result<i32> {
+    if arow.is_empty() {
+        // k = 0: an empty sum (and `b` is empty).
+        return Ok(0);
+    }
+    // Column j of the k x n matrix `b`: every n-th element from j, checked
+    // once (it then has all k = arow.len() elements).
+    if j >= n || arow.len().checked_mul(n).is_none_or(|kn| b.len() < kn) {
+        return Err(internal("dot_int column"));
+    }
+    let col = b
+        .get(j..)
+        .ok_or(internal("dot_int column"))?
+        .iter()
+        .step_by(n);
     let mut acc = 0i32;
-    for (p, &av) in arow.iter().enumerate() {
-        let prod = (av.get() - za) * (b[p * n + j].get() - zb);
+    for (&av, &bv) in arow.iter().zip(col) {
+        let prod = (av.get() - za) * (bv.get() - zb);
         acc = acc.wrapping_add(prod);
     }
-    acc
+    Ok(acc)
 }
 
 /// Everything QLinearMatMul's kernel needs: the geometry and where
@@ -383,14 +406,31 @@ fn qmm_run<A: QInt, B: QInt, Y: QInt, S: QScale>(
             .get_mut(bi * m * n..(bi + 1) * m * n)
             .ok_or(len_err((bi + 1) * m * n, 0))?;
         for i in 0..m {
-            let sa = a_s[pas + i * qas.line].f32();
-            let za = a_z[paz + i * qaz.line].get();
-            let arow = &av[i * k..(i + 1) * k];
-            for j in 0..n {
-                let sb = b_s[pbs + j * qbs.line].f32();
-                let zb = b_z[pbz + j * qbz.line].get();
-                let acc = dot_int(arow, za, bv, j, n, zb);
-                yv[i * n + j] = requant(acc, multiplier::<S>(sa, sb, ys), yz);
+            let sa = a_s
+                .get(pas + i * qas.line)
+                .ok_or(internal("a_scale"))?
+                .f32();
+            let za = a_z
+                .get(paz + i * qaz.line)
+                .ok_or(internal("a_zero_point"))?
+                .get();
+            let arow = av
+                .get(i * k..(i + 1) * k)
+                .ok_or(internal("QLinearMatMul row"))?;
+            let yrow = yv
+                .get_mut(i * n..(i + 1) * n)
+                .ok_or(internal("QLinearMatMul row"))?;
+            for (j, yo) in yrow.iter_mut().enumerate() {
+                let sb = b_s
+                    .get(pbs + j * qbs.line)
+                    .ok_or(internal("b_scale"))?
+                    .f32();
+                let zb = b_z
+                    .get(pbz + j * qbz.line)
+                    .ok_or(internal("b_zero_point"))?
+                    .get();
+                let acc = dot_int(arow, za, bv, j, n, zb)?;
+                *yo = requant(acc, multiplier::<S>(sa, sb, ys), yz);
             }
         }
     }
@@ -477,11 +517,29 @@ fn mmi_run<A: QInt, B: QInt>(io: &mut KernelIo<'_>, p: &MmiParams) -> Result<()>
             .get_mut(bi * m * n..(bi + 1) * m * n)
             .ok_or(len_err((bi + 1) * m * n, 0))?;
         for i in 0..m {
-            let za = a_z.map_or(0, |z| z[pa + i * qa.line].get());
-            let arow = &av[i * k..(i + 1) * k];
-            for j in 0..n {
-                let zb = b_z.map_or(0, |z| z[pb + j * qb.line].get());
-                yv[i * n + j] = dot_int(arow, za, bv, j, n, zb);
+            // An absent zero point is 0.
+            let za = match a_z {
+                Some(z) => z
+                    .get(pa + i * qa.line)
+                    .ok_or(internal("a_zero_point"))?
+                    .get(),
+                None => 0,
+            };
+            let arow = av
+                .get(i * k..(i + 1) * k)
+                .ok_or(internal("MatMulInteger row"))?;
+            let yrow = yv
+                .get_mut(i * n..(i + 1) * n)
+                .ok_or(internal("MatMulInteger row"))?;
+            for (j, yo) in yrow.iter_mut().enumerate() {
+                let zb = match b_z {
+                    Some(z) => z
+                        .get(pb + j * qb.line)
+                        .ok_or(internal("b_zero_point"))?
+                        .get(),
+                    None => 0,
+                };
+                *yo = dot_int(arow, za, bv, j, n, zb)?;
             }
         }
     }
@@ -521,8 +579,10 @@ pub(crate) fn int_conv_geom(
         }));
     }
     let group = group as usize;
+    let (&[batch, c, ref xsp @ ..], &[m, wc, ref wk @ ..]) = (x.shape, w.shape) else {
+        return Err(internal("conv rank"));
+    };
     if let Some(ks) = ctx.attr_ints("kernel_shape")? {
-        let wk = &w.shape[2..];
         if ks.len() != wk.len() || ks.iter().zip(wk).any(|(&a, &b)| a < 0 || a as usize != b) {
             return Err(Error::new(ErrorKind::Attribute {
                 name: "kernel_shape",
@@ -530,17 +590,19 @@ pub(crate) fn int_conv_geom(
             }));
         }
     }
-    let (batch, c, m) = (x.shape[0], x.shape[1], w.shape[0]);
-    if c % group != 0 || m % group != 0 || w.shape[1] * group != c {
+    if c % group != 0 || m % group != 0 || wc * group != c {
         return Err(Error::new(ErrorKind::Attribute {
             name: "group",
             problem: "does not match the channels of X and W",
         }));
     }
-    let nsp = x.shape.len() - 2;
-    let g = forward_geom(ctx, &x.shape[2..], &w.shape[2..], false)?;
+    let g = forward_geom(ctx, xsp, wk, false)?;
     let mut out = alloc::vec![batch, m];
-    out.extend_from_slice(&g.out[MAX_SPATIAL - nsp..]);
+    let osp = MAX_SPATIAL
+        .checked_sub(xsp.len())
+        .and_then(|from| g.out.get(from..))
+        .ok_or(internal("conv spatial rank"))?;
+    out.extend_from_slice(osp);
     Ok((
         IntConv {
             batch,
@@ -559,7 +621,7 @@ pub(crate) fn per_channel(shape: &[usize], m: usize, what: &'static str) -> Resu
     let numel: usize = shape.iter().product();
     if numel == 1 {
         Ok(false)
-    } else if shape.len() == 1 && shape[0] == m {
+    } else if shape == [m] {
         Ok(true)
     } else {
         Err(Error::new(ErrorKind::Shape(what)))
@@ -573,13 +635,48 @@ pub(crate) fn per_tensor(shape: &[usize], what: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// Input coordinate of output position `o` and kernel tap `t` on spatial
-/// axis `ax`; `None` inside the padding.
+/// One spatial axis of a [`Geom`]: stride, dilation, padding at the
+/// beginning and input size.
+#[derive(Clone, Copy, Debug)]
+struct Axis {
+    s: usize,
+    d: usize,
+    pb: usize,
+    inp: usize,
+}
+
+/// The three spatial axes of `g`.
 #[inline]
-fn tap(g: &Geom, ax: usize, o: usize, t: usize) -> Option<usize> {
-    (o * g.s[ax] + t * g.d[ax])
-        .checked_sub(g.pb[ax])
-        .filter(|&i| i < g.inp[ax])
+fn axes(g: &Geom) -> [Axis; 3] {
+    let ([s0, s1, s2], [d0, d1, d2]) = (g.s, g.d);
+    let ([pb0, pb1, pb2], [i0, i1, i2]) = (g.pb, g.inp);
+    [
+        Axis {
+            s: s0,
+            d: d0,
+            pb: pb0,
+            inp: i0,
+        },
+        Axis {
+            s: s1,
+            d: d1,
+            pb: pb1,
+            inp: i1,
+        },
+        Axis {
+            s: s2,
+            d: d2,
+            pb: pb2,
+            inp: i2,
+        },
+    ]
+}
+
+/// Input coordinate of output position `o` and kernel tap `t` on spatial
+/// axis `a`; `None` inside the padding.
+#[inline]
+fn tap(a: Axis, o: usize, t: usize) -> Option<usize> {
+    (o * a.s + t * a.d).checked_sub(a.pb).filter(|&i| i < a.inp)
 }
 
 /// `sum (x - xz) * (w - wz)` over the receptive field of output position
@@ -592,30 +689,41 @@ fn conv_acc<X: QInt, W: QInt>(
     wz: i32,
     g: &Geom,
     o: [usize; 3],
-) -> i32 {
+) -> Result<i32> {
     let (in_sz, k_sz) = (g.in_size(), g.k_size());
+    let [_, k1, k2] = g.k;
+    let [_, in1, in2] = g.inp;
+    let [o0, o1, o2] = o;
+    let [a0, a1, a2] = axes(g);
+    if in_sz == 0 || k_sz == 0 {
+        return Err(internal("conv_acc on an empty plane"));
+    }
     let mut acc = 0i32;
     for (xp, wp) in xg.chunks_exact(in_sz).zip(wk.chunks_exact(k_sz)) {
-        for kd in 0..g.k[0] {
-            let Some(id) = tap(g, 0, o[0], kd) else {
+        // k_sz > 0: k1 and k2 are too.
+        for (kd, wd) in wp.chunks_exact(k1 * k2).enumerate() {
+            let Some(id) = tap(a0, o0, kd) else {
                 continue;
             };
-            for kh in 0..g.k[1] {
-                let Some(ih) = tap(g, 1, o[1], kh) else {
+            for (kh, wr) in wd.chunks_exact(k2).enumerate() {
+                let Some(ih) = tap(a1, o1, kh) else {
                     continue;
                 };
-                for kw in 0..g.k[2] {
-                    let Some(iw) = tap(g, 2, o[2], kw) else {
+                // The input row (id, ih): `tap` keeps `iw` inside it.
+                let at = (id * in1 + ih) * in2;
+                let xr = xp.get(at..at + in2).ok_or(internal("conv input row"))?;
+                for (kw, &w) in wr.iter().enumerate() {
+                    let Some(&x) = tap(a2, o2, kw).and_then(|iw| xr.get(iw)) else {
                         continue;
                     };
-                    let xv = xp[(id * g.inp[1] + ih) * g.inp[2] + iw].get() - xz;
-                    let wv = wp[(kd * g.k[1] + kh) * g.k[2] + kw].get() - wz;
+                    let xv = x.get() - xz;
+                    let wv = w.get() - wz;
                     acc = acc.wrapping_add(xv * wv);
                 }
             }
         }
     }
-    acc
+    Ok(acc)
 }
 
 /// Runs the integer convolution, handing each output element's flat index,
@@ -625,9 +733,9 @@ fn conv_each<X: QInt, W: QInt>(
     x: &[X],
     xz: i32,
     w: &[W],
-    wz: impl Fn(usize) -> i32,
+    wz: impl Fn(usize) -> Result<i32>,
     p: &IntConv,
-    mut put: impl FnMut(usize, usize, i32),
+    mut put: impl FnMut(usize, usize, i32) -> Result<()>,
 ) -> Result<()> {
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
@@ -638,7 +746,7 @@ fn conv_each<X: QInt, W: QInt>(
     if in_sz == 0 || k_sz == 0 {
         // No input elements: every accumulator is an empty sum.
         for i in 0..p.batch * p.m * out_sz {
-            put(i, (i / out_sz.max(1)) % p.m.max(1), 0);
+            put(i, (i / out_sz.max(1)) % p.m.max(1), 0)?;
         }
         return Ok(());
     }
@@ -646,15 +754,20 @@ fn conv_each<X: QInt, W: QInt>(
     for ni in 0..p.batch {
         for oc in 0..p.m {
             let grp = oc / mg;
-            let xg = &x[(ni * p.c + grp * cg) * in_sz..][..cg * in_sz];
-            let wk = &w[oc * cg * k_sz..][..cg * k_sz];
-            let z = wz(oc);
+            let xa = (ni * p.c + grp * cg) * in_sz;
+            let xg = x
+                .get(xa..xa + cg * in_sz)
+                .ok_or(internal("conv input group"))?;
+            let wk = w
+                .get(oc * cg * k_sz..(oc + 1) * cg * k_sz)
+                .ok_or(internal("conv weights"))?;
+            let z = wz(oc)?;
             let base = (ni * p.m + oc) * out_sz;
             for od in 0..o0 {
                 for oh in 0..o1 {
                     for ow in 0..o2 {
-                        let acc = conv_acc(xg, xz, wk, z, g, [od, oh, ow]);
-                        put(base + (od * o1 + oh) * o2 + ow, oc, acc);
+                        let acc = conv_acc(xg, xz, wk, z, g, [od, oh, ow])?;
+                        put(base + (od * o1 + oh) * o2 + ow, oc, acc)?;
                     }
                 }
             }
@@ -726,14 +839,18 @@ fn conv_integer_run<X: QInt, W: QInt>(io: &mut KernelIo<'_>, cp: &ConvIntParams)
         None => &[],
     };
     let per_ch = cp.wz == Some(true);
+    // An absent zero point is 0.
     let wz = |oc: usize| match w_z.first() {
-        None => 0,
-        Some(z0) if !per_ch => z0.get(),
-        Some(_) => w_z[oc].get(),
+        None => Ok(0),
+        Some(z0) if !per_ch => Ok(z0.get()),
+        Some(_) => Ok(w_z.get(oc).ok_or(internal("w_zero_point"))?.get()),
     };
     let y = io.output_slice::<i32>(0)?;
     check_len(y.len(), cp.p.batch * cp.p.m * cp.p.g.out_size())?;
-    conv_each(x, xz, w, wz, &cp.p, |i, _, acc| y[i] = acc)
+    conv_each(x, xz, w, wz, &cp.p, |i, _, acc| {
+        *y.get_mut(i).ok_or(internal("ConvInteger output"))? = acc;
+        Ok(())
+    })
 }
 
 /// QLinearConv: geometry, whether W's scale / zero point are per channel,
@@ -819,12 +936,20 @@ fn qconv_run<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, qp: &QConvParams)
     let (ws_pc, wz_pc) = (qp.ws_pc, qp.wz_pc);
     let y = io.output_slice::<Y>(0)?;
     check_len(y.len(), qp.p.batch * m * qp.p.g.out_size())?;
-    let wzf = |oc: usize| wz[if wz_pc { oc } else { 0 }].get();
+    let wzf = |oc: usize| {
+        let z = wz.get(if wz_pc { oc } else { 0 });
+        Ok(z.ok_or(internal("w_zero_point"))?.get())
+    };
     conv_each(x, xz, w, wzf, &qp.p, |i, oc, acc| {
-        // The bias is already in the accumulator's scale (x_scale * w_scale).
+        // The bias is already in the accumulator's scale (x_scale * w_scale);
+        // an absent bias (empty) adds 0.
         let acc = acc.wrapping_add(bias.get(oc).copied().unwrap_or(0));
-        let mult = multiplier::<f32>(xs, ws[if ws_pc { oc } else { 0 }], ys);
-        y[i] = requant(acc, mult, yz);
+        let &wsc = ws
+            .get(if ws_pc { oc } else { 0 })
+            .ok_or(internal("w_scale"))?;
+        let mult = multiplier::<f32>(xs, wsc, ys);
+        *y.get_mut(i).ok_or(internal("QLinearConv output"))? = requant(acc, mult, yz);
+        Ok(())
     })
 }
 

@@ -25,6 +25,8 @@
 //! Scales are f32 and per tensor (one element), except QGemm's `b_scale`;
 //! a missing zero point is 0.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec::Vec;
 
 use crate::compiled::export::{Export, Params};
@@ -36,7 +38,7 @@ use crate::kern::qpool::{avg_pool, global_avg, PoolParams};
 use crate::ops::conv::forward_geom;
 use crate::ops::matmul::gemm_geom;
 use crate::ops::requant::{clamp, Requant, Requant2};
-use crate::ops::{util, Kernel, KernelIo, OpDef, PrepareCtx, Prepared};
+use crate::ops::{util, Kernel, KernelIo, OpDef, PrepareCtx, Prepared, Unary};
 use crate::tensor::{broadcast_shapes, broadcast_strides, TensorView, MAX_RANK};
 use crate::DType;
 
@@ -67,6 +69,19 @@ fn len_err(expected: usize, got: usize) -> Error {
 
 fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
+}
+
+fn internal(what: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(what))
+}
+
+/// Table lookup of a byte pattern (the `u8` index is always in the
+/// 256-entry table; the compiler drops the check).
+#[inline]
+fn lut(t: &Table, b: u8) -> Result<u8> {
+    t.get(usize::from(b))
+        .copied()
+        .ok_or(internal("lookup table index"))
 }
 
 /// `v` quantized like onnxruntime's `MlasQuantizeLinear`: `rint(v / s) + z`,
@@ -271,7 +286,7 @@ fn prepare_binary(
     }
     let mut os = [0usize; MAX_RANK];
     let r = broadcast_shapes(a.shape, b.shape, &mut os)?;
-    let shape: Vec<usize> = os[..r].to_vec();
+    let shape: Vec<usize> = os.get(..r).ok_or(internal("broadcast rank"))?.to_vec();
     let strides = [
         broadcast_strides(a.shape, &shape),
         broadcast_strides(b.shape, &shape),
@@ -280,13 +295,13 @@ fn prepare_binary(
     let out = shape.clone();
     if all_const(ctx, &[1, 2, 4, 5, 6, 7]) {
         let get = const_get(ctx);
-        let mut sh = [0usize; MAX_RANK];
-        sh[..r].copy_from_slice(&shape);
+        // `os` is the shape zero-padded to MAX_RANK (broadcast_shapes
+        // writes the first `r` entries only).
         let v = OpView::QBinary {
             dt,
             is_add,
             rank: r,
-            shape: sh,
+            shape: os,
             strides,
             p: make(&get, dt)?,
         };
@@ -346,11 +361,27 @@ fn prepare_lookup(
             if !io.is_inplace() {
                 check_len(io.input(0)?.numel(), n)?;
             }
-            io.unary::<T>()?.map(|v| T::from_bits(t[v.bits() as usize]));
-            Ok(())
+            map_table(io.unary::<T>()?, t)
         })?;
         Ok(Prepared::single(dt, x.shape, k).in_place())
     })
+}
+
+/// Maps every element through `t` (in place or not).
+fn map_table<T: Q8>(u: Unary<'_, T>, t: &Table) -> Result<()> {
+    match u {
+        Unary::Separate(x, y) => {
+            for (o, &v) in y.iter_mut().zip(x) {
+                *o = T::from_bits(lut(t, v.bits())?);
+            }
+        }
+        Unary::InPlace(y) => {
+            for o in y.iter_mut() {
+                *o = T::from_bits(lut(t, o.bits())?);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn lookup_table(get: Get<'_, '_>, dt: DType, f: impl Fn(f32) -> f32) -> Result<Table> {
@@ -403,8 +434,7 @@ fn prepare_leaky_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             if !io.is_inplace() {
                 check_len(io.input(0)?.numel(), n)?;
             }
-            io.unary::<T>()?.map(|v| T::from_bits(t[v.bits() as usize]));
-            Ok(())
+            map_table(io.unary::<T>()?, &t)
         });
         Ok(Prepared::single(dt, x.shape, k).in_place())
     })
@@ -444,13 +474,21 @@ fn pool_input<'a>(ctx: &PrepareCtx<'a>, name: &'static str) -> Result<(DType, &'
 }
 
 /// `(batch, channels, spatial dims)` of an NCHW or NHWC shape.
-fn split_nc(xs: &[usize], channels_last: bool) -> (usize, usize, &[usize]) {
-    let r = xs.len();
-    if channels_last {
-        (xs[0], xs[r - 1], &xs[1..r - 1])
+fn split_nc(xs: &[usize], channels_last: bool) -> Result<(usize, usize, &[usize])> {
+    let rank = || {
+        Error::new(ErrorKind::Rank {
+            expected: 3,
+            got: xs.len(),
+        })
+    };
+    let (&n, rest) = xs.split_first().ok_or_else(rank)?;
+    let (&c, sp) = if channels_last {
+        rest.split_last()
     } else {
-        (xs[0], xs[1], &xs[2..])
+        rest.split_first()
     }
+    .ok_or_else(rank)?;
+    Ok((n, c, sp))
 }
 
 /// `[n, c, spatial...]` or `[n, spatial..., c]`.
@@ -469,7 +507,7 @@ fn join_nc(n: usize, c: usize, sp: &[usize], channels_last: bool) -> Vec<usize> 
 fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let name = "QLinearGlobalAveragePool";
     let (dt, xs, cl) = pool_input(ctx, name)?;
-    let (n, c, sp) = split_nc(xs, cl);
+    let (n, c, sp) = split_nc(xs, cl)?;
     let img: usize = sp.iter().product();
     let ones = alloc::vec![1usize; sp.len()];
     let out = join_nc(n, c, &ones, cl);
@@ -501,7 +539,7 @@ fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let name = "QLinearAveragePool";
     let (dt, xs, cl) = pool_input(ctx, name)?;
-    let (n, c, sp) = split_nc(xs, cl);
+    let (n, c, sp) = split_nc(xs, cl)?;
     let k: Vec<usize> = match ctx.attr_ints("kernel_shape")? {
         None => {
             return Err(Error::new(ErrorKind::Attribute {
@@ -532,7 +570,12 @@ fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let ceil_mode = ctx.attr_int("ceil_mode", 0)? != 0;
     let include = ctx.attr_int("count_include_pad", 0)? != 0;
     let g = forward_geom(ctx, sp, &k, ceil_mode)?;
-    let osp = &g.out[g.out.len() - sp.len()..];
+    let osp = g
+        .out
+        .len()
+        .checked_sub(sp.len())
+        .and_then(|from| g.out.get(from..))
+        .ok_or(internal("QLinearAveragePool output rank"))?;
     let out = join_nc(n, c, osp, cl);
     if all_const(ctx, &[1, 2, 3, 4]) {
         let get = const_get(ctx);
@@ -627,7 +670,18 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         "axis",
     )?;
     let mut out: Vec<usize> = x0.shape.to_vec();
-    out[axis] = 0;
+    let (outer, inner) = {
+        let (head, tail) = out
+            .split_at_checked(axis)
+            .ok_or(internal("QLinearConcat axis"))?;
+        let rest = tail.get(1..).ok_or(internal("QLinearConcat axis"))?;
+        (
+            head.iter().product::<usize>(),
+            rest.iter().product::<usize>(),
+        )
+    };
+    let out_axis = out.get_mut(axis).ok_or(internal("QLinearConcat axis"))?;
+    *out_axis = 0;
     let mut lens = Vec::with_capacity(parts);
     let mut param_idx = alloc::vec![0usize, 1];
     for j in 0..parts {
@@ -647,12 +701,11 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 "QLinearConcat inputs must match except along axis",
             ));
         }
-        lens.push(x.shape[axis]);
-        out[axis] += x.shape[axis];
+        let &len = x.shape.get(axis).ok_or(internal("QLinearConcat axis"))?;
+        lens.push(len);
+        *out_axis += len;
     }
-    let outer: usize = out[..axis].iter().product();
-    let inner: usize = out[axis + 1..].iter().product();
-    let total_axis = out[axis];
+    let total_axis = *out_axis;
     let pre: Option<Vec<Map>> = if all_const(ctx, &param_idx) {
         let get = const_get(ctx);
         Some(
@@ -668,7 +721,7 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut off = 0usize;
             for (j, &len) in lens.iter().enumerate() {
                 let map = match &pre {
-                    Some(m) => m[j],
+                    Some(m) => *m.get(j).ok_or(internal("QLinearConcat maps"))?,
                     None => {
                         let get = |i: usize| io.opt_input(i);
                         concat_map(&get, dt, j)?
@@ -680,13 +733,18 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let y = io.output_slice::<T>(0)?;
                 check_len(y.len(), outer * total_axis * inner)?;
                 for o in 0..outer {
-                    let src = &x[o * block..][..block];
-                    let dst = &mut y[(o * total_axis + off) * inner..][..block];
+                    let src = x
+                        .get(o * block..(o + 1) * block)
+                        .ok_or(internal("QLinearConcat input block"))?;
+                    let at = (o * total_axis + off) * inner;
+                    let dst = y
+                        .get_mut(at..at + block)
+                        .ok_or(internal("QLinearConcat output block"))?;
                     match &map {
                         Map::Copy => dst.copy_from_slice(src),
                         Map::Table(t) => {
                             for (d, &s) in dst.iter_mut().zip(src) {
-                                *d = T::from_bits(t[s.bits() as usize]);
+                                *d = T::from_bits(lut(t, s.bits())?);
                             }
                         }
                     }
@@ -792,6 +850,28 @@ fn gemm_params(
     })
 }
 
+/// The `k` elements `x[start + t * step]` (`t < k`) of one row or column of
+/// a Gemm operand, checked once.
+fn lane<T>(
+    x: &[T],
+    start: usize,
+    step: usize,
+    k: usize,
+) -> Result<core::iter::Take<core::iter::StepBy<core::slice::Iter<'_, T>>>> {
+    if k == 0 {
+        return Ok(x.iter().step_by(1).take(0));
+    }
+    let last = (k - 1).checked_mul(step).and_then(|s| s.checked_add(start));
+    if step == 0 || last.is_none_or(|l| l >= x.len()) {
+        return Err(internal("QGemm operand lane"));
+    }
+    Ok(x.get(start..)
+        .ok_or(internal("QGemm operand lane"))?
+        .iter()
+        .step_by(step)
+        .take(k))
+}
+
 fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let name = "QGemm";
     let a = ctx.input(0)?;
@@ -872,18 +952,30 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     }
                     None => None,
                 };
-                let acc = |i: usize, j: usize| -> i32 {
-                    let zb = p.zb[if p.zb.len() == 1 { 0 } else { j }];
+                let acc = |i: usize, j: usize| -> Result<i32> {
+                    let &zb = p
+                        .zb
+                        .get(if p.zb.len() == 1 { 0 } else { j })
+                        .ok_or(internal("QGemm b_zero_point"))?;
+                    // Row i of op(A) and column j of op(B), k elements each.
+                    let al = if g.transa {
+                        lane(a, i, g.lda, g.k)?
+                    } else {
+                        lane(a, i * g.lda, 1, g.k)?
+                    };
+                    let bl = if g.transb {
+                        lane(b, j * g.ldb, 1, g.k)?
+                    } else {
+                        lane(b, j, g.ldb, g.k)?
+                    };
                     let mut s = 0i32;
-                    for kk in 0..g.k {
-                        let av = if g.transa { a[kk * g.lda + i] } else { a[i * g.lda + kk] };
-                        let bv = if g.transb { b[j * g.ldb + kk] } else { b[kk * g.ldb + j] };
+                    for (av, bv) in al.zip(bl) {
                         s = s.wrapping_add((av.get() - p.za) * (bv.get() - zb));
                     }
                     if let Some((cv, (r, q))) = c {
-                        s = s.wrapping_add(cv[i * r + j * q]);
+                        s = s.wrapping_add(*cv.get(i * r + j * q).ok_or(internal("QGemm C"))?);
                     }
-                    s
+                    Ok(s)
                 };
                 if quant_out {
                     with_q8!(ydt, name, Y => {
@@ -891,8 +983,13 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         check_len(y.len(), g.m * g.n)?;
                         for i in 0..g.m {
                             for j in 0..g.n {
-                                let v = p.req[if p.req.len() == 1 { 0 } else { j }].apply(acc(i, j));
-                                y[i * g.n + j] = Y::from_sat(clamp(v, p.zy, Y::LO, Y::HI));
+                                let rq = p
+                                    .req
+                                    .get(if p.req.len() == 1 { 0 } else { j })
+                                    .ok_or(internal("QGemm requantizer"))?;
+                                let v = rq.apply(acc(i, j)?);
+                                *y.get_mut(i * g.n + j).ok_or(internal("QGemm output"))? =
+                                    Y::from_sat(clamp(v, p.zy, Y::LO, Y::HI));
                             }
                         }
                         Ok(())
@@ -902,7 +999,12 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     check_len(y.len(), g.m * g.n)?;
                     for i in 0..g.m {
                         for j in 0..g.n {
-                            y[i * g.n + j] = acc(i, j) as f32 * p.fscale[if p.fscale.len() == 1 { 0 } else { j }];
+                            let &fs = p
+                                .fscale
+                                .get(if p.fscale.len() == 1 { 0 } else { j })
+                                .ok_or(internal("QGemm scale"))?;
+                            *y.get_mut(i * g.n + j).ok_or(internal("QGemm output"))? =
+                                acc(i, j)? as f32 * fs;
                         }
                     }
                     Ok(())

@@ -9,6 +9,8 @@
 //! `precision`), then rounded half to even and clipped for integer outputs,
 //! or rounded to the float8/float4 grid for those.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use half::{bf16, f16};
 
 use super::{kernel, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
@@ -33,8 +35,11 @@ fn load(dt: DType, b: &[u8], i: usize) -> f64 {
     let Some(c) = b.get(i * s..(i + 1) * s) else {
         return f64::NAN;
     };
+    // Every dtype is at most 8 bytes wide: `c` fills the low bytes of `w`.
     let mut w = [0u8; 8];
-    w[..s].copy_from_slice(c);
+    for (d, &v) in w.iter_mut().zip(c) {
+        *d = v;
+    }
     match dt {
         DType::F32 => f32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64,
         DType::F64 => f64::from_le_bytes(w),
@@ -92,7 +97,10 @@ fn store_float(dt: DType, out: &mut [u8], i: usize, v: f64) {
 fn store_int(dt: DType, out: &mut [u8], i: usize, v: i64) {
     let s = dt.size();
     if let Some(o) = out.get_mut(i * s..(i + 1) * s) {
-        o.copy_from_slice(&v.to_le_bytes()[..s]);
+        // `o` is `s <= 8` bytes: the low bytes of `v`.
+        for (d, &b) in o.iter_mut().zip(&v.to_le_bytes()) {
+            *d = b;
+        }
     }
 }
 
@@ -168,7 +176,7 @@ fn param_mode(ctx: &PrepareCtx<'_>, x: &[usize], scale: &[usize]) -> Result<Mode
         return Err(invalid("block_size must not be negative"));
     }
     if bs == 0 {
-        if scale.len() != 1 || scale[0] != len {
+        if *scale != [len] {
             return Err(Error::new(ErrorKind::Shape(
                 "per-axis scale must be 1-D of the axis dimension",
             )));
@@ -305,7 +313,10 @@ fn prepare_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 };
                 if let (Some(xs), Some(out)) = (xb.get(..n * 4), out.get_mut(..n)) {
                     for (o, x) in out.iter_mut().zip(xs.chunks_exact(4)) {
-                        let x = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                        let &[b0, b1, b2, b3] = x else {
+                            return Err(Error::new(ErrorKind::Internal("QuantizeLinear: chunk")));
+                        };
+                        let x = f32::from_le_bytes([b0, b1, b2, b3]);
                         *o = quantize_f32(x / sv, z, lo, hi) as u8;
                     }
                     return Ok(());

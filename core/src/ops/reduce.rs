@@ -6,6 +6,8 @@
 //! kernel walks the outer runs with a strided odometer and the innermost run
 //! contiguously (a fold when reduced, an element-wise combine when kept).
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
@@ -72,8 +74,12 @@ struct Plan {
     count: usize,
 }
 
+fn internal(what: &'static str) -> Error {
+    Error::new(ErrorKind::Internal(what))
+}
+
 impl Plan {
-    fn new(shape: &[usize], mask: &[bool]) -> Self {
+    fn new(shape: &[usize], mask: &[bool]) -> Result<Self> {
         let mut dims = [1usize; MAX_RANK];
         let mut red = [false; MAX_RANK];
         let mut rank = 0usize;
@@ -85,11 +91,19 @@ impl Plan {
             if d == 1 {
                 continue;
             }
-            if rank > 0 && red[rank - 1] == r {
-                dims[rank - 1] *= d;
-            } else if rank < MAX_RANK {
-                dims[rank] = d;
-                red[rank] = r;
+            let prev = rank.checked_sub(1);
+            if prev.is_some_and(|p| red.get(p) == Some(&r)) {
+                let p = prev.and_then(|p| dims.get_mut(p));
+                *p.ok_or(internal("reduce coalesce"))? *= d;
+            } else {
+                // `setup` refuses a rank above MAX_RANK, and coalescing
+                // only merges dims.
+                let (dr, rr) = dims
+                    .get_mut(rank)
+                    .zip(red.get_mut(rank))
+                    .ok_or(internal("reduce rank above MAX_RANK"))?;
+                *dr = d;
+                *rr = r;
                 rank += 1;
             }
         }
@@ -99,15 +113,22 @@ impl Plan {
         let mut in_strides = [0usize; MAX_RANK];
         let mut out_strides = [0usize; MAX_RANK];
         let (mut ai, mut ao) = (1usize, 1usize);
-        for i in (0..rank).rev() {
-            in_strides[i] = ai;
-            ai *= dims[i];
-            if !red[i] {
-                out_strides[i] = ao;
-                ao *= dims[i];
+        for (((&d, &r), is), os) in dims
+            .iter()
+            .zip(&red)
+            .zip(&mut in_strides)
+            .zip(&mut out_strides)
+            .take(rank)
+            .rev()
+        {
+            *is = ai;
+            ai *= d;
+            if !r {
+                *os = ao;
+                ao *= d;
             }
         }
-        Plan {
+        Ok(Plan {
             dims,
             red,
             in_strides,
@@ -116,43 +137,104 @@ impl Plan {
             in_len: ai,
             out_len: ao,
             count,
+        })
+    }
+
+    /// Calls `row(xs, o, last_red)` for each innermost run `xs` of `x`
+    /// (`d` elements) with the output offset `o` it folds into: one output
+    /// when the run is reduced (`last_red`), `d` outputs from `o` otherwise.
+    #[inline]
+    fn rows<X>(
+        &self,
+        x: &[X],
+        out_len: usize,
+        mut row: impl FnMut(&[X], usize, bool) -> Result<()>,
+    ) -> Result<()> {
+        if x.len() != self.in_len || out_len != self.out_len {
+            return Err(internal("reduce sizes"));
         }
+        let dims = self.dims.get(..self.rank).ok_or(internal("reduce rank"))?;
+        let (&d, outer) = dims.split_last().ok_or(internal("reduce rank"))?;
+        let &last_red = self.red.get(outer.len()).ok_or(internal("reduce rank"))?;
+        let it = StridedIter::new(outer, [self.in_strides, self.out_strides]);
+        if self.in_len == 0 {
+            return Ok(());
+        }
+        for [i, o] in it {
+            let xs = i
+                .checked_add(d)
+                .and_then(|end| x.get(i..end))
+                .ok_or(internal("reduce input run"))?;
+            row(xs, o, last_red)?;
+        }
+        Ok(())
     }
 
     /// Folds `x` into `out` (pre-filled with the identity) with
-    /// `step(acc, value, out_index)`.
+    /// `step(acc, value)`.
     #[inline]
     fn run<X: Copy, A: Copy>(
         &self,
         x: &[X],
         out: &mut [A],
-        step: impl Fn(A, X, usize) -> A,
+        step: impl Fn(A, X) -> A,
     ) -> Result<()> {
-        if x.len() != self.in_len || out.len() != self.out_len {
-            return Err(Error::new(ErrorKind::Internal("reduce sizes")));
-        }
-        let r = self.rank;
-        let d = self.dims[r - 1];
-        let last_red = self.red[r - 1];
-        let it = StridedIter::new(&self.dims[..r - 1], [self.in_strides, self.out_strides]);
-        if self.in_len == 0 {
-            return Ok(());
-        }
-        for [i, o] in it {
-            let xs = &x[i..i + d];
+        let out_len = out.len();
+        self.rows(x, out_len, |xs, o, last_red| {
             if last_red {
-                let mut acc = out[o];
+                let a = out.get_mut(o).ok_or(internal("reduce output"))?;
+                let mut acc = *a;
                 for &v in xs {
-                    acc = step(acc, v, o);
+                    acc = step(acc, v);
                 }
-                out[o] = acc;
+                *a = acc;
             } else {
-                for (j, (ov, &v)) in out[o..o + d].iter_mut().zip(xs).enumerate() {
-                    *ov = step(*ov, v, o + j);
+                let os = out
+                    .get_mut(o..o + xs.len())
+                    .ok_or(internal("reduce output run"))?;
+                for (ov, &v) in os.iter_mut().zip(xs) {
+                    *ov = step(*ov, v);
                 }
             }
+            Ok(())
+        })
+    }
+
+    /// [`Plan::run`] with `step(acc, value, side[out_index])`: `side` is
+    /// laid out like `out`.
+    #[inline]
+    fn run_with<X: Copy, A: Copy, S: Copy>(
+        &self,
+        x: &[X],
+        out: &mut [A],
+        side: &[S],
+        step: impl Fn(A, X, S) -> A,
+    ) -> Result<()> {
+        if side.len() != out.len() {
+            return Err(internal("reduce side length"));
         }
-        Ok(())
+        let out_len = out.len();
+        self.rows(x, out_len, |xs, o, last_red| {
+            if last_red {
+                let a = out.get_mut(o).ok_or(internal("reduce output"))?;
+                let &sv = side.get(o).ok_or(internal("reduce output"))?;
+                let mut acc = *a;
+                for &v in xs {
+                    acc = step(acc, v, sv);
+                }
+                *a = acc;
+            } else {
+                let end = o + xs.len();
+                let (os, ss) = out
+                    .get_mut(o..end)
+                    .zip(side.get(o..end))
+                    .ok_or(internal("reduce output run"))?;
+                for ((ov, &v), &sv) in os.iter_mut().zip(xs).zip(ss) {
+                    *ov = step(*ov, v, sv);
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -184,13 +266,14 @@ fn setup(ctx: &PrepareCtx<'_>, input_axes_since: i64) -> Result<(DType, Vec<usiz
             if r == 0 {
                 continue;
             }
-            if mask[ax] {
+            let m = mask.get_mut(ax).ok_or(internal("reduce axis"))?;
+            if *m {
                 return Err(Error::new(ErrorKind::Attribute {
                     name: "axes",
                     problem: "repeated axis",
                 }));
             }
-            mask[ax] = true;
+            *m = true;
         }
     }
     let mut out = Vec::with_capacity(r);
@@ -201,7 +284,7 @@ fn setup(ctx: &PrepareCtx<'_>, input_axes_since: i64) -> Result<(DType, Vec<usiz
             out.push(1);
         }
     }
-    Ok((x.dtype, out, Plan::new(shape, &mask)))
+    Ok((x.dtype, out, Plan::new(shape, &mask)?))
 }
 
 fn simple<T, S, F>(
@@ -224,7 +307,7 @@ where
             let x = io.input_slice::<T>(0)?;
             let y = io.output_slice::<T>(0)?;
             y.fill(init);
-            plan.run(x, y, |a, v, _| step(a, v))?;
+            plan.run(x, y, step)?;
             for v in y.iter_mut() {
                 *v = fin(*v);
             }
@@ -367,37 +450,37 @@ fn float_reduce<X: Element, A: Acc>(
             match kind {
                 Kind::Sum | Kind::Mean | Kind::LogSum => {
                     acc.fill(A::ZERO);
-                    plan.run(x, acc, |a, v, _| a + up(v))?;
+                    plan.run(x, acc, |a, v| a + up(v))?;
                 }
                 Kind::Max => {
                     acc.fill(A::NEG_INF);
-                    plan.run(x, acc, |a, v, _| fmax(a, up(v)))?;
+                    plan.run(x, acc, |a, v| fmax(a, up(v)))?;
                 }
                 Kind::Min => {
                     acc.fill(A::INF);
-                    plan.run(x, acc, |a, v, _| fmin(a, up(v)))?;
+                    plan.run(x, acc, |a, v| fmin(a, up(v)))?;
                 }
                 Kind::Prod => {
                     acc.fill(A::ONE);
-                    plan.run(x, acc, |a, v, _| a * up(v))?;
+                    plan.run(x, acc, |a, v| a * up(v))?;
                 }
                 Kind::SumSquare | Kind::L2 => {
                     acc.fill(A::ZERO);
-                    plan.run(x, acc, |a, v, _| {
+                    plan.run(x, acc, |a, v| {
                         let u = up(v);
                         a + u * u
                     })?;
                 }
                 Kind::L1 => {
                     acc.fill(A::ZERO);
-                    plan.run(x, acc, |a, v, _| a + up(v).abs())?;
+                    plan.run(x, acc, |a, v| a + up(v).abs())?;
                 }
                 Kind::LogSumExp => {
                     // Shift by the maximum so exp cannot overflow; an empty or
                     // all -inf group keeps shift 0 and gives ln(0) = -inf.
                     let m = rest;
                     m.fill(A::NEG_INF);
-                    plan.run(x, m, |a, v, _| fmax(a, up(v)))?;
+                    plan.run(x, m, |a, v| fmax(a, up(v)))?;
                     for v in m.iter_mut() {
                         if v.is_infinite() {
                             *v = A::ZERO;
@@ -405,7 +488,7 @@ fn float_reduce<X: Element, A: Acc>(
                     }
                     acc.fill(A::ZERO);
                     let mm: &[A] = m;
-                    plan.run(x, acc, |a, v, o| a + (up(v) - mm[o]).exp())?;
+                    plan.run_with(x, acc, mm, |a, v, sh| a + (up(v) - sh).exp())?;
                     for (v, &sh) in acc.iter_mut().zip(mm) {
                         *v = v.ln() + sh;
                     }
@@ -508,10 +591,10 @@ fn bool_reduce(kind: Kind, name: &'static str, out: &[usize], plan: Plan) -> Opt
             let y = io.output(0)?.into_bytes();
             if is_max {
                 y.fill(0);
-                plan.run(x, y, |a, v, _| a | (v != 0) as u8)
+                plan.run(x, y, |a, v| a | (v != 0) as u8)
             } else {
                 y.fill(1);
-                plan.run(x, y, |a, v, _| a & (v != 0) as u8)
+                plan.run(x, y, |a, v| a & (v != 0) as u8)
             }
         }),
     ))
@@ -620,13 +703,22 @@ fn arg_kernel<X: Element + PartialOrd>(
             if x.len() != outer * n * inner || y.len() != outer * inner {
                 return Err(Error::new(ErrorKind::Internal("ArgMax sizes")));
             }
-            for o in 0..outer {
-                for i in 0..inner {
-                    let base = o * n * inner + i;
-                    let mut best = x[base];
+            if y.is_empty() {
+                // No output (then no input either, as n >= 1).
+                return Ok(());
+            }
+            // One plane of `n * inner` inputs and `inner` outputs per outer
+            // index (n >= 1 and inner >= 1 here); lane `i` of a plane is
+            // every `inner`-th element from `i`.
+            for (xp, yp) in x.chunks_exact(n * inner).zip(y.chunks_exact_mut(inner)) {
+                for (i, yv) in yp.iter_mut().enumerate() {
+                    let mut lane = xp.iter().skip(i).step_by(inner);
+                    let Some(&first) = lane.next() else {
+                        return Err(internal("ArgMax lane"));
+                    };
+                    let mut best = first;
                     let mut bi = 0usize;
-                    for j in 1..n {
-                        let v = x[base + j * inner];
+                    for (j, &v) in (1..).zip(lane) {
                         let better = if is_max {
                             v > best || (last && v == best)
                         } else {
@@ -637,7 +729,7 @@ fn arg_kernel<X: Element + PartialOrd>(
                             bi = j;
                         }
                     }
-                    y[o * inner + i] = bi as i64;
+                    *yv = bi as i64;
                 }
             }
             Ok(())
@@ -657,9 +749,12 @@ fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result
     let axis = util::axis(ctx.attr_int("axis", 0)?, shape.len(), "axis")?;
     let keep = ctx.attr_int("keepdims", 1)? != 0;
     let last = ctx.attr_int("select_last_index", 0)? != 0;
-    let outer: usize = shape[..axis].iter().product();
-    let n = shape[axis];
-    let inner: usize = shape[axis + 1..].iter().product();
+    let (head, tail) = shape
+        .split_at_checked(axis)
+        .ok_or(internal("ArgMax axis"))?;
+    let (&n, rest) = tail.split_first().ok_or(internal("ArgMax axis"))?;
+    let outer: usize = head.iter().product();
+    let inner: usize = rest.iter().product();
     if n == 0 {
         return Err(Error::new(ErrorKind::Shape(
             "ArgMax/ArgMin over an empty axis",
@@ -667,7 +762,7 @@ fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result
     }
     let mut out: Vec<usize> = shape.to_vec();
     if keep {
-        out[axis] = 1;
+        *out.get_mut(axis).ok_or(internal("ArgMax axis"))? = 1;
     } else {
         out.remove(axis);
     }

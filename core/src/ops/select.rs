@@ -10,6 +10,8 @@
 //! when every input is a constant the op is folded at build time and its
 //! shape is exact.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use alloc::vec;
 use alloc::vec::Vec;
 use core::cmp::Ordering;
@@ -69,6 +71,23 @@ fn cmp_at(v: &TensorView<'_>, a: usize, b: usize) -> Ordering {
     }
 }
 
+/// (outer, length, inner) of `shape` split at axis `a` (checked by
+/// `util::axis`).
+fn split_axis(shape: &[usize], a: usize) -> Result<(usize, usize, usize)> {
+    let (head, tail) = shape.split_at_checked(a).ok_or(internal("axis split"))?;
+    let (&len, rest) = tail.split_first().ok_or(internal("axis split"))?;
+    Ok((head.iter().product(), len, rest.iter().product()))
+}
+
+/// `base` with axis `a` set to `k`, the run-time shape of a selection, in
+/// `buf`.
+fn with_axis<'b>(buf: &'b mut [usize], base: &[usize], a: usize, k: usize) -> Result<&'b [usize]> {
+    let dims = buf.get_mut(..base.len()).ok_or(internal("output rank"))?;
+    dims.copy_from_slice(base);
+    *dims.get_mut(a).ok_or(internal("output axis"))? = k;
+    Ok(dims)
+}
+
 fn scratch_words(bytes: &mut [u8]) -> Result<&mut [usize]> {
     bytemuck::try_cast_slice_mut(bytes).map_err(|_| internal("scratch alignment"))
 }
@@ -90,8 +109,8 @@ fn prepare_non_zero(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             for (j, i) in (0..n).filter(|&i| nonzero_at(&x, i)).enumerate() {
                 // Row r of the output holds coordinate r of each hit.
                 let mut rem = i;
-                for r in (0..rank).rev() {
-                    let d = shape[r].max(1);
+                for (r, &d) in shape.iter().enumerate().rev() {
+                    let d = d.max(1);
                     *y.get_mut(r * nnz + j).ok_or(internal("NonZero out"))? = (rem % d) as i64;
                     rem /= d;
                 }
@@ -107,34 +126,29 @@ fn prepare_non_zero(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn prepare_compress(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let c = ctx.input_of(1, DType::Bool)?;
-    if c.shape.len() != 1 {
+    let &[clen] = c.shape else {
         return Err(Error::new(ErrorKind::Rank {
             expected: 1,
             got: c.shape.len(),
         }));
-    }
-    let clen = c.shape[0];
+    };
     let es = x.dtype.size();
     // (outer, axis length, inner) of the selection; no axis: flattened.
     let (outer, len, inner, axis) = match ctx.node.attr("axis") {
         None => (1, checked_numel(x.shape)?, 1, None),
         Some(_) => {
             let a = util::axis(ctx.attr_int("axis", 0)?, x.shape.len(), "Compress axis")?;
-            (
-                x.shape[..a].iter().product::<usize>(),
-                x.shape[a],
-                x.shape[a + 1..].iter().product::<usize>(),
-                Some(a),
-            )
+            let (outer, len, inner) = split_axis(x.shape, a)?;
+            (outer, len, inner, Some(a))
         }
     };
-    let out_shape = |k: usize| -> Vec<usize> {
+    let out_shape = |k: usize| -> Result<Vec<usize>> {
         match axis {
-            None => vec![k],
+            None => Ok(vec![k]),
             Some(a) => {
                 let mut s: Vec<usize> = x.shape.into();
-                s[a] = k;
-                s
+                *s.get_mut(a).ok_or(internal("Compress axis"))? = k;
+                Ok(s)
             }
         }
     };
@@ -143,8 +157,7 @@ fn prepare_compress(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let fixed = c
         .value
         .map(|v| (0..bound).filter(|&i| nonzero_at(&v, i)).count());
-    let planned = out_shape(fixed.unwrap_or(bound));
-    let rank = planned.len();
+    let planned = out_shape(fixed.unwrap_or(bound))?;
     let axis_pos = axis.unwrap_or(0);
     let base: Vec<usize> = planned.clone();
     let p = Prepared::single(
@@ -171,9 +184,7 @@ fn prepare_compress(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
             if fixed.is_none() {
                 let mut s = [0usize; crate::tensor::MAX_RANK];
-                s[..rank].copy_from_slice(&base);
-                s[axis_pos] = k;
-                io.set_output_shape(0, &s[..rank])?;
+                io.set_output_shape(0, with_axis(&mut s, &base, axis_pos, k)?)?;
             }
             Ok(())
         }),
@@ -228,21 +239,15 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         ),
         Some(_) => {
             let a = util::axis(ctx.attr_int("axis", 0)?, x.shape.len(), "Unique axis")?;
-            (
-                UniqueGeom {
-                    outer: x.shape[..a].iter().product(),
-                    n: x.shape[a],
-                    inner: x.shape[a + 1..].iter().product(),
-                },
-                Some(a),
-            )
+            let (outer, n, inner) = split_axis(x.shape, a)?;
+            (UniqueGeom { outer, n, inner }, Some(a))
         }
     };
     let y_shape: Vec<usize> = match axis {
         None => vec![g.n],
         Some(a) => {
             let mut s: Vec<usize> = x.shape.into();
-            s[a] = g.n;
+            *s.get_mut(a).ok_or(internal("Unique axis"))? = g.n;
             s
         }
     };
@@ -253,7 +258,6 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         OutputInfo::new(DType::I64, &[g.n]),
     ];
     let es = x.dtype.size();
-    let rank = y_shape.len();
     let axis_pos = axis.unwrap_or(0);
     let has: [bool; 4] = [0, 1, 2, 3].map(|i| ctx.has_output(i));
     let words = (g.n + 1)
@@ -268,26 +272,28 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             {
                 let first = scratch_words(io.scratch()?)?;
                 for j in 0..g.n {
-                    if !first[..k]
-                        .iter()
-                        .any(|&f| g.cmp(&x, f, j) == Ordering::Equal)
-                    {
+                    let seen = first.get(..k).ok_or(internal("Unique scratch"))?;
+                    if !seen.iter().any(|&f| g.cmp(&x, f, j) == Ordering::Equal) {
                         *first.get_mut(k).ok_or(internal("Unique scratch"))? = j;
                         k += 1;
                     }
                 }
                 if sorted {
-                    first[..k].sort_unstable_by(|&a, &b| g.cmp(&x, a, b));
+                    first
+                        .get_mut(..k)
+                        .ok_or(internal("Unique scratch"))?
+                        .sort_unstable_by(|&a, &b| g.cmp(&x, a, b));
                 }
             }
             let xb = x.bytes();
             if has[0] {
                 let (mut y, s) = io.output_and_scratch(0)?;
                 let first = scratch_words(s)?;
+                let first = first.get(..k).ok_or(internal("Unique scratch"))?;
                 let y = y.bytes_mut();
                 let mut w = 0;
                 for o in 0..g.outer {
-                    for &f in &first[..k] {
+                    for &f in first {
                         let src = g.at(o, f, 0) * es;
                         let len = g.inner * es;
                         let (d, s) = y
@@ -299,26 +305,25 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     }
                 }
                 let mut sh = [0usize; crate::tensor::MAX_RANK];
-                sh[..rank].copy_from_slice(&y_shape);
-                sh[axis_pos] = k;
-                io.set_output_shape(0, &sh[..rank])?;
+                io.set_output_shape(0, with_axis(&mut sh, &y_shape, axis_pos, k)?)?;
             }
-            for out in 1..4 {
-                if !has[out] {
+            for (out, &h) in has.iter().enumerate().skip(1) {
+                if !h {
                     continue;
                 }
                 let (mut y, s) = io.output_and_scratch(out)?;
                 let first = scratch_words(s)?;
+                let first = first.get(..k).ok_or(internal("Unique scratch"))?;
                 let y = y.as_slice_mut::<i64>()?;
                 match out {
                     1 => {
-                        for (d, &f) in y.iter_mut().zip(&first[..k]) {
+                        for (d, &f) in y.iter_mut().zip(first) {
                             *d = f as i64;
                         }
                     }
                     2 => {
                         for (j, d) in y.iter_mut().enumerate().take(g.n) {
-                            let u = first[..k]
+                            let u = first
                                 .iter()
                                 .position(|&f| g.cmp(&x, f, j) == Ordering::Equal)
                                 .ok_or(internal("Unique inverse"))?;
@@ -326,7 +331,7 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         }
                     }
                     _ => {
-                        for (d, &f) in y.iter_mut().zip(&first[..k]) {
+                        for (d, &f) in y.iter_mut().zip(first) {
                             let c = (0..g.n)
                                 .filter(|&j| g.cmp(&x, f, j) == Ordering::Equal)
                                 .count();
@@ -393,7 +398,9 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let (mut y, s) = io.output_and_scratch(0)?;
             let y = y.as_slice_mut::<i64>()?;
             let s = scratch_words(s)?;
-            let (cand, sel) = s.split_at_mut(nbox);
+            let (cand, sel) = s
+                .split_at_mut_checked(nbox)
+                .ok_or(internal("NMS scratch"))?;
             let mut w = 0;
             for b in 0..nb {
                 let bx = boxes
@@ -406,24 +413,27 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let mut n = 0;
                     for (i, &v) in sc.iter().enumerate() {
                         if score_t.is_none_or(|t| v > t) {
-                            cand[n] = i;
+                            *cand.get_mut(n).ok_or(internal("NMS candidates"))? = i;
                             n += 1;
                         }
                     }
+                    let cand = cand.get_mut(..n).ok_or(internal("NMS candidates"))?;
                     // Highest score first; equal scores: lower index first.
-                    cand[..n].sort_unstable_by(|&a, &b| {
-                        sc[b]
-                            .partial_cmp(&sc[a])
+                    // (Every candidate indexes `sc`: both sides are `Some`.)
+                    cand.sort_unstable_by(|&a, &b| {
+                        sc.get(b)
+                            .partial_cmp(&sc.get(a))
                             .unwrap_or(Ordering::Equal)
                             .then(a.cmp(&b))
                     });
                     let mut k = 0;
-                    for &i in &cand[..n] {
+                    for &i in cand.iter() {
                         if k >= max_out {
                             break;
                         }
-                        if sel[..k].iter().all(|&j| !suppress(bx, i, j, center, iou_t)) {
-                            sel[k] = i;
+                        let kept = sel.get(..k).ok_or(internal("NMS selection"))?;
+                        if kept.iter().all(|&j| !suppress(bx, i, j, center, iou_t)) {
+                            *sel.get_mut(k).ok_or(internal("NMS selection"))? = i;
                             k += 1;
                             let row = y.get_mut(w * 3..w * 3 + 3).ok_or(internal("NMS out"))?;
                             row.copy_from_slice(&[b as i64, c as i64, i as i64]);
