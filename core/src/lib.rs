@@ -46,7 +46,6 @@ pub mod model;
 #[cfg(feature = "alloc")]
 pub mod onnx;
 #[cfg(feature = "alloc")]
-#[allow(clippy::indexing_slicing)] // TEMP until the op modules land
 pub mod ops;
 #[cfg(feature = "alloc")]
 pub mod optimize;

@@ -2,8 +2,6 @@
 //! HardSwish, Tanh, Elu, Selu, Softplus, Softsign, PRelu, Gelu, Swish,
 //! Hardmax.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::elementwise::{binary, unary_float, unsupported_dtype, with_type, Bcast, Num};

@@ -9,8 +9,6 @@
 //! where the ONNX reference (numpy in the input precision, matmuls
 //! accumulating in f32) rounds, so low-precision results match it closely.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};

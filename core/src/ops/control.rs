@@ -22,8 +22,6 @@
 //! must then be known at build time) and report their real length
 //! ([`Prepared::dynamic_shapes`]).
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec;
 use alloc::vec::Vec;
 

@@ -5,8 +5,6 @@
 //! of size 1), so one set of loops serves 1-D, 2-D and 3-D. The innermost
 //! loop always runs over the (contiguous) last axis with its bounds hoisted.
 //! The window geometry helpers here are shared with the pool family.
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec;
 use alloc::vec::Vec;
 

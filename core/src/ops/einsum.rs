@@ -9,8 +9,6 @@
 //! the contracted labels sums into one output element. Correctness over
 //! speed: no contraction reordering or GEMM.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::{kernel, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::MAX_RANK;

@@ -3,8 +3,6 @@
 //! and Mean, and unary math (Sqrt, Exp, Log, Abs, Neg, Reciprocal, Floor,
 //! Ceil, Erf, trigonometry, Round, Sign, ...) over f32, f64, f16 and bf16.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};

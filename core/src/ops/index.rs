@@ -11,8 +11,6 @@
 //! counts from the end) and checked there, and an out-of-range one is an
 //! `Err`, never an out-of-bounds access.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec::Vec;
 use core::cmp::Ordering;
 

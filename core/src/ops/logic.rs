@@ -4,8 +4,6 @@
 //!
 //! (Equal, Less, ..., Not and Where live in `shape.rs`.)
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::elementwise::{binary, unsupported_dtype, with_type, Bcast};
 use crate::ops::{kernel, KernelIo, OpDef, PrepareCtx, Prepared};

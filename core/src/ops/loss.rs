@@ -7,8 +7,6 @@
 //! `ignore_index`; `mean` divides the weighted sum by the sum of those
 //! weights, so ignored samples count neither in the sum nor in the divisor.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::DType;

@@ -1,8 +1,6 @@
 //! Matrix products: Gemm and MatMul, over one shared [`gemm`] (f32, f64,
 //! and f16 / bf16 accumulating in f32; f16 B against f32 A for
 //! `Model::weights_to_f16`).
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::kern::sgemm::{self, Dense, MatA, Trans};
 use crate::ops::util::{Acc, Float};

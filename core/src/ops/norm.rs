@@ -3,8 +3,6 @@
 //! InvStdDev outputs), RMSNormalization, GroupNormalization, LpNormalization,
 //! MeanVarianceNormalization.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared, Unary};

@@ -3,8 +3,6 @@
 //! MaxUnpool (f32, f64, f16 and bf16 accumulating in f32, MaxPool also
 //! uint8/int8, MaxUnpool f32 only; NCHW layout; windowed pools
 //! over 1 to 3 spatial axes).
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};

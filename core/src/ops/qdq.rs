@@ -21,8 +21,6 @@
 //! y_scale, y_zp` and the two bounds) is a requantize-and-clamp: a
 //! dequantize → Relu / Clip → quantize chain, or a change of scale.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec::Vec;
 
 use crate::compiled::export::{Export, Params};

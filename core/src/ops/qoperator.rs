@@ -25,8 +25,6 @@
 //! Scales are f32 and per tensor (one element), except QGemm's `b_scale`;
 //! a missing zero point is 0.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec::Vec;
 
 use crate::compiled::export::{Export, Params};

@@ -9,8 +9,6 @@
 //! `precision`), then rounded half to even and clipped for integer outputs,
 //! or rounded to the float8/float4 grid for those.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use half::{bf16, f16};
 
 use super::{kernel, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};

@@ -6,8 +6,6 @@
 //! kernel walks the outer runs with a strided odometer and the innermost run
 //! contiguously (a fold when reduced, an element-wise combine when kept).
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};

@@ -1,8 +1,6 @@
 //! Resize and Upsample: nearest (any dtype), N-D linear and cubic (f32),
 //! by separable per-axis taps precomputed at prepare.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};

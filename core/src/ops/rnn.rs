@@ -10,8 +10,6 @@
 //! steps through `t < L` (reverse starts at `L - 1`), its state stays put
 //! afterwards and its `Y` rows past `L` are zero.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::model::AttrValue;

@@ -9,8 +9,6 @@
 //! subgraphs are not run (mote has no subgraph evaluation inside a kernel):
 //! nodes carrying a non-identity one are reported unsupported.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::AttrValue;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};

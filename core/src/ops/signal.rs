@@ -6,8 +6,6 @@
 //! models use and needs no scratch. Windows and mel matrices depend only on
 //! build-time values, so they are computed at prepare as constants.
 
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use alloc::vec;
 use alloc::vec::Vec;
 
