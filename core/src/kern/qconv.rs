@@ -271,8 +271,15 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
                     win_mut(out, j + lo, hi.saturating_sub(lo)),
                 ) {
                     let cols = line.get(first.wrapping_sub(g.pb[2])..).unwrap_or(&[]);
-                    for (d, v) in dst.iter_mut().zip(cols.iter().step_by(g.s[2].max(1))) {
-                        *d = (v.get() - zx) as i16;
+                    if g.s[2] == 1 {
+                        // Contiguous: a plain zip vectorizes.
+                        for (d, v) in dst.iter_mut().zip(cols) {
+                            *d = (v.get() - zx) as i16;
+                        }
+                    } else {
+                        for (d, v) in dst.iter_mut().zip(cols.iter().step_by(g.s[2].max(1))) {
+                            *d = (v.get() - zx) as i16;
+                        }
                     }
                 }
             }

@@ -587,7 +587,9 @@ unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds 8 floats.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(s0, s1)) };
-    let tail: f32 = x.iter().zip(y).take(n).skip(p).map(|(a, b)| a * b).sum();
+    // p <= n <= both lengths: the fallback is never taken.
+    let (xt, yt) = (x.get(p..n).unwrap_or(&[]), y.get(p..n).unwrap_or(&[]));
+    let tail: f32 = xt.iter().zip(yt).map(|(a, b)| a * b).sum();
     lanes.iter().sum::<f32>() + tail
 }
 
