@@ -151,6 +151,11 @@ impl Error {
             tensor: None,
         }
     }
+    /// An internal invariant broke (a bug of mote, not of the model): the
+    /// text names the op and what was out of range.
+    pub(crate) const fn internal(what: &'static str) -> Self {
+        Error::new(ErrorKind::Internal(what))
+    }
     /// Sets the node (keeps an inner, more precise one).
     pub const fn at_node(mut self, node: NodeId) -> Self {
         if self.node.is_none() {

@@ -120,22 +120,20 @@ pub fn crc32(bytes: &[u8]) -> u32 {
     !c
 }
 
-fn rd32(b: &[u8], at: usize) -> Result<u32> {
+/// The `N` bytes at `at`.
+fn rd_bytes<const N: usize>(b: &[u8], at: usize) -> Result<[u8; N]> {
     let s = b
-        .get(at..at.checked_add(4).ok_or(bad("offset overflow"))?)
+        .get(at..at.checked_add(N).ok_or(bad("offset overflow"))?)
         .ok_or(bad("truncated"))?;
-    Ok(u32::from_le_bytes(
-        s.try_into().map_err(|_| bad("truncated"))?,
-    ))
+    s.try_into().map_err(|_| bad("truncated"))
+}
+
+fn rd32(b: &[u8], at: usize) -> Result<u32> {
+    Ok(u32::from_le_bytes(rd_bytes(b, at)?))
 }
 
 fn rd16(b: &[u8], at: usize) -> Result<u16> {
-    let s = b
-        .get(at..at.checked_add(2).ok_or(bad("offset overflow"))?)
-        .ok_or(bad("truncated"))?;
-    Ok(u16::from_le_bytes(
-        s.try_into().map_err(|_| bad("truncated"))?,
-    ))
+    Ok(u16::from_le_bytes(rd_bytes(b, at)?))
 }
 
 fn rdu(b: &[u8], at: usize) -> Result<usize> {

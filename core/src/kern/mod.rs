@@ -167,7 +167,7 @@ pub(crate) fn win_mut<T>(s: &mut [T], at: usize, len: usize) -> Option<&mut [T]>
 /// The error of a kernel whose checked geometry disagrees with its slices.
 #[cold]
 pub(crate) fn out_of_bounds() -> crate::Error {
-    crate::Error::new(crate::ErrorKind::Internal("kernel index out of bounds"))
+    crate::Error::internal("kernel index out of bounds")
 }
 
 /// A test's cases, or under Miri (`cargo miri test`, about 10^4 times

@@ -77,10 +77,6 @@ fn shape_err(m: &'static str) -> Error {
     Error::new(ErrorKind::Shape(m))
 }
 
-fn internal(m: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(m))
-}
-
 /// Precision the softmax runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Prec {
@@ -208,7 +204,7 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             got: rank,
         }));
     }
-    let rank_err = || internal("Attention: rank");
+    let rank_err = || Error::internal("Attention: rank");
     let (Some(&batch), Some(&kb), Some(&vb)) = (q.shape.first(), k.shape.first(), v.shape.first())
     else {
         return Err(rank_err());
@@ -431,7 +427,7 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let outputs: Vec<OutputInfo> = all_out
         .get(..n_out)
-        .ok_or(internal("Attention outputs"))?
+        .ok_or(Error::internal("Attention outputs"))?
         .to_vec();
 
     let a = Att {
@@ -498,7 +494,7 @@ impl<T: Fl> Src<'_, T> {
             let o = a.k.at(b, h, j - a.past);
             self.k.get(o..o + a.dk)
         };
-        row.ok_or(internal("Attention: key row"))
+        row.ok_or(Error::internal("Attention: key row"))
     }
     /// Value row `j` (past rows first) of kv head `h`.
     #[inline]
@@ -510,7 +506,7 @@ impl<T: Fl> Src<'_, T> {
             let o = a.v.at(b, h, j - a.past);
             self.v.get(o..o + a.dv)
         };
-        row.ok_or(internal("Attention: value row"))
+        row.ok_or(Error::internal("Attention: value row"))
     }
 }
 
@@ -581,7 +577,7 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
                         src.value(a, b, h, j)?
                     };
                     out.get_mut(o..o + d)
-                        .ok_or(internal("Attention: present size"))?
+                        .ok_or(Error::internal("Attention: present size"))?
                         .copy_from_slice(row);
                     o += d;
                 }
@@ -602,7 +598,7 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
                     row_scores(a, &src, b, h, i, sc, a.qk_stage)?;
                     let orow = out
                         .get_mut(o..o + l)
-                        .ok_or(internal("Attention: qk output size"))?;
+                        .ok_or(Error::internal("Attention: qk output size"))?;
                     for (ov, &x) in orow.iter_mut().zip(sc.iter()) {
                         *ov = T::put(x);
                     }
@@ -626,8 +622,10 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
                 // row in f32 there, like the reference's matmul, round once.
                 let (p, acc) = sc
                     .split_at_mut_checked(2 * l)
-                    .ok_or(internal("Attention: scratch"))?;
-                let acc = acc.get_mut(..a.dv).ok_or(internal("Attention: scratch"))?;
+                    .ok_or(Error::internal("Attention: scratch"))?;
+                let acc = acc
+                    .get_mut(..a.dv)
+                    .ok_or(Error::internal("Attention: scratch"))?;
                 acc.fill(0.0);
                 for (j, &pj) in p.iter().take(l).enumerate() {
                     for (x, vv) in acc.iter_mut().zip(src.value(a, b, kvh, j)?) {
@@ -637,7 +635,7 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
                 let yo = a.y.at(b, h, i);
                 let yrow = y
                     .get_mut(yo..yo + a.dv)
-                    .ok_or(internal("Attention: output size"))?;
+                    .ok_or(Error::internal("Attention: output size"))?;
                 for (o, x) in yrow.iter_mut().zip(acc.iter()) {
                     *o = T::put(*x);
                 }
@@ -649,8 +647,8 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
 
 fn as_f32(scratch: &mut [u8], n: usize) -> Result<&mut [f32]> {
     let s: &mut [f32] =
-        bytemuck::try_cast_slice_mut(scratch).map_err(|_| internal("scratch alignment"))?;
-    s.get_mut(..n).ok_or(internal("scratch size"))
+        bytemuck::try_cast_slice_mut(scratch).map_err(|_| Error::internal("scratch alignment"))?;
+    s.get_mut(..n).ok_or(Error::internal("scratch size"))
 }
 
 /// Fills `sc[..l]` with query row `i` of head `h` up to `stage`; uses
@@ -665,7 +663,7 @@ fn row_scores<T: Fl>(
     stage: Stage,
 ) -> Result<()> {
     let l = a.l;
-    let scratch = || internal("Attention: scratch");
+    let scratch = || Error::internal("Attention: scratch");
     let (s, rest) = sc.split_at_mut_checked(l).ok_or_else(scratch)?;
     let (bias, qs) = rest.split_at_mut_checked(l).ok_or_else(scratch)?;
     let qs = qs.get_mut(..a.dk).ok_or_else(scratch)?;
@@ -676,7 +674,7 @@ fn row_scores<T: Fl>(
     let valid = if a.nonpad {
         *src.nonpad
             .get(b)
-            .ok_or(internal("Attention: nonpad_kv_seqlen size"))?
+            .ok_or(Error::internal("Attention: nonpad_kv_seqlen size"))?
     } else {
         l as i64
     };
@@ -692,7 +690,7 @@ fn row_scores<T: Fl>(
     match &a.mask {
         Some(m) => {
             let r = b * m.sb + h * m.sh + i * m.si;
-            let mask_err = || internal("Attention: mask size");
+            let mask_err = || Error::internal("Attention: mask size");
             let (present, missing) = bias.split_at_mut_checked(m.cols).ok_or_else(mask_err)?;
             missing.fill(neg);
             if m.is_bool {
@@ -727,7 +725,7 @@ fn row_scores<T: Fl>(
     let qrow = src
         .q
         .get(qo..qo + a.dk)
-        .ok_or(internal("Attention: query row"))?;
+        .ok_or(Error::internal("Attention: query row"))?;
     for (x, qv) in qs.iter_mut().zip(qrow) {
         *x = T::rt(qv.get() * sqs);
     }
@@ -956,7 +954,7 @@ fn run_rot<T: Fl>(r: &Rot, io: &mut KernelIo<'_>) -> Result<()> {
     }
     let y = io.output_slice::<T>(0)?;
     need(y, n)?;
-    let size = || internal("RotaryEmbedding size");
+    let size = || Error::internal("RotaryEmbedding size");
     // One rotated pair (x1, x2) by the angle of (cos, sin).
     let rot = |c: &T, sn: &T, x1: &T, x2: &T| {
         let (c, sn, x1, x2) = (c.get(), sn.get(), x1.get(), x2.get());

@@ -39,10 +39,6 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("Scan", 9, prepare_scan),
 ];
 
-fn internal(what: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(what))
-}
-
 /// A planned body.
 #[derive(Debug)]
 struct Body {
@@ -66,7 +62,7 @@ impl Body {
         let mut dst = s.input_mut(i)?;
         let d = dst.bytes_mut();
         if d.len() != src.len() {
-            return Err(internal("body input size"));
+            return Err(Error::internal("body input size"));
         }
         d.copy_from_slice(src);
         Ok(())
@@ -105,7 +101,7 @@ fn plan_body(
         let t = g
             .tensors
             .get_mut(id as usize)
-            .ok_or(internal("body input"))?;
+            .ok_or(Error::internal("body input"))?;
         t.dtype = Some(*dt);
         t.shape = fixed(shape);
     }
@@ -119,7 +115,10 @@ fn plan_body(
                 continue;
             }
         };
-        let t = g.tensors.get_mut(id as usize).ok_or(internal("captured"))?;
+        let t = g
+            .tensors
+            .get_mut(id as usize)
+            .ok_or(Error::internal("captured"))?;
         t.dtype = Some(info.dtype);
         t.shape = fixed(info.shape);
         if let Some(v) = info.value {
@@ -158,7 +157,7 @@ fn captured<'c, 'a>(
     names: &'c [alloc::string::String],
 ) -> Result<Vec<(&'c str, &'c InputInfo<'a>)>> {
     if ctx.num_inputs() != first + names.len() {
-        return Err(internal("captured inputs"));
+        return Err(Error::internal("captured inputs"));
     }
     names
         .iter()
@@ -188,7 +187,7 @@ fn read_out(io: &mut KernelIo<'_>, body: &Body, j: usize, out: usize, at: usize)
     let dst = y
         .bytes_mut()
         .get_mut(at..at + src.len())
-        .ok_or(internal("body output size"))?;
+        .ok_or(Error::internal("body output size"))?;
     dst.copy_from_slice(src);
     Ok(())
 }
@@ -234,7 +233,7 @@ fn prepare_if(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             ot
         }
         (Some(b), None) | (None, Some(b)) => out_info(&b.plan),
-        (None, None) => return Err(internal("If without branch")),
+        (None, None) => return Err(Error::internal("If without branch")),
     };
     let scratch = then_b
         .as_ref()
@@ -247,7 +246,7 @@ fn prepare_if(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let c = io.input(0)?.bytes().first().is_some_and(|&b| b != 0);
             let body = if c { &then_b } else { &else_b }
                 .as_ref()
-                .ok_or(internal("If branch not planned"))?;
+                .ok_or(Error::internal("If branch not planned"))?;
             feed_captured(io, body, 1)?;
             body.invoke(io.scratch()?)?;
             for j in 0..n_out {
@@ -288,7 +287,7 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "Loop body needs 1 + N + K outputs",
         )))?;
     for (k, (dt, shape)) in formal.iter().skip(2).enumerate() {
-        let o = outs.get(1 + k).ok_or(internal("Loop outputs"))?;
+        let o = outs.get(1 + k).ok_or(Error::internal("Loop outputs"))?;
         if o.dtype != *dt || o.shape != *shape {
             return Err(Error::new(ErrorKind::Unsupported(
                 "Loop-carried value whose shape changes across iterations",
@@ -367,8 +366,8 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             for (j, es) in elem_shapes.iter().enumerate() {
                 let mut s = [0usize; crate::tensor::MAX_RANK];
                 let r = es.len() + 1;
-                let dims = s.get_mut(..r).ok_or(internal("Loop rank"))?;
-                let (first, rest) = dims.split_first_mut().ok_or(internal("Loop rank"))?;
+                let dims = s.get_mut(..r).ok_or(Error::internal("Loop rank"))?;
+                let (first, rest) = dims.split_first_mut().ok_or(Error::internal("Loop rank"))?;
                 *first = it;
                 rest.copy_from_slice(es);
                 io.set_output_shape(n + j, dims)?;
@@ -393,8 +392,10 @@ struct Axis {
 
 impl Axis {
     fn new(shape: &[usize], a: usize, es: usize) -> Result<Self> {
-        let (head, tail) = shape.split_at_checked(a).ok_or(internal("Scan axis"))?;
-        let (&len, rest) = tail.split_first().ok_or(internal("Scan axis"))?;
+        let (head, tail) = shape
+            .split_at_checked(a)
+            .ok_or(Error::internal("Scan axis"))?;
+        let (&len, rest) = tail.split_first().ok_or(Error::internal("Scan axis"))?;
         Ok(Axis {
             outer: head.iter().product(),
             len,
@@ -464,7 +465,7 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "Scan body needs N + K outputs",
         )))?;
     for (k, (dt, shape)) in formal.iter().take(n).enumerate() {
-        let o = outs.get(k).ok_or(internal("Scan outputs"))?;
+        let o = outs.get(k).ok_or(Error::internal("Scan outputs"))?;
         if o.dtype != *dt || o.shape != *shape {
             return Err(Error::new(ErrorKind::Unsupported(
                 "Scan state whose shape changes across iterations",
@@ -509,7 +510,7 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let (dd, ss) = d
                             .get_mut(to..to + geo.inner)
                             .zip(src.get(from..from + geo.inner))
-                            .ok_or(internal("Scan slice"))?;
+                            .ok_or(Error::internal("Scan slice"))?;
                         dd.copy_from_slice(ss);
                     }
                 }
@@ -529,7 +530,7 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let (dd, ss) = y
                             .get_mut(to..to + geo.inner)
                             .zip(src.get(from..from + geo.inner))
-                            .ok_or(internal("Scan output slice"))?;
+                            .ok_or(Error::internal("Scan output slice"))?;
                         dd.copy_from_slice(ss);
                     }
                 }

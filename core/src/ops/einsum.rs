@@ -24,10 +24,6 @@ const MAX_LABELS: usize = LETTERS + MAX_RANK;
 /// Operands the kernel holds at once (a fixed array: no allocation).
 const MAX_INPUTS: usize = 8;
 
-fn internal(what: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(what))
-}
-
 fn eq_err(problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute {
         name: "equation",
@@ -83,8 +79,12 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
     let eq: Vec<u8> = eq.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
     let (lhs, rhs) = match eq.windows(2).position(|w| w == b"->") {
         Some(p) => {
-            let lhs = eq.get(..p).ok_or(internal("einsum: arrow position"))?;
-            let rhs = eq.get(p + 2..).ok_or(internal("einsum: arrow position"))?;
+            let lhs = eq
+                .get(..p)
+                .ok_or(Error::internal("einsum: arrow position"))?;
+            let rhs = eq
+                .get(p + 2..)
+                .ok_or(Error::internal("einsum: arrow position"))?;
             (lhs, Some(rhs))
         }
         None => (eq.as_slice(), None),
@@ -129,7 +129,7 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
         }
         for (&l, &n) in d.iter().zip(shape) {
             let (Some(count_l), Some(size_l)) = (count.get_mut(l), size.get_mut(l)) else {
-                return Err(internal("einsum: label index"));
+                return Err(Error::internal("einsum: label index"));
             };
             *count_l += 1;
             *size_l = match *size_l {
@@ -152,7 +152,7 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
                     Sym::Letter(l) => {
                         if size
                             .get(l)
-                            .ok_or(internal("einsum: label index"))?
+                            .ok_or(Error::internal("einsum: label index"))?
                             .is_none()
                         {
                             return Err(eq_err("output label not in any input"));
@@ -184,34 +184,34 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
     let sizes: Vec<usize> = labels
         .iter()
         .map(|&l| {
-            let s = size.get(l).ok_or(internal("einsum: label index"))?;
+            let s = size.get(l).ok_or(Error::internal("einsum: label index"))?;
             Ok(s.unwrap_or(1))
         })
         .collect::<Result<_>>()?;
     let mut strides = alloc::vec![[0usize; MAX_INPUTS]; labels.len()];
     for (k, (d, &shape)) in dims.iter().zip(shapes).enumerate() {
         if d.len() != shape.len() {
-            return Err(internal("einsum: labels per dimension"));
+            return Err(Error::internal("einsum: labels per dimension"));
         }
         let mut st = 1usize;
         for (&dl, &n) in d.iter().zip(shape).rev() {
             let li = labels
                 .iter()
                 .position(|&l| l == dl)
-                .ok_or(internal("einsum label"))?;
-            let size_l = *sizes.get(li).ok_or(internal("einsum: label size"))?;
+                .ok_or(Error::internal("einsum label"))?;
+            let size_l = *sizes.get(li).ok_or(Error::internal("einsum: label size"))?;
             if !(n == 1 && size_l != 1) {
                 *strides
                     .get_mut(li)
                     .and_then(|s| s.get_mut(k))
-                    .ok_or(internal("einsum: stride index"))? += st;
+                    .ok_or(Error::internal("einsum: stride index"))? += st;
             }
             st = st.saturating_mul(n);
         }
     }
     let (out_sizes, red_sizes) = sizes
         .split_at_checked(out.len())
-        .ok_or(internal("einsum: output labels"))?;
+        .ok_or(Error::internal("einsum: output labels"))?;
     let out_shape: Vec<usize> = out_sizes.to_vec();
     let out_count = out_shape
         .iter()
@@ -319,7 +319,7 @@ impl Plan {
         let mut idx = [0usize; MAX_LABELS];
         let idx = idx
             .get_mut(..self.sizes.len())
-            .ok_or(internal("einsum: label count"))?;
+            .ok_or(Error::internal("einsum: label count"))?;
         let mut offs = [0usize; MAX_INPUTS];
         let mut acc = T::A::ZERO;
         let mut r = 0;
@@ -327,13 +327,14 @@ impl Plan {
         for _ in 0..self.out_count * self.red_count {
             let mut prod = T::A::ONE;
             for (x, &off) in xs.iter().zip(&offs).take(self.n_in) {
-                let v = x.get(off).ok_or(internal("einsum offset"))?;
+                let v = x.get(off).ok_or(Error::internal("einsum offset"))?;
                 prod = prod.mul(v.get());
             }
             acc = acc.add(prod);
             r += 1;
             if r == self.red_count {
-                *y.get_mut(o).ok_or(internal("einsum: output index"))? = T::put(acc);
+                *y.get_mut(o)
+                    .ok_or(Error::internal("einsum: output index"))? = T::put(acc);
                 acc = T::A::ZERO;
                 r = 0;
                 o += 1;

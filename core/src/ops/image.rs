@@ -32,10 +32,6 @@ fn shape_err(s: &'static str) -> Error {
     Error::new(ErrorKind::Shape(s))
 }
 
-fn internal() -> Error {
-    Error::new(ErrorKind::Internal("image index"))
-}
-
 fn to_usize(v: i64, what: &'static str) -> Result<usize> {
     usize::try_from(v).map_err(|_| shape_err(what))
 }
@@ -136,7 +132,10 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         )));
     }
     let nd = r - 2;
-    let (&[n, c], xsp) = x.shape.split_first_chunk::<2>().ok_or_else(internal)?;
+    let (&[n, c], xsp) = x
+        .shape
+        .split_first_chunk::<2>()
+        .ok_or(Error::internal("image index"))?;
     let grid_err = || shape_err("GridSample: grid must be [N, spatial..., rank-2]");
     let (gn, gsp, glast) = match g.shape {
         [gn, gsp @ .., glast] => (*gn, gsp, *glast),
@@ -204,17 +203,19 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             // of per-axis taps, or None where one reads an implicit zero; the
             // same for every channel. At most 4 taps on 3 axes.
             let mut taps_buf = [None::<(usize, f32)>; 64];
-            let taps = taps_buf.get_mut(..ncombo).ok_or_else(internal)?;
+            let taps = taps_buf
+                .get_mut(..ncombo)
+                .ok_or(Error::internal("image index"))?;
             for b in 0..n {
                 let xb = xs
                     .get(b * c * plane..(b + 1) * c * plane)
-                    .ok_or_else(internal)?;
+                    .ok_or(Error::internal("image index"))?;
                 let yb = y
                     .get_mut(b * c * npts..(b + 1) * c * npts)
-                    .ok_or_else(internal)?;
+                    .ok_or(Error::internal("image index"))?;
                 let gb = gs
                     .get(b * npts * nd..(b + 1) * npts * nd)
-                    .ok_or_else(internal)?;
+                    .ok_or(Error::internal("image index"))?;
                 for (p, gp) in gb.chunks_exact(nd).enumerate() {
                     let mut idx = [[None::<usize>; 4]; 3];
                     let mut wt = [[0f32; 4]; 3];
@@ -278,7 +279,10 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         for ((ax, idx_d), wt_d) in axes.iter().zip(&idx).zip(&wt).rev() {
                             let j = rem % k;
                             rem /= k;
-                            let (i, wj) = idx_d.get(j).zip(wt_d.get(j)).ok_or_else(internal)?;
+                            let (i, wj) = idx_d
+                                .get(j)
+                                .zip(wt_d.get(j))
+                                .ok_or(Error::internal("image index"))?;
                             off = off.zip(*i).map(|(o, i)| o + i * ax.stride);
                             w *= wj;
                         }
@@ -287,9 +291,9 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     for (xp, yc) in xb.chunks_exact(plane).zip(yb.chunks_exact_mut(npts)) {
                         let mut acc = 0f32;
                         for &(off, w) in taps.iter().flatten() {
-                            acc += w * *xp.get(off).ok_or_else(internal)?;
+                            acc += w * *xp.get(off).ok_or(Error::internal("image index"))?;
                         }
-                        *yc.get_mut(p).ok_or_else(internal)? = acc;
+                        *yc.get_mut(p).ok_or(Error::internal("image index"))? = acc;
                     }
                 }
             }
@@ -355,10 +359,12 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let y = io.output_slice::<f32>(0)?;
             let tl = nd * (nd + 1);
             for b in 0..n {
-                let tb = t.get(b * tl..(b + 1) * tl).ok_or_else(internal)?;
+                let tb = t
+                    .get(b * tl..(b + 1) * tl)
+                    .ok_or(Error::internal("image index"))?;
                 let yb = y
                     .get_mut(b * npts * nd..(b + 1) * npts * nd)
-                    .ok_or_else(internal)?;
+                    .ok_or(Error::internal("image index"))?;
                 for (p, yp) in yb.chunks_exact_mut(nd).enumerate() {
                     let mut homo = [1f64; 4];
                     let mut rem = p;
@@ -366,7 +372,7 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     for (h, ax) in homo.iter_mut().zip(axes.iter().rev()) {
                         let i = rem % ax.len();
                         rem /= ax.len();
-                        *h = *ax.get(i).ok_or_else(internal)?;
+                        *h = *ax.get(i).ok_or(Error::internal("image index"))?;
                     }
                     // One theta row of nd + 1 per output coordinate.
                     for (o, row) in yp.iter_mut().zip(tb.chunks_exact(nd + 1)) {
@@ -437,7 +443,9 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let ksize = ksize as usize;
     let c = ck / ksize;
     // pads are [begin..., end...].
-    let (pads0, pads1) = pads.split_at_checked(nd).ok_or_else(internal)?;
+    let (pads0, pads1) = pads
+        .split_at_checked(nd)
+        .ok_or(Error::internal("image index"))?;
     let mut axes: Vec<Col2ImAxis> = Vec::with_capacity(nd);
     for (((&im, &bk), (&st, &d)), (&p0, &p1)) in img
         .iter()
@@ -505,10 +513,10 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for ch in 0..c {
                     let src = xs
                         .get((b * c + ch) * ksize * l..(b * c + ch + 1) * ksize * l)
-                        .ok_or_else(internal)?;
+                        .ok_or(Error::internal("image index"))?;
                     let dst = y
                         .get_mut((b * c + ch) * plane..(b * c + ch + 1) * plane)
-                        .ok_or_else(internal)?;
+                        .ok_or(Error::internal("image index"))?;
                     for (&t, &v) in table.iter().zip(src) {
                         if let Some(o) = dst.get_mut(t) {
                             *o += v;
@@ -561,7 +569,7 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     for (&a, &s) in axes.iter().zip(&shape) {
         let s = to_usize(s, "CenterCropPad: negative shape")?;
         let (Some(o), Some((src0, dst0, cnt))) = (out.get_mut(a), span.get_mut(a)) else {
-            return Err(internal());
+            return Err(Error::internal("image index"));
         };
         let d = *o;
         *o = s;
@@ -573,8 +581,8 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
     }
     let es = x.dtype.size();
-    let ist = crate::tensor::strides(x.shape).ok_or_else(internal)?;
-    let ost = crate::tensor::strides(&out).ok_or_else(internal)?;
+    let ist = crate::tensor::strides(x.shape).ok_or(Error::internal("image index"))?;
+    let ost = crate::tensor::strides(&out).ok_or(Error::internal("image index"))?;
     let mut plan: Vec<CropAxis> = span
         .iter()
         .zip(ist.iter().zip(&ost))
@@ -587,7 +595,7 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         })
         .collect();
     // Rows of the innermost axis are copied whole.
-    let last = plan.pop().ok_or_else(internal)?;
+    let last = plan.pop().ok_or(Error::internal("image index"))?;
     let rows: usize = plan.iter().map(|a| a.cnt).product();
     let row = last.cnt * es;
     Ok(Prepared::single(
@@ -611,9 +619,11 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     si += ax.src0 + i * ax.ist;
                     di += ax.dst0 + i * ax.ost;
                 }
-                let s = xs.get(si * es..si * es + row).ok_or_else(internal)?;
+                let s = xs
+                    .get(si * es..si * es + row)
+                    .ok_or(Error::internal("image index"))?;
                 y.get_mut(di * es..di * es + row)
-                    .ok_or_else(internal)?
+                    .ok_or(Error::internal("image index"))?
                     .copy_from_slice(s);
             }
             Ok(())
@@ -708,14 +718,14 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let y = io.output_slice::<f32>(0)?;
             let off = if half { 0.5 } else { 0.0 };
             for ri in 0..nr {
-                let b = usize::try_from(*bs.get(ri).ok_or_else(internal)?)
+                let b = usize::try_from(*bs.get(ri).ok_or(Error::internal("image index"))?)
                     .ok()
                     .filter(|&b| b < n)
                     .ok_or(shape_err("RoiAlign: batch index out of range"))?;
                 let [x1, y1, x2, y2] = *rs
                     .get(ri * 4..)
                     .and_then(|s| s.first_chunk::<4>())
-                    .ok_or_else(internal)?;
+                    .ok_or(Error::internal("image index"))?;
                 let sw = x1 as f64 * scale - off;
                 let sh = y1 as f64 * scale - off;
                 let ew = x2 as f64 * scale - off;
@@ -741,12 +751,14 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for ch in 0..c {
                     let plane = xs
                         .get((b * c + ch) * h * w..(b * c + ch + 1) * h * w)
-                        .ok_or_else(internal)?;
+                        .ok_or(Error::internal("image index"))?;
                     let yc = y
                         .get_mut((ri * c + ch) * oh * ow..(ri * c + ch + 1) * oh * ow)
-                        .ok_or_else(internal)?;
+                        .ok_or(Error::internal("image index"))?;
                     for ph in 0..oh {
-                        let yrow = yc.get_mut(ph * ow..(ph + 1) * ow).ok_or_else(internal)?;
+                        let yrow = yc
+                            .get_mut(ph * ow..(ph + 1) * ow)
+                            .ok_or(Error::internal("image index"))?;
                         for (pw, yv) in yrow.iter_mut().enumerate() {
                             let mut acc = 0f64;
                             let mut first = true;
@@ -759,7 +771,12 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                                     // The four weighted corner values.
                                     let mut t = [0f64; 4];
                                     for (tk, (&wk, &pk)) in t.iter_mut().zip(wt.iter().zip(&pos)) {
-                                        *tk = wk * f64::from(*plane.get(pk).ok_or_else(internal)?);
+                                        *tk = wk
+                                            * f64::from(
+                                                *plane
+                                                    .get(pk)
+                                                    .ok_or(Error::internal("image index"))?,
+                                            );
                                     }
                                     if avg {
                                         for tk in t {
@@ -842,7 +859,8 @@ fn deform_tap(
     for (((o, &dy), &dx), m) in acc.iter_mut().zip(dy).zip(dx).zip(mask) {
         let py = (i * st0 - pt + a * dil0) as f64 + dy as f64;
         let px = (j * st1 - pl + e * dil1) as f64 + dx as f64;
-        let v = bilinear_zero(plane, g.ih, g.iw, py as f32, px as f32).ok_or_else(internal)?;
+        let v = bilinear_zero(plane, g.ih, g.iw, py as f32, px as f32)
+            .ok_or(Error::internal("image index"))?;
         *o += v * w * m;
         j += 1;
         if j == ow {
@@ -966,9 +984,9 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let g = o / ocg;
                     let yo = y
                         .get_mut((b * oc + o) * opl..(b * oc + o + 1) * opl)
-                        .ok_or_else(internal)?;
+                        .ok_or(Error::internal("image index"))?;
                     yo.fill(if has_b {
-                        *bs.get(o).ok_or_else(internal)?
+                        *bs.get(o).ok_or(Error::internal("image index"))?
                     } else {
                         0.0
                     });
@@ -976,16 +994,16 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let ogi = c / icog;
                         let plane = xs
                             .get((b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw)
-                            .ok_or_else(internal)?;
+                            .ok_or(Error::internal("image index"))?;
                         let bo = b * og + ogi;
                         // Per tap: the dy plane, then the dx plane.
                         let offs = os
                             .get(bo * kk * 2 * opl..(bo + 1) * kk * 2 * opl)
-                            .ok_or_else(internal)?;
+                            .ok_or(Error::internal("image index"))?;
                         let masks = if has_m {
                             Some(
                                 ms.get(bo * kk * opl..(bo + 1) * kk * opl)
-                                    .ok_or_else(internal)?,
+                                    .ok_or(Error::internal("image index"))?,
                             )
                         } else {
                             None
@@ -993,15 +1011,19 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let cg = c - g * icg;
                         let wk = ws
                             .get((o * icg + cg) * kk..(o * icg + cg + 1) * kk)
-                            .ok_or_else(internal)?;
+                            .ok_or(Error::internal("image index"))?;
                         for (k, (&wv, dydx)) in
                             wk.iter().zip(offs.chunks_exact(2 * opl)).enumerate()
                         {
-                            let dydx = dydx.split_at_checked(opl).ok_or_else(internal)?;
+                            let dydx = dydx
+                                .split_at_checked(opl)
+                                .ok_or(Error::internal("image index"))?;
                             let tap = ((k / kw) as i64, (k % kw) as i64, wv);
                             match masks {
                                 Some(ms) => {
-                                    let mk = ms.get(k * opl..(k + 1) * opl).ok_or_else(internal)?;
+                                    let mk = ms
+                                        .get(k * opl..(k + 1) * opl)
+                                        .ok_or(Error::internal("image index"))?;
                                     deform_tap(yo, plane, dydx, mk.iter().copied(), &geo, tap)?;
                                 }
                                 None => {

@@ -48,10 +48,6 @@ fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
 }
 
-fn internal(s: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(s))
-}
-
 fn check_rank(r: usize) -> Result<()> {
     if r > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above MAX_RANK")));
@@ -72,7 +68,7 @@ fn wrap(k: i64, dim: usize, what: &'static str) -> Result<usize> {
 
 #[inline]
 fn int_at(v: &TensorView<'_>, i: usize) -> Result<i64> {
-    v.int_at(i).ok_or(internal("index read"))
+    v.int_at(i).ok_or(Error::internal("index read"))
 }
 
 /// Row-major element strides of `shape`.
@@ -107,7 +103,7 @@ fn offset_off_axis(mut lin: usize, shape: &[usize], xstr: &[usize], axis: usize)
 /// is out of bounds.
 #[inline]
 fn copy_at(src: &[u8], s: usize, dst: &mut [u8], d: usize, len: usize) -> Result<()> {
-    let bad = || internal("copy range");
+    let bad = || Error::internal("copy range");
     let from = src.get(s..s + len).ok_or_else(bad)?;
     dst.get_mut(d..d + len)
         .ok_or_else(bad)?
@@ -117,7 +113,7 @@ fn copy_at(src: &[u8], s: usize, dst: &mut [u8], d: usize, len: usize) -> Result
 
 fn copy_all<T: Copy>(dst: &mut [T], src: &[T]) -> Result<()> {
     if dst.len() != src.len() {
-        return Err(internal("copy length"));
+        return Err(Error::internal("copy length"));
     }
     dst.copy_from_slice(src);
     Ok(())
@@ -238,8 +234,13 @@ fn prepare_gather_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let es = x.dtype.size();
     let ishape = ix.shape.to_vec();
     let xstr = strides(x.shape);
-    let dim = *x.shape.get(axis).ok_or(internal("GatherElements axis"))?;
-    let axis_stride = *xstr.get(axis).ok_or(internal("GatherElements axis"))?;
+    let dim = *x
+        .shape
+        .get(axis)
+        .ok_or(Error::internal("GatherElements axis"))?;
+    let axis_stride = *xstr
+        .get(axis)
+        .ok_or(Error::internal("GatherElements axis"))?;
     let n = ix.numel();
     Ok(Prepared::single(
         x.dtype,
@@ -296,7 +297,7 @@ impl NdIndex {
             return Err(shape_err("ND indices: last dimension out of range"));
         }
         // b < q and b + m <= r, checked above.
-        let bad = || internal("ND indices: split");
+        let bad = || Error::internal("ND indices: split");
         let (ix_batch, ix_tuples) = ix_lead.split_at_checked(b).ok_or_else(bad)?;
         let (data_batch, data_rest) = data.split_at_checked(b).ok_or_else(bad)?;
         if ix_batch != data_batch {
@@ -348,7 +349,7 @@ fn prepare_gather_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let nd = NdIndex::new(x.shape, ix.shape, b as usize)?;
     // NdIndex::new checked both ranks.
-    let bad = || internal("GatherND shape");
+    let bad = || Error::internal("GatherND shape");
     let mut out = ix.shape.split_last().ok_or_else(bad)?.1.to_vec();
     out.extend_from_slice(x.shape.get(b as usize + nd.m..).ok_or_else(bad)?);
     let es = x.dtype.size();
@@ -504,7 +505,7 @@ fn prepare_scatter_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let red = Reduce::parse(ctx)?;
     let xstr = strides(x.shape);
-    let bad = || internal("ScatterElements axis");
+    let bad = || Error::internal("ScatterElements axis");
     let ei = ElemIndex {
         ishape: ix.shape.to_vec(),
         axis,
@@ -540,8 +541,8 @@ fn scatter_elements_typed<T: Num>(shape: &[usize], ei: ElemIndex, red: Reduce) -
             let (iv, up, y) =
                 scatter_io!(io, KernelIo::input_slice::<T>, KernelIo::output_slice::<T>);
             ei.each(&iv, |j, off| {
-                let u = *up.get(j).ok_or(internal("updates"))?;
-                let o = y.get_mut(off).ok_or(internal("scatter range"))?;
+                let u = *up.get(j).ok_or(Error::internal("updates"))?;
+                let o = y.get_mut(off).ok_or(Error::internal("scatter range"))?;
                 *o = red.apply(*o, u);
                 Ok(())
             })
@@ -563,7 +564,7 @@ fn prepare_scatter_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let nd = NdIndex::new(x.shape, ix.shape, 0)?;
     // NdIndex::new checked both ranks.
-    let bad = || internal("ScatterND shape");
+    let bad = || Error::internal("ScatterND shape");
     let mut want = ix.shape.split_last().ok_or_else(bad)?.1.to_vec();
     want.extend_from_slice(x.shape.get(nd.m..).ok_or_else(bad)?);
     if u.shape != want.as_slice() {
@@ -601,8 +602,12 @@ fn scatter_nd_typed<T: Num>(shape: &[usize], nd: NdIndex, red: Reduce) -> Result
                 scatter_io!(io, KernelIo::input_slice::<T>, KernelIo::output_slice::<T>);
             let len = nd.slice;
             nd.each(&iv, "ScatterND: index out of range", |n, off| {
-                let from = up.get(n * len..(n + 1) * len).ok_or(internal("updates"))?;
-                let to = y.get_mut(off..off + len).ok_or(internal("scatter range"))?;
+                let from = up
+                    .get(n * len..(n + 1) * len)
+                    .ok_or(Error::internal("updates"))?;
+                let to = y
+                    .get_mut(off..off + len)
+                    .ok_or(Error::internal("scatter range"))?;
                 for (o, &v) in to.iter_mut().zip(from) {
                     *o = red.apply(*o, v);
                 }
@@ -643,7 +648,7 @@ fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("TensorScatter: update shape mismatch"));
     }
     // 0 < axis < r, checked above.
-    let bad = || internal("TensorScatter shape");
+    let bad = || Error::internal("TensorScatter shape");
     let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
     let (&batch, between) = lead.split_first().ok_or_else(bad)?;
     let (&smax, tail) = rest.split_first().ok_or_else(bad)?;
@@ -752,7 +757,7 @@ fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         (0, edge.saturating_add(1).clamp(0, cols as i64) as usize)
                     };
                     let base = (m * rows + i) * row;
-                    let bad = || internal("Trilu range");
+                    let bad = || Error::internal("Trilu range");
                     let out = dst.get_mut(base..base + row).ok_or_else(bad)?;
                     if let Some(s) = src {
                         copy_at(s, base + lo * es, out, lo * es, (hi - lo) * es)?;
@@ -865,7 +870,10 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
         kernel(c.name, move |io: &mut KernelIo<'_>| {
             let a = int_at(&io.input(1)?, 0)?;
             let axis = util::axis_or_scalar(a, c.shape.len(), "axis")?;
-            let (lead, rest) = c.shape.split_at_checked(axis).ok_or(internal("cum axis"))?;
+            let (lead, rest) = c
+                .shape
+                .split_at_checked(axis)
+                .ok_or(Error::internal("cum axis"))?;
             // A scalar (rank 0, axis 0) is one axis of length 1.
             let (dim, tail) = match rest.split_first() {
                 Some((&d, t)) => (d, t),
@@ -876,7 +884,7 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
             let x = io.input_slice::<T>(0)?;
             let y = io.output_slice::<T>(0)?;
             if x.len() != y.len() || x.len() != outer * dim * inner {
-                return Err(internal("cum length"));
+                return Err(Error::internal("cum length"));
             }
             let plane = dim * inner;
             if plane == 0 {
@@ -929,7 +937,7 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     // The depth sets the output shape: it must be known now.
     let depth = build_time_value(ctx, 1)?
         .f64_at(0)
-        .ok_or(internal("depth"))?;
+        .ok_or(Error::internal("depth"))?;
     if !depth.is_finite() {
         return Err(shape_err("OneHot: depth not finite"));
     }
@@ -946,7 +954,7 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (lead, tail) = ix
         .shape
         .split_at_checked(axis)
-        .ok_or(internal("OneHot axis"))?;
+        .ok_or(Error::internal("OneHot axis"))?;
     let mut out = lead.to_vec();
     out.push(depth as usize);
     out.extend_from_slice(tail);
@@ -962,8 +970,8 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let iv = io.input(0)?;
             let vals = io.input(2)?.bytes();
             let (off, on) = (
-                vals.get(..es).ok_or(internal("values"))?,
-                vals.get(es..2 * es).ok_or(internal("values"))?,
+                vals.get(..es).ok_or(Error::internal("values"))?,
+                vals.get(es..2 * es).ok_or(Error::internal("values"))?,
             );
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
@@ -973,7 +981,9 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             for o in 0..outer {
                 for i in 0..inner {
                     // Float indices truncate, as in onnxruntime.
-                    let f = iv.f64_at(o * inner + i).ok_or(internal("index read"))?;
+                    let f = iv
+                        .f64_at(o * inner + i)
+                        .ok_or(Error::internal("index read"))?;
                     let mut k = f as i64;
                     if k < 0 {
                         k += depth;
@@ -1011,8 +1021,8 @@ fn permute6(
     let mut dims = [0usize; 6];
     let mut from = [0usize; 6];
     for ((d, f), &p) in dims.iter_mut().zip(&mut from).zip(&perm) {
-        *d = *tmp.get(p).ok_or(internal("permute6 perm"))?;
-        *f = *st.get(p).ok_or(internal("permute6 perm"))?;
+        *d = *tmp.get(p).ok_or(Error::internal("permute6 perm"))?;
+        *f = *st.get(p).ok_or(Error::internal("permute6 perm"))?;
     }
     let [n0, n1, n2, n3, n4, n5] = dims;
     let [f0, f1, f2, f3, f4, f5] = from;
@@ -1209,7 +1219,7 @@ fn prepare_top_k(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             _ => return Err(shape_err("TopK: K must be one integer")),
         }
     };
-    let bad = || internal("TopK axis");
+    let bad = || Error::internal("TopK axis");
     let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
     let (&dim, tail) = rest.split_first().ok_or_else(bad)?;
     if k < 0 || k as usize > dim {
@@ -1245,7 +1255,7 @@ fn top_k_rows<T: Num>(
         return Ok(());
     }
     if x.len() != c.outer * dim * inner || order.len() != dim {
-        return Err(internal("TopK length"));
+        return Err(Error::internal("TopK length"));
     }
     // Set if a comparison read outside `x`; the length check above rules
     // that out (positions are below `dim`, `i` below `inner`).
@@ -1269,10 +1279,10 @@ fn top_k_rows<T: Num>(
             if k < dim {
                 order.select_nth_unstable_by(k - 1, cmp);
             }
-            let top = order.get_mut(..k).ok_or(internal("TopK k"))?;
+            let top = order.get_mut(..k).ok_or(Error::internal("TopK k"))?;
             top.sort_unstable_by(cmp);
             if out_of_range.get() {
-                return Err(internal("TopK row"));
+                return Err(Error::internal("TopK row"));
             }
             for (j, &s) in top.iter().enumerate() {
                 emit((o * k + j) * inner + i, s as usize)?;
@@ -1284,9 +1294,9 @@ fn top_k_rows<T: Num>(
 
 fn scratch_u32(sc: &mut [u8], n: usize) -> Result<&mut [u32]> {
     bytemuck::try_cast_slice_mut::<u8, u32>(sc)
-        .map_err(|_| internal("TopK scratch"))?
+        .map_err(|_| Error::internal("TopK scratch"))?
         .get_mut(..n)
-        .ok_or(internal("TopK scratch"))
+        .ok_or(Error::internal("TopK scratch"))
 }
 
 fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
@@ -1304,14 +1314,14 @@ fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
                 let o = p / (c.k * inner).max(1);
                 x.get((o * dim + s) * inner + p % inner.max(1))
                     .copied()
-                    .ok_or(internal("TopK index"))
+                    .ok_or(Error::internal("TopK index"))
             };
             if !io.has_output(1) {
                 // Values only: no indices output to stage the order in.
                 let (mut yv, sc) = io.output_and_scratch(0)?;
                 let yv = yv.as_slice_mut::<T>()?;
                 return top_k_rows(x, &c, scratch_u32(sc, dim)?, |p, s| {
-                    *yv.get_mut(p).ok_or(internal("TopK out"))? = src(p, s)?;
+                    *yv.get_mut(p).ok_or(Error::internal("TopK out"))? = src(p, s)?;
                     Ok(())
                 });
             }
@@ -1319,7 +1329,7 @@ fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
                 let (mut yi, sc) = io.output_and_scratch(1)?;
                 let yi = yi.as_slice_mut::<i64>()?;
                 top_k_rows(x, &c, scratch_u32(sc, dim)?, |p, s| {
-                    *yi.get_mut(p).ok_or(internal("TopK out"))? = s as i64;
+                    *yi.get_mut(p).ok_or(Error::internal("TopK out"))? = s as i64;
                     Ok(())
                 })?;
             }

@@ -149,10 +149,6 @@ fn targets<'a>(io: &KernelIo<'a>, dt: DType) -> Result<Targets<'a>> {
 // Scores are computed in f64 through norm's `Real`.
 use crate::ops::norm::Real;
 
-fn internal(what: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(what))
-}
-
 /// Applies the loss to every sample: `neg_score(n, t, d)` gives
 /// `-score[n, t, d]`; per-sample losses go to `y` when not reduced, and the
 /// (reduced) result is returned otherwise.
@@ -175,7 +171,7 @@ fn accumulate<T: Real>(
     for i in 0..n {
         for j in 0..d {
             let k = i * d + j;
-            let tv = t.get(k).ok_or(internal("loss target index"))?;
+            let tv = t.get(k).ok_or(Error::internal("loss target index"))?;
             let loss = if g.ignore == Some(tv) {
                 0.0
             } else {
@@ -184,7 +180,10 @@ fn accumulate<T: Real>(
                 }
                 let tc = tv as usize;
                 let wt = match w {
-                    Some(w) => w.get(tc).ok_or(internal("loss weight index"))?.to_f64(),
+                    Some(w) => w
+                        .get(tc)
+                        .ok_or(Error::internal("loss weight index"))?
+                        .to_f64(),
                     None => 1.0,
                 };
                 wsum += wt;
@@ -192,7 +191,7 @@ fn accumulate<T: Real>(
             };
             match g.reduction {
                 Reduction::None => {
-                    *y.get_mut(k).ok_or(internal("loss output index"))? = T::from_f64(loss)
+                    *y.get_mut(k).ok_or(Error::internal("loss output index"))? = T::from_f64(loss)
                 }
                 _ => sum += loss,
             }
@@ -203,7 +202,7 @@ fn accumulate<T: Real>(
         Reduction::Sum => sum,
         Reduction::Mean => sum / wsum,
     };
-    *y.first_mut().ok_or(internal("loss output index"))? = T::from_f64(total);
+    *y.first_mut().ok_or(Error::internal("loss output index"))? = T::from_f64(total);
     Ok(())
 }
 
@@ -227,7 +226,7 @@ fn run_nll<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom) -> Result<()> {
     accumulate(g, t, w, y, |i, tc, j| {
         let v = x
             .get((i * c + tc) * d + j)
-            .ok_or(internal("loss input index"))?;
+            .ok_or(Error::internal("loss input index"))?;
         Ok(-v.to_f64())
     })
 }
@@ -256,13 +255,13 @@ fn lane<T>(
 ) -> Result<core::iter::StepBy<core::slice::Iter<'_, T>>> {
     let plane = x
         .get(i * c * d..(i + 1) * c * d)
-        .ok_or(internal("loss input plane"))?;
+        .ok_or(Error::internal("loss input plane"))?;
     if d == 0 {
-        return Err(internal("loss lane of an empty plane"));
+        return Err(Error::internal("loss lane of an empty plane"));
     }
     Ok(plane
         .get(lane_from(c, j)..)
-        .ok_or(internal("loss lane"))?
+        .ok_or(Error::internal("loss lane"))?
         .iter()
         .step_by(d))
 }
@@ -313,7 +312,7 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
         return accumulate(g, t, w, y, |i, tc, j| {
             let v = x
                 .get((i * c + tc) * d + j)
-                .ok_or(internal("loss input index"))?;
+                .ok_or(Error::internal("loss input index"))?;
             Ok(log_sum_exp(lane(x, c, d, i, j)?) - v.to_f64())
         });
     }
@@ -329,10 +328,10 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
             let l = log_sum_exp(xl.clone());
             let plane = lp
                 .get_mut(i * c * d..(i + 1) * c * d)
-                .ok_or(internal("log_prob plane"))?;
+                .ok_or(Error::internal("log_prob plane"))?;
             let lpl = plane
                 .get_mut(lane_from(c, j)..)
-                .ok_or(internal("log_prob lane"))?;
+                .ok_or(Error::internal("log_prob lane"))?;
             for (o, v) in lpl.iter_mut().step_by(d).zip(xl) {
                 *o = T::from_f64(v.to_f64() - l);
             }
@@ -342,7 +341,7 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
     accumulate(g, t, w, y, |i, tc, j| {
         let v = lp
             .get((i * c + tc) * d + j)
-            .ok_or(internal("log_prob index"))?;
+            .ok_or(Error::internal("log_prob index"))?;
         Ok(-v.to_f64())
     })
 }

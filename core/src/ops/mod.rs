@@ -776,6 +776,18 @@ impl<T: Copy> Unary<'_, T> {
 pub mod util {
     use super::*;
 
+    /// Row `r` of `n` elements of a row-major buffer.
+    pub(crate) fn row<T>(s: &[T], r: usize, n: usize) -> Result<&[T]> {
+        s.get(r * n..(r + 1) * n)
+            .ok_or(Error::internal("row out of range"))
+    }
+
+    /// [`row`], mutable.
+    pub(crate) fn row_mut<T>(s: &mut [T], r: usize, n: usize) -> Result<&mut [T]> {
+        s.get_mut(r * n..(r + 1) * n)
+            .ok_or(Error::internal("row out of range"))
+    }
+
     /// Normalizes a possibly negative axis against `rank`: an index of
     /// the shape (`0 <= axis < rank`; a scalar has none).
     pub fn axis(a: i64, rank: usize, name: &'static str) -> Result<usize> {

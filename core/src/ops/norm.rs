@@ -42,14 +42,10 @@ fn in_out_f32(io: &mut KernelIo<'_>, f: impl FnOnce(&mut [f32]) -> Result<()>) -
     in_out::<f32>(io, f)
 }
 
-fn internal(m: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(m))
-}
-
 /// Element `i` of a parameter whose length the caller checked.
 #[inline]
 fn at<T: Copy>(v: &[T], i: usize, what: &'static str) -> Result<T> {
-    v.get(i).copied().ok_or(internal(what))
+    v.get(i).copied().ok_or(Error::internal(what))
 }
 
 /// `(N, C, inner)` of an `[N, C, ...]` input: rank at least 2.
@@ -65,8 +61,8 @@ fn nc_inner(xs: &[usize]) -> Result<(usize, usize, usize)> {
 
 /// `(outer, n, inner)` of `shape` around axis `a` (`a < shape.len()`).
 fn around_axis(shape: &[usize], a: usize) -> Result<(usize, usize, usize)> {
-    let (head, rest) = shape.split_at_checked(a).ok_or(internal("axis"))?;
-    let (&n, tail) = rest.split_first().ok_or(internal("axis"))?;
+    let (head, rest) = shape.split_at_checked(a).ok_or(Error::internal("axis"))?;
+    let (&n, tail) = rest.split_first().ok_or(Error::internal("axis"))?;
     Ok((head.iter().product(), n, tail.iter().product()))
 }
 
@@ -132,7 +128,9 @@ fn prepare_batchnorm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let folded: Option<(Vec<f32>, Vec<f32>)> = match consts {
         (Some(s), Some(bb), Some(mean), Some(var)) => {
             if [&s, &bb, &mean, &var].iter().any(|v| v.len() != c) {
-                return Err(internal("BatchNormalization constant parameter size"));
+                return Err(Error::internal(
+                    "BatchNormalization constant parameter size",
+                ));
             }
             let mut a = Vec::with_capacity(c);
             let mut b = Vec::with_capacity(c);
@@ -211,7 +209,7 @@ impl BatchNorm {
                     let base = (img * c + ch) * inner;
                     let plane = y
                         .get_mut(base..base + inner)
-                        .ok_or(internal("BatchNormalization size"))?;
+                        .ok_or(Error::internal("BatchNormalization size"))?;
                     for v in plane {
                         *v = T::from_acc(a * v.to_acc() + b);
                     }
@@ -228,7 +226,7 @@ fn channel_stats(x: &[f32], n: usize, c: usize, inner: usize, ch: usize) -> Resu
     let plane = |img: usize| {
         let b = (img * c + ch) * inner;
         x.get(b..b + inner)
-            .ok_or(internal("BatchNormalization size"))
+            .ok_or(Error::internal("BatchNormalization size"))
     };
     let mut sum = 0.0f64;
     for img in 0..n {
@@ -294,8 +292,8 @@ fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prep
                     let sh = at(b, ch, P)? - mean as f32 * a;
                     for img in 0..n {
                         let base = (img * c + ch) * inner;
-                        let yp = y.get_mut(base..base + inner).ok_or(internal(P))?;
-                        let xp = x.get(base..base + inner).ok_or(internal(P))?;
+                        let yp = y.get_mut(base..base + inner).ok_or(Error::internal(P))?;
+                        let xp = x.get(base..base + inner).ok_or(Error::internal(P))?;
                         for (o, &v) in yp.iter_mut().zip(xp) {
                             *o = a * v + sh;
                         }
@@ -363,11 +361,15 @@ fn prepare_lrn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let c0 = ch.saturating_sub(lo);
                     let c1 = (ch + hi).min(c - 1);
                     // Channels c0..=c1, and channel ch, of this image.
-                    let win = xb.get(c0 * inner..(c1 + 1) * inner).ok_or(internal(P))?;
-                    let xr = xb.get(ch * inner..(ch + 1) * inner).ok_or(internal(P))?;
+                    let win = xb
+                        .get(c0 * inner..(c1 + 1) * inner)
+                        .ok_or(Error::internal(P))?;
+                    let xr = xb
+                        .get(ch * inner..(ch + 1) * inner)
+                        .ok_or(Error::internal(P))?;
                     let yr = yb
                         .get_mut(ch * inner..(ch + 1) * inner)
-                        .ok_or(internal(P))?;
+                        .ok_or(Error::internal(P))?;
                     for (s, (yv, &xv)) in yr.iter_mut().zip(xr).enumerate() {
                         let sum = column(win, s, inner).fold(0.0f32, |sum, &v| sum + v * v);
                         *yv = xv / math::pow(bias + scale * sum, beta);
@@ -394,7 +396,7 @@ fn softmax_dims(ctx: &PrepareCtx<'_>, shape: &[usize]) -> Result<(usize, usize, 
         }
         let (head, tail) = shape
             .split_at_checked(v as usize)
-            .ok_or(internal("Softmax axis"))?;
+            .ok_or(Error::internal("Softmax axis"))?;
         Ok((head.iter().product(), tail.iter().product(), 1))
     } else {
         if r == 0 {
@@ -589,7 +591,7 @@ impl ParamIdx {
 
     /// The values of parameter `p` at the `block` positions of one block.
     fn lane<'a, T: Copy>(&'a self, p: &'a [T], block: usize) -> Result<Lane<'a, T>> {
-        let short = internal("normalization parameter size");
+        let short = Error::internal("normalization parameter size");
         Ok(match self {
             ParamIdx::Full => Lane::Full(p.get(..block).ok_or(short)?.iter()),
             ParamIdx::One => Lane::One(*p.first().ok_or(short)?),
@@ -653,7 +655,7 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
     // The trailing dims of the block that the parameter spans.
     let spanned = tail
         .get(off..)
-        .ok_or(internal("normalization parameter rank"))?;
+        .ok_or(Error::internal("normalization parameter rank"))?;
     if ps.iter().zip(spanned).any(|(&p, &t)| p != 1 && p != t) {
         return Err(Error::new(ErrorKind::Shape(
             "normalization parameter does not broadcast to the normalized shape",
@@ -788,7 +790,7 @@ impl RowNorm {
                 }
             };
             if !ok || !sl.done() {
-                return Err(internal("normalization parameter index"));
+                return Err(Error::internal("normalization parameter index"));
             }
         }
         Ok(())
@@ -866,7 +868,7 @@ fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Resu
     let eps = ctx.attr_float("epsilon", 1e-5)? as f64;
     let (head, tail) = xs
         .split_at_checked(axis)
-        .ok_or(internal("normalization axis"))?;
+        .ok_or(Error::internal("normalization axis"))?;
     let scale = param_idx(same_float(ctx, 1, dt)?, tail)?;
     let bias = match (rms, ctx.opt_input(2)) {
         (false, Some(_)) => Some(param_idx(same_float(ctx, 2, dt)?, tail)?),
@@ -957,8 +959,8 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         // One (scale, bias) per channel plane of the group;
                         // inner > 0 as gsize > 0.
                         let chans = grp * cpg..(grp + 1) * cpg;
-                        let sg = s.get(chans.clone()).ok_or(internal(P))?;
-                        let bg = b.get(chans).ok_or(internal(P))?;
+                        let sg = s.get(chans.clone()).ok_or(Error::internal(P))?;
+                        let bg = b.get(chans).ok_or(Error::internal(P))?;
                         for ((plane, &sv), &bv) in blk.chunks_exact_mut(inner).zip(sg).zip(bg) {
                             for v in plane {
                                 *v = (*v - mean) * inv * sv + bv;
@@ -1042,7 +1044,7 @@ fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         // a < r <= MAX_RANK.
         *reduced
             .get_mut(a)
-            .ok_or(internal("MeanVarianceNormalization axes"))? = true;
+            .ok_or(Error::internal("MeanVarianceNormalization axes"))? = true;
         Ok(())
     };
     match ctx.attr_ints("axes")? {

@@ -110,10 +110,6 @@ pub(crate) fn len_err(expected: usize, got: usize) -> Error {
     })
 }
 
-fn internal(what: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(what))
-}
-
 fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
 }
@@ -173,7 +169,7 @@ fn mm_geom(a: &[usize], b: &[usize]) -> Result<MmGeom> {
     }
     let mut bs = [0usize; MAX_RANK];
     let br = broadcast_shapes(a_batch, b_batch, &mut bs)?;
-    let batch: Vec<usize> = bs.get(..br).ok_or(internal("batch rank"))?.to_vec();
+    let batch: Vec<usize> = bs.get(..br).ok_or(Error::internal("batch rank"))?.to_vec();
     let mut out_shape = batch.clone();
     if ra != 1 {
         out_shape.push(m);
@@ -248,7 +244,7 @@ fn line_param(
     }
     // Rank 0 has one element: rank >= 2 here.
     let &[ref pb @ .., r2, r1] = p else {
-        return Err(internal("scale / zero point rank"));
+        return Err(Error::internal("scale / zero point rank"));
     };
     let (along, across) = if row { (r2, r1) } else { (r1, r2) };
     if across != 1 || (along != 1 && along != lines) {
@@ -293,11 +289,11 @@ fn dot_int<A: QInt, B: QInt>(
     // Column j of the k x n matrix `b`: every n-th element from j, checked
     // once (it then has all k = arow.len() elements).
     if j >= n || arow.len().checked_mul(n).is_none_or(|kn| b.len() < kn) {
-        return Err(internal("dot_int column"));
+        return Err(Error::internal("dot_int column"));
     }
     let col = b
         .get(j..)
-        .ok_or(internal("dot_int column"))?
+        .ok_or(Error::internal("dot_int column"))?
         .iter()
         .step_by(n);
     let mut acc = 0i32;
@@ -406,26 +402,26 @@ fn qmm_run<A: QInt, B: QInt, Y: QInt, S: QScale>(
         for i in 0..m {
             let sa = a_s
                 .get(pas + i * qas.line)
-                .ok_or(internal("a_scale"))?
+                .ok_or(Error::internal("a_scale"))?
                 .f32();
             let za = a_z
                 .get(paz + i * qaz.line)
-                .ok_or(internal("a_zero_point"))?
+                .ok_or(Error::internal("a_zero_point"))?
                 .get();
             let arow = av
                 .get(i * k..(i + 1) * k)
-                .ok_or(internal("QLinearMatMul row"))?;
+                .ok_or(Error::internal("QLinearMatMul row"))?;
             let yrow = yv
                 .get_mut(i * n..(i + 1) * n)
-                .ok_or(internal("QLinearMatMul row"))?;
+                .ok_or(Error::internal("QLinearMatMul row"))?;
             for (j, yo) in yrow.iter_mut().enumerate() {
                 let sb = b_s
                     .get(pbs + j * qbs.line)
-                    .ok_or(internal("b_scale"))?
+                    .ok_or(Error::internal("b_scale"))?
                     .f32();
                 let zb = b_z
                     .get(pbz + j * qbz.line)
-                    .ok_or(internal("b_zero_point"))?
+                    .ok_or(Error::internal("b_zero_point"))?
                     .get();
                 let acc = dot_int(arow, za, bv, j, n, zb)?;
                 *yo = requant(acc, multiplier::<S>(sa, sb, ys), yz);
@@ -519,21 +515,21 @@ fn mmi_run<A: QInt, B: QInt>(io: &mut KernelIo<'_>, p: &MmiParams) -> Result<()>
             let za = match a_z {
                 Some(z) => z
                     .get(pa + i * qa.line)
-                    .ok_or(internal("a_zero_point"))?
+                    .ok_or(Error::internal("a_zero_point"))?
                     .get(),
                 None => 0,
             };
             let arow = av
                 .get(i * k..(i + 1) * k)
-                .ok_or(internal("MatMulInteger row"))?;
+                .ok_or(Error::internal("MatMulInteger row"))?;
             let yrow = yv
                 .get_mut(i * n..(i + 1) * n)
-                .ok_or(internal("MatMulInteger row"))?;
+                .ok_or(Error::internal("MatMulInteger row"))?;
             for (j, yo) in yrow.iter_mut().enumerate() {
                 let zb = match b_z {
                     Some(z) => z
                         .get(pb + j * qb.line)
-                        .ok_or(internal("b_zero_point"))?
+                        .ok_or(Error::internal("b_zero_point"))?
                         .get(),
                     None => 0,
                 };
@@ -578,7 +574,7 @@ pub(crate) fn int_conv_geom(
     }
     let group = group as usize;
     let (&[batch, c, ref xsp @ ..], &[m, wc, ref wk @ ..]) = (x.shape, w.shape) else {
-        return Err(internal("conv rank"));
+        return Err(Error::internal("conv rank"));
     };
     if let Some(ks) = ctx.attr_ints("kernel_shape")? {
         if ks.len() != wk.len() || ks.iter().zip(wk).any(|(&a, &b)| a < 0 || a as usize != b) {
@@ -599,7 +595,7 @@ pub(crate) fn int_conv_geom(
     let osp = MAX_SPATIAL
         .checked_sub(xsp.len())
         .and_then(|from| g.out.get(from..))
-        .ok_or(internal("conv spatial rank"))?;
+        .ok_or(Error::internal("conv spatial rank"))?;
     out.extend_from_slice(osp);
     Ok((
         IntConv {
@@ -694,7 +690,7 @@ fn conv_acc<X: QInt, W: QInt>(
     let [o0, o1, o2] = o;
     let [a0, a1, a2] = axes(g);
     if in_sz == 0 || k_sz == 0 {
-        return Err(internal("conv_acc on an empty plane"));
+        return Err(Error::internal("conv_acc on an empty plane"));
     }
     let mut acc = 0i32;
     for (xp, wp) in xg.chunks_exact(in_sz).zip(wk.chunks_exact(k_sz)) {
@@ -709,7 +705,9 @@ fn conv_acc<X: QInt, W: QInt>(
                 };
                 // The input row (id, ih): `tap` keeps `iw` inside it.
                 let at = (id * in1 + ih) * in2;
-                let xr = xp.get(at..at + in2).ok_or(internal("conv input row"))?;
+                let xr = xp
+                    .get(at..at + in2)
+                    .ok_or(Error::internal("conv input row"))?;
                 for (kw, &w) in wr.iter().enumerate() {
                     let Some(&x) = tap(a2, o2, kw).and_then(|iw| xr.get(iw)) else {
                         continue;
@@ -755,10 +753,10 @@ fn conv_each<X: QInt, W: QInt>(
             let xa = (ni * p.c + grp * cg) * in_sz;
             let xg = x
                 .get(xa..xa + cg * in_sz)
-                .ok_or(internal("conv input group"))?;
+                .ok_or(Error::internal("conv input group"))?;
             let wk = w
                 .get(oc * cg * k_sz..(oc + 1) * cg * k_sz)
-                .ok_or(internal("conv weights"))?;
+                .ok_or(Error::internal("conv weights"))?;
             let z = wz(oc)?;
             let base = (ni * p.m + oc) * out_sz;
             for od in 0..o0 {
@@ -841,12 +839,12 @@ fn conv_integer_run<X: QInt, W: QInt>(io: &mut KernelIo<'_>, cp: &ConvIntParams)
     let wz = |oc: usize| match w_z.first() {
         None => Ok(0),
         Some(z0) if !per_ch => Ok(z0.get()),
-        Some(_) => Ok(w_z.get(oc).ok_or(internal("w_zero_point"))?.get()),
+        Some(_) => Ok(w_z.get(oc).ok_or(Error::internal("w_zero_point"))?.get()),
     };
     let y = io.output_slice::<i32>(0)?;
     check_len(y.len(), cp.p.batch * cp.p.m * cp.p.g.out_size())?;
     conv_each(x, xz, w, wz, &cp.p, |i, _, acc| {
-        *y.get_mut(i).ok_or(internal("ConvInteger output"))? = acc;
+        *y.get_mut(i).ok_or(Error::internal("ConvInteger output"))? = acc;
         Ok(())
     })
 }
@@ -936,7 +934,7 @@ fn qconv_run<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, qp: &QConvParams)
     check_len(y.len(), qp.p.batch * m * qp.p.g.out_size())?;
     let wzf = |oc: usize| {
         let z = wz.get(if wz_pc { oc } else { 0 });
-        Ok(z.ok_or(internal("w_zero_point"))?.get())
+        Ok(z.ok_or(Error::internal("w_zero_point"))?.get())
     };
     conv_each(x, xz, w, wzf, &qp.p, |i, oc, acc| {
         // The bias is already in the accumulator's scale (x_scale * w_scale);
@@ -944,9 +942,9 @@ fn qconv_run<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, qp: &QConvParams)
         let acc = acc.wrapping_add(bias.get(oc).copied().unwrap_or(0));
         let &wsc = ws
             .get(if ws_pc { oc } else { 0 })
-            .ok_or(internal("w_scale"))?;
+            .ok_or(Error::internal("w_scale"))?;
         let mult = multiplier::<f32>(xs, wsc, ys);
-        *y.get_mut(i).ok_or(internal("QLinearConv output"))? = requant(acc, mult, yz);
+        *y.get_mut(i).ok_or(Error::internal("QLinearConv output"))? = requant(acc, mult, yz);
         Ok(())
     })
 }

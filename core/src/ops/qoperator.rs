@@ -69,17 +69,13 @@ fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
 }
 
-fn internal(what: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(what))
-}
-
 /// Table lookup of a byte pattern (the `u8` index is always in the
 /// 256-entry table; the compiler drops the check).
 #[inline]
 fn lut(t: &Table, b: u8) -> Result<u8> {
     t.get(usize::from(b))
         .copied()
-        .ok_or(internal("lookup table index"))
+        .ok_or(Error::internal("lookup table index"))
 }
 
 /// `v` quantized like onnxruntime's `MlasQuantizeLinear`: `rint(v / s) + z`,
@@ -284,7 +280,10 @@ fn prepare_binary(
     }
     let mut os = [0usize; MAX_RANK];
     let r = broadcast_shapes(a.shape, b.shape, &mut os)?;
-    let shape: Vec<usize> = os.get(..r).ok_or(internal("broadcast rank"))?.to_vec();
+    let shape: Vec<usize> = os
+        .get(..r)
+        .ok_or(Error::internal("broadcast rank"))?
+        .to_vec();
     let strides = [
         broadcast_strides(a.shape, &shape),
         broadcast_strides(b.shape, &shape),
@@ -573,7 +572,7 @@ fn prepare_avg_pool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .len()
         .checked_sub(sp.len())
         .and_then(|from| g.out.get(from..))
-        .ok_or(internal("QLinearAveragePool output rank"))?;
+        .ok_or(Error::internal("QLinearAveragePool output rank"))?;
     let out = join_nc(n, c, osp, cl);
     if all_const(ctx, &[1, 2, 3, 4]) {
         let get = const_get(ctx);
@@ -671,14 +670,16 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (outer, inner) = {
         let (head, tail) = out
             .split_at_checked(axis)
-            .ok_or(internal("QLinearConcat axis"))?;
-        let rest = tail.get(1..).ok_or(internal("QLinearConcat axis"))?;
+            .ok_or(Error::internal("QLinearConcat axis"))?;
+        let rest = tail.get(1..).ok_or(Error::internal("QLinearConcat axis"))?;
         (
             head.iter().product::<usize>(),
             rest.iter().product::<usize>(),
         )
     };
-    let out_axis = out.get_mut(axis).ok_or(internal("QLinearConcat axis"))?;
+    let out_axis = out
+        .get_mut(axis)
+        .ok_or(Error::internal("QLinearConcat axis"))?;
     *out_axis = 0;
     let mut lens = Vec::with_capacity(parts);
     let mut param_idx = alloc::vec![0usize, 1];
@@ -699,7 +700,10 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 "QLinearConcat inputs must match except along axis",
             ));
         }
-        let &len = x.shape.get(axis).ok_or(internal("QLinearConcat axis"))?;
+        let &len = x
+            .shape
+            .get(axis)
+            .ok_or(Error::internal("QLinearConcat axis"))?;
         lens.push(len);
         *out_axis += len;
     }
@@ -719,7 +723,7 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut off = 0usize;
             for (j, &len) in lens.iter().enumerate() {
                 let map = match &pre {
-                    Some(m) => *m.get(j).ok_or(internal("QLinearConcat maps"))?,
+                    Some(m) => *m.get(j).ok_or(Error::internal("QLinearConcat maps"))?,
                     None => {
                         let get = |i: usize| io.opt_input(i);
                         concat_map(&get, dt, j)?
@@ -733,11 +737,11 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for o in 0..outer {
                     let src = x
                         .get(o * block..(o + 1) * block)
-                        .ok_or(internal("QLinearConcat input block"))?;
+                        .ok_or(Error::internal("QLinearConcat input block"))?;
                     let at = (o * total_axis + off) * inner;
                     let dst = y
                         .get_mut(at..at + block)
-                        .ok_or(internal("QLinearConcat output block"))?;
+                        .ok_or(Error::internal("QLinearConcat output block"))?;
                     match &map {
                         Map::Copy => dst.copy_from_slice(src),
                         Map::Table(t) => {
@@ -861,10 +865,10 @@ fn lane<T>(
     }
     let last = (k - 1).checked_mul(step).and_then(|s| s.checked_add(start));
     if step == 0 || last.is_none_or(|l| l >= x.len()) {
-        return Err(internal("QGemm operand lane"));
+        return Err(Error::internal("QGemm operand lane"));
     }
     Ok(x.get(start..)
-        .ok_or(internal("QGemm operand lane"))?
+        .ok_or(Error::internal("QGemm operand lane"))?
         .iter()
         .step_by(step)
         .take(k))
@@ -954,7 +958,7 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let &zb = p
                         .zb
                         .get(if p.zb.len() == 1 { 0 } else { j })
-                        .ok_or(internal("QGemm b_zero_point"))?;
+                        .ok_or(Error::internal("QGemm b_zero_point"))?;
                     // Row i of op(A) and column j of op(B), k elements each.
                     let al = if g.transa {
                         lane(a, i, g.lda, g.k)?
@@ -971,7 +975,7 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         s = s.wrapping_add((av.get() - p.za) * (bv.get() - zb));
                     }
                     if let Some((cv, (r, q))) = c {
-                        s = s.wrapping_add(*cv.get(i * r + j * q).ok_or(internal("QGemm C"))?);
+                        s = s.wrapping_add(*cv.get(i * r + j * q).ok_or(Error::internal("QGemm C"))?);
                     }
                     Ok(s)
                 };
@@ -984,9 +988,9 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                                 let rq = p
                                     .req
                                     .get(if p.req.len() == 1 { 0 } else { j })
-                                    .ok_or(internal("QGemm requantizer"))?;
+                                    .ok_or(Error::internal("QGemm requantizer"))?;
                                 let v = rq.apply(acc(i, j)?);
-                                *y.get_mut(i * g.n + j).ok_or(internal("QGemm output"))? =
+                                *y.get_mut(i * g.n + j).ok_or(Error::internal("QGemm output"))? =
                                     Y::from_sat(clamp(v, p.zy, Y::LO, Y::HI));
                             }
                         }
@@ -1000,8 +1004,8 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                             let &fs = p
                                 .fscale
                                 .get(if p.fscale.len() == 1 { 0 } else { j })
-                                .ok_or(internal("QGemm scale"))?;
-                            *y.get_mut(i * g.n + j).ok_or(internal("QGemm output"))? =
+                                .ok_or(Error::internal("QGemm scale"))?;
+                            *y.get_mut(i * g.n + j).ok_or(Error::internal("QGemm output"))? =
                                 acc(i, j)? as f32 * fs;
                         }
                     }

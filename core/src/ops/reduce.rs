@@ -72,10 +72,6 @@ struct Plan {
     count: usize,
 }
 
-fn internal(what: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(what))
-}
-
 impl Plan {
     fn new(shape: &[usize], mask: &[bool]) -> Result<Self> {
         let mut dims = [1usize; MAX_RANK];
@@ -92,14 +88,14 @@ impl Plan {
             let prev = rank.checked_sub(1);
             if prev.is_some_and(|p| red.get(p) == Some(&r)) {
                 let p = prev.and_then(|p| dims.get_mut(p));
-                *p.ok_or(internal("reduce coalesce"))? *= d;
+                *p.ok_or(Error::internal("reduce coalesce"))? *= d;
             } else {
                 // `setup` refuses a rank above MAX_RANK, and coalescing
                 // only merges dims.
                 let (dr, rr) = dims
                     .get_mut(rank)
                     .zip(red.get_mut(rank))
-                    .ok_or(internal("reduce rank above MAX_RANK"))?;
+                    .ok_or(Error::internal("reduce rank above MAX_RANK"))?;
                 *dr = d;
                 *rr = r;
                 rank += 1;
@@ -149,11 +145,17 @@ impl Plan {
         mut row: impl FnMut(&[X], usize, bool) -> Result<()>,
     ) -> Result<()> {
         if x.len() != self.in_len || out_len != self.out_len {
-            return Err(internal("reduce sizes"));
+            return Err(Error::internal("reduce sizes"));
         }
-        let dims = self.dims.get(..self.rank).ok_or(internal("reduce rank"))?;
-        let (&d, outer) = dims.split_last().ok_or(internal("reduce rank"))?;
-        let &last_red = self.red.get(outer.len()).ok_or(internal("reduce rank"))?;
+        let dims = self
+            .dims
+            .get(..self.rank)
+            .ok_or(Error::internal("reduce rank"))?;
+        let (&d, outer) = dims.split_last().ok_or(Error::internal("reduce rank"))?;
+        let &last_red = self
+            .red
+            .get(outer.len())
+            .ok_or(Error::internal("reduce rank"))?;
         let it = StridedIter::new(outer, [self.in_strides, self.out_strides]);
         if self.in_len == 0 {
             return Ok(());
@@ -162,7 +164,7 @@ impl Plan {
             let xs = i
                 .checked_add(d)
                 .and_then(|end| x.get(i..end))
-                .ok_or(internal("reduce input run"))?;
+                .ok_or(Error::internal("reduce input run"))?;
             row(xs, o, last_red)?;
         }
         Ok(())
@@ -180,7 +182,7 @@ impl Plan {
         let out_len = out.len();
         self.rows(x, out_len, |xs, o, last_red| {
             if last_red {
-                let a = out.get_mut(o).ok_or(internal("reduce output"))?;
+                let a = out.get_mut(o).ok_or(Error::internal("reduce output"))?;
                 let mut acc = *a;
                 for &v in xs {
                     acc = step(acc, v);
@@ -189,7 +191,7 @@ impl Plan {
             } else {
                 let os = out
                     .get_mut(o..o + xs.len())
-                    .ok_or(internal("reduce output run"))?;
+                    .ok_or(Error::internal("reduce output run"))?;
                 for (ov, &v) in os.iter_mut().zip(xs) {
                     *ov = step(*ov, v);
                 }
@@ -209,13 +211,13 @@ impl Plan {
         step: impl Fn(A, X, S) -> A,
     ) -> Result<()> {
         if side.len() != out.len() {
-            return Err(internal("reduce side length"));
+            return Err(Error::internal("reduce side length"));
         }
         let out_len = out.len();
         self.rows(x, out_len, |xs, o, last_red| {
             if last_red {
-                let a = out.get_mut(o).ok_or(internal("reduce output"))?;
-                let &sv = side.get(o).ok_or(internal("reduce output"))?;
+                let a = out.get_mut(o).ok_or(Error::internal("reduce output"))?;
+                let &sv = side.get(o).ok_or(Error::internal("reduce output"))?;
                 let mut acc = *a;
                 for &v in xs {
                     acc = step(acc, v, sv);
@@ -226,7 +228,7 @@ impl Plan {
                 let (os, ss) = out
                     .get_mut(o..end)
                     .zip(side.get(o..end))
-                    .ok_or(internal("reduce output run"))?;
+                    .ok_or(Error::internal("reduce output run"))?;
                 for ((ov, &v), &sv) in os.iter_mut().zip(xs).zip(ss) {
                     *ov = step(*ov, v, sv);
                 }
@@ -264,7 +266,7 @@ fn setup(ctx: &PrepareCtx<'_>, input_axes_since: i64) -> Result<(DType, Vec<usiz
             if r == 0 {
                 continue;
             }
-            let m = mask.get_mut(ax).ok_or(internal("reduce axis"))?;
+            let m = mask.get_mut(ax).ok_or(Error::internal("reduce axis"))?;
             if *m {
                 return Err(Error::new(ErrorKind::Attribute {
                     name: "axes",
@@ -712,7 +714,7 @@ fn arg_kernel<X: Element + PartialOrd>(
                 for (i, yv) in yp.iter_mut().enumerate() {
                     let mut lane = xp.iter().skip(i).step_by(inner);
                     let Some(&first) = lane.next() else {
-                        return Err(internal("ArgMax lane"));
+                        return Err(Error::internal("ArgMax lane"));
                     };
                     let mut best = first;
                     let mut bi = 0usize;
@@ -749,8 +751,8 @@ fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result
     let last = ctx.attr_int("select_last_index", 0)? != 0;
     let (head, tail) = shape
         .split_at_checked(axis)
-        .ok_or(internal("ArgMax axis"))?;
-    let (&n, rest) = tail.split_first().ok_or(internal("ArgMax axis"))?;
+        .ok_or(Error::internal("ArgMax axis"))?;
+    let (&n, rest) = tail.split_first().ok_or(Error::internal("ArgMax axis"))?;
     let outer: usize = head.iter().product();
     let inner: usize = rest.iter().product();
     if n == 0 {
@@ -760,7 +762,7 @@ fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result
     }
     let mut out: Vec<usize> = shape.to_vec();
     if keep {
-        *out.get_mut(axis).ok_or(internal("ArgMax axis"))? = 1;
+        *out.get_mut(axis).ok_or(Error::internal("ArgMax axis"))? = 1;
     } else {
         out.remove(axis);
     }

@@ -18,10 +18,6 @@ fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
 }
 
-fn internal() -> Error {
-    Error::new(ErrorKind::Internal("resize range"))
-}
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
     Nearest,
@@ -260,13 +256,21 @@ fn build(
                 let mut y = io.output(0)?;
                 let dst = y.bytes_mut();
                 let mut idx_buf = [0usize; MAX_RANK];
-                let idx = idx_buf.get_mut(..r).ok_or_else(internal)?;
+                let idx = idx_buf
+                    .get_mut(..r)
+                    .ok_or(Error::internal("resize range"))?;
                 for d in dst.chunks_exact_mut(es) {
                     let mut off = 0usize;
                     for (ax, &i) in axes.iter().zip(idx.iter()) {
-                        off += table.get(ax.start + i).ok_or_else(internal)?.0;
+                        off += table
+                            .get(ax.start + i)
+                            .ok_or(Error::internal("resize range"))?
+                            .0;
                     }
-                    d.copy_from_slice(src.get(off * es..off * es + es).ok_or_else(internal)?);
+                    d.copy_from_slice(
+                        src.get(off * es..off * es + es)
+                            .ok_or(Error::internal("resize range"))?,
+                    );
                     advance(idx, &axes);
                 }
                 Ok(())
@@ -280,7 +284,9 @@ fn build(
             let src = io.input(0)?.f32()?;
             let y = io.output(0)?.f32()?;
             let mut idx_buf = [0usize; MAX_RANK];
-            let idx = idx_buf.get_mut(..r).ok_or_else(internal)?;
+            let idx = idx_buf
+                .get_mut(..r)
+                .ok_or(Error::internal("resize range"))?;
             for d in y.iter_mut() {
                 let mut acc = 0.0f32;
                 for combo in 0..ncombo {
@@ -290,12 +296,14 @@ fn build(
                     for (ax, &i) in axes.iter().zip(idx.iter()).rev() {
                         let k = c % ax.k;
                         c /= ax.k;
-                        let t = table.get(ax.start + i * ax.k + k).ok_or_else(internal)?;
+                        let t = table
+                            .get(ax.start + i * ax.k + k)
+                            .ok_or(Error::internal("resize range"))?;
                         off += t.0;
                         w *= t.1;
                     }
                     if w != 0.0 {
-                        acc += w * *src.get(off).ok_or_else(internal)?;
+                        acc += w * *src.get(off).ok_or(Error::internal("resize range"))?;
                     }
                 }
                 *d = acc;
@@ -417,7 +425,12 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     // Input lengths of the covered axes.
     let sub: Vec<usize> = axes
         .iter()
-        .map(|&a| x.shape.get(a).copied().ok_or_else(internal))
+        .map(|&a| {
+            x.shape
+                .get(a)
+                .copied()
+                .ok_or(Error::internal("resize range"))
+        })
         .collect::<Result<_>>()?;
     let scales = ctx.const_floats(2)?.filter(|s| !s.is_empty());
     let sizes = ctx.const_ints(3)?.filter(|s| !s.is_empty());
@@ -432,8 +445,8 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
             let (o, f) = from_scales(&sub, &s)?;
             for ((&a, &ok), &fk) in axes.iter().zip(&o).zip(&f) {
-                *out.get_mut(a).ok_or_else(internal)? = ok;
-                *sc.get_mut(a).ok_or_else(internal)? = fk;
+                *out.get_mut(a).ok_or(Error::internal("resize range"))? = ok;
+                *sc.get_mut(a).ok_or(Error::internal("resize range"))? = fk;
             }
         }
         (None, Some(z)) => {
@@ -469,7 +482,7 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     return Err(Error::new(ErrorKind::Shape("Resize: negative size")));
                 }
                 let (Some(oa), Some(sa)) = (out.get_mut(a), sc.get_mut(a)) else {
-                    return Err(internal());
+                    return Err(Error::internal("resize range"));
                 };
                 match common {
                     None => {

@@ -14,6 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::model::AttrValue;
 use crate::ops::matmul::sgemm;
+use crate::ops::util::{row, row_mut};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::tensor::TensorView;
 use crate::DType;
@@ -28,19 +29,6 @@ pub const OPS: &[OpDef] = &[
 
 fn shape_err(s: &'static str) -> Error {
     Error::new(ErrorKind::Shape(s))
-}
-
-fn internal(s: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(s))
-}
-
-/// Row `r` of `n` values of a row-major buffer.
-fn row(s: &[f32], r: usize, n: usize) -> Result<&[f32]> {
-    s.get(r * n..(r + 1) * n).ok_or(internal("RNN row"))
-}
-
-fn row_mut(s: &mut [f32], r: usize, n: usize) -> Result<&mut [f32]> {
-    s.get_mut(r * n..(r + 1) * n).ok_or(internal("RNN row"))
 }
 
 /// A peephole row, or zeros where there is none (P is optional).
@@ -130,7 +118,7 @@ impl Act {
         let mut a = |d: f32| alpha.next().unwrap_or(d);
         let name = buf
             .get(..name.len())
-            .ok_or(internal("RNN activation name"))?;
+            .ok_or(Error::internal("RNN activation name"))?;
         Ok(match name {
             b"relu" => Act::Relu,
             b"tanh" => Act::Tanh,
@@ -253,7 +241,7 @@ impl Plan {
 
     fn run(&self, inp: &Inputs<'_>, mut y: Option<&mut [f32]>, s: &mut [f32]) -> Result<()> {
         let (bsz, hid, inz, gh) = (self.batch, self.hidden, self.input, self.gh());
-        let scratch = internal("RNN scratch");
+        let scratch = Error::internal("RNN scratch");
         let (gx, s) = s.split_at_mut_checked(bsz * gh).ok_or(scratch)?;
         let (ghb, s) = s.split_at_mut_checked(bsz * gh).ok_or(scratch)?;
         let (tmp, s) = s.split_at_mut_checked(bsz * hid).ok_or(scratch)?;
@@ -265,14 +253,16 @@ impl Plan {
                 let hrow = row_mut(hs, d * bsz + b, hid)?;
                 match inp.h0 {
                     Some(h0) => hrow.copy_from_slice(
-                        h0.get(so..so + hid).ok_or(internal("RNN initial_h row"))?,
+                        h0.get(so..so + hid)
+                            .ok_or(Error::internal("RNN initial_h row"))?,
                     ),
                     None => hrow.fill(0.0),
                 }
                 let crow = row_mut(cs, d * bsz + b, hid)?;
                 match inp.c0 {
                     Some(c0) => crow.copy_from_slice(
-                        c0.get(so..so + hid).ok_or(internal("RNN initial_c row"))?,
+                        c0.get(so..so + hid)
+                            .ok_or(Error::internal("RNN initial_c row"))?,
                     ),
                     None => crow.fill(0.0),
                 }
@@ -283,7 +273,7 @@ impl Plan {
             match &inp.lens {
                 None => Ok(self.seq),
                 Some(v) => {
-                    let l = v.int_at(b).ok_or(internal("sequence_lens read"))?;
+                    let l = v.int_at(b).ok_or(Error::internal("sequence_lens read"))?;
                     if l < 0 || l as u64 > self.seq as u64 {
                         return Err(Error::new(ErrorKind::Invalid(
                             "sequence_lens value outside [0, seq_length]",
@@ -298,7 +288,9 @@ impl Plan {
         let mut put_y = |t: usize, d: usize, b: usize, h: &[f32], active: bool| -> Result<()> {
             if let Some(y) = y.as_deref_mut() {
                 let off = self.y_off(t, d, b);
-                let yr = y.get_mut(off..off + hid).ok_or(internal("RNN Y row"))?;
+                let yr = y
+                    .get_mut(off..off + hid)
+                    .ok_or(Error::internal("RNN Y row"))?;
                 if active {
                     yr.copy_from_slice(h);
                 } else {
@@ -329,8 +321,11 @@ impl Plan {
                 }
                 None => (None, None, None),
             };
-            let [fa, ga, ha] = *self.acts.get(d).ok_or(internal("RNN direction"))?;
-            let reverse = *self.reverse.get(d).ok_or(internal("RNN direction"))?;
+            let [fa, ga, ha] = *self.acts.get(d).ok_or(Error::internal("RNN direction"))?;
+            let reverse = *self
+                .reverse
+                .get(d)
+                .ok_or(Error::internal("RNN direction"))?;
             let h = row_mut(hs, d, bsz * hid)?;
             let c = row_mut(cs, d, bsz * hid)?;
             for step in 0..self.seq {
@@ -340,7 +335,7 @@ impl Plan {
                 } else {
                     (inp.x.get(t * bsz * inz..), inz)
                 };
-                let xa = xa.ok_or(internal("RNN X offset"))?;
+                let xa = xa.ok_or(Error::internal("RNN X offset"))?;
                 sgemm(bsz, gh, inz, xa, lda, false, w, inz, true, gx, gh, 1.0, 0.0)?;
                 // GRU without linear_before_reset needs (r * H) first, so its
                 // hidden-gate recurrent product waits.
@@ -415,7 +410,7 @@ impl Plan {
                         for b in 0..bsz {
                             let zr = row_mut(gx, b, gh)?
                                 .get_mut(..2 * hid)
-                                .ok_or(internal("GRU gates"))?;
+                                .ok_or(Error::internal("GRU gates"))?;
                             let zr_h = row(ghb, b, gh)?;
                             for (q, (x, &hh)) in zr.iter_mut().zip(zr_h).enumerate() {
                                 *x = fa.apply(self.clip(*x + hh + wb(q) + rb(q)));
@@ -427,8 +422,10 @@ impl Plan {
                             }
                         }
                         if !linear_before_reset {
-                            let rh = r.get(2 * hid * hid..).ok_or(internal("GRU R"))?;
-                            let out = ghb.get_mut(2 * hid..).ok_or(internal("GRU scratch"))?;
+                            let rh = r.get(2 * hid * hid..).ok_or(Error::internal("GRU R"))?;
+                            let out = ghb
+                                .get_mut(2 * hid..)
+                                .ok_or(Error::internal("GRU scratch"))?;
                             sgemm(
                                 bsz, hid, hid, tmp, hid, false, rh, hid, true, out, gh, 1.0, 0.0,
                             )?;
@@ -473,13 +470,13 @@ impl Plan {
         let base = 2 * self.batch * self.gh() + self.batch * self.hidden + which * self.state_len();
         let st = s
             .get(base..base + self.state_len())
-            .ok_or(internal("RNN scratch"))?;
+            .ok_or(Error::internal("RNN scratch"))?;
         let hid = self.hidden;
         for d in 0..self.ndir {
             for b in 0..self.batch {
                 let dst = self.state_off(d, b);
                 out.get_mut(dst..dst + hid)
-                    .ok_or(internal("RNN state output row"))?
+                    .ok_or(Error::internal("RNN state output row"))?
                     .copy_from_slice(row(st, d * self.batch + b, hid)?);
             }
         }
@@ -495,8 +492,10 @@ fn opt_f32<'a>(io: &KernelIo<'a>, i: usize) -> Result<Option<&'a [f32]>> {
 }
 
 fn as_f32(s: &mut [u8], n: usize) -> Result<&mut [f32]> {
-    let s = s.get_mut(..n * 4).ok_or(internal("RNN scratch size"))?;
-    bytemuck::try_cast_slice_mut(s).map_err(|_| internal("scratch alignment"))
+    let s = s
+        .get_mut(..n * 4)
+        .ok_or(Error::internal("RNN scratch size"))?;
+    bytemuck::try_cast_slice_mut(s).map_err(|_| Error::internal("scratch alignment"))
 }
 
 fn check_shape(ctx: &PrepareCtx<'_>, i: usize, want: &[usize], what: &'static str) -> Result<bool> {

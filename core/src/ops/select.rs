@@ -27,10 +27,6 @@ pub const OPS: &[OpDef] = &[
     OpDef::onnx("NonMaxSuppression", 10, prepare_nms),
 ];
 
-fn internal(what: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(what))
-}
-
 /// Element `i` of `v` is non-zero (NaN counts as non-zero, -0.0 as zero).
 fn nonzero_at(v: &TensorView<'_>, i: usize) -> bool {
     if v.dtype().is_float() {
@@ -72,22 +68,26 @@ fn cmp_at(v: &TensorView<'_>, a: usize, b: usize) -> Ordering {
 /// (outer, length, inner) of `shape` split at axis `a` (checked by
 /// `util::axis`).
 fn split_axis(shape: &[usize], a: usize) -> Result<(usize, usize, usize)> {
-    let (head, tail) = shape.split_at_checked(a).ok_or(internal("axis split"))?;
-    let (&len, rest) = tail.split_first().ok_or(internal("axis split"))?;
+    let (head, tail) = shape
+        .split_at_checked(a)
+        .ok_or(Error::internal("axis split"))?;
+    let (&len, rest) = tail.split_first().ok_or(Error::internal("axis split"))?;
     Ok((head.iter().product(), len, rest.iter().product()))
 }
 
 /// `base` with axis `a` set to `k`, the run-time shape of a selection, in
 /// `buf`.
 fn with_axis<'b>(buf: &'b mut [usize], base: &[usize], a: usize, k: usize) -> Result<&'b [usize]> {
-    let dims = buf.get_mut(..base.len()).ok_or(internal("output rank"))?;
+    let dims = buf
+        .get_mut(..base.len())
+        .ok_or(Error::internal("output rank"))?;
     dims.copy_from_slice(base);
-    *dims.get_mut(a).ok_or(internal("output axis"))? = k;
+    *dims.get_mut(a).ok_or(Error::internal("output axis"))? = k;
     Ok(dims)
 }
 
 fn scratch_words(bytes: &mut [u8]) -> Result<&mut [usize]> {
-    bytemuck::try_cast_slice_mut(bytes).map_err(|_| internal("scratch alignment"))
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| Error::internal("scratch alignment"))
 }
 
 // ---------------------------------------------------------------------------
@@ -109,7 +109,8 @@ fn prepare_non_zero(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let mut rem = i;
                 for (r, &d) in shape.iter().enumerate().rev() {
                     let d = d.max(1);
-                    *y.get_mut(r * nnz + j).ok_or(internal("NonZero out"))? = (rem % d) as i64;
+                    *y.get_mut(r * nnz + j)
+                        .ok_or(Error::internal("NonZero out"))? = (rem % d) as i64;
                     rem /= d;
                 }
             }
@@ -145,7 +146,7 @@ fn prepare_compress(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             None => Ok(vec![k]),
             Some(a) => {
                 let mut s: Vec<usize> = x.shape.into();
-                *s.get_mut(a).ok_or(internal("Compress axis"))? = k;
+                *s.get_mut(a).ok_or(Error::internal("Compress axis"))? = k;
                 Ok(s)
             }
         }
@@ -175,7 +176,7 @@ fn prepare_compress(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let (d, s) = y
                         .get_mut(w..w + blk)
                         .zip(x.get(src..src + blk))
-                        .ok_or(internal("Compress range"))?;
+                        .ok_or(Error::internal("Compress range"))?;
                     d.copy_from_slice(s);
                     w += blk;
                 }
@@ -245,7 +246,7 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         None => vec![g.n],
         Some(a) => {
             let mut s: Vec<usize> = x.shape.into();
-            *s.get_mut(a).ok_or(internal("Unique axis"))? = g.n;
+            *s.get_mut(a).ok_or(Error::internal("Unique axis"))? = g.n;
             s
         }
     };
@@ -270,16 +271,16 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             {
                 let first = scratch_words(io.scratch()?)?;
                 for j in 0..g.n {
-                    let seen = first.get(..k).ok_or(internal("Unique scratch"))?;
+                    let seen = first.get(..k).ok_or(Error::internal("Unique scratch"))?;
                     if !seen.iter().any(|&f| g.cmp(&x, f, j) == Ordering::Equal) {
-                        *first.get_mut(k).ok_or(internal("Unique scratch"))? = j;
+                        *first.get_mut(k).ok_or(Error::internal("Unique scratch"))? = j;
                         k += 1;
                     }
                 }
                 if sorted {
                     first
                         .get_mut(..k)
-                        .ok_or(internal("Unique scratch"))?
+                        .ok_or(Error::internal("Unique scratch"))?
                         .sort_unstable_by(|&a, &b| g.cmp(&x, a, b));
                 }
             }
@@ -287,7 +288,7 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             if has[0] {
                 let (mut y, s) = io.output_and_scratch(0)?;
                 let first = scratch_words(s)?;
-                let first = first.get(..k).ok_or(internal("Unique scratch"))?;
+                let first = first.get(..k).ok_or(Error::internal("Unique scratch"))?;
                 let y = y.bytes_mut();
                 let mut w = 0;
                 for o in 0..g.outer {
@@ -297,7 +298,7 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let (d, s) = y
                             .get_mut(w..w + len)
                             .zip(xb.get(src..src + len))
-                            .ok_or(internal("Unique range"))?;
+                            .ok_or(Error::internal("Unique range"))?;
                         d.copy_from_slice(s);
                         w += len;
                     }
@@ -311,7 +312,7 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 }
                 let (mut y, s) = io.output_and_scratch(out)?;
                 let first = scratch_words(s)?;
-                let first = first.get(..k).ok_or(internal("Unique scratch"))?;
+                let first = first.get(..k).ok_or(Error::internal("Unique scratch"))?;
                 let y = y.as_slice_mut::<i64>()?;
                 match out {
                     1 => {
@@ -324,7 +325,7 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                             let u = first
                                 .iter()
                                 .position(|&f| g.cmp(&x, f, j) == Ordering::Equal)
-                                .ok_or(internal("Unique inverse"))?;
+                                .ok_or(Error::internal("Unique inverse"))?;
                             *d = u as i64;
                         }
                     }
@@ -398,24 +399,24 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let s = scratch_words(s)?;
             let (cand, sel) = s
                 .split_at_mut_checked(nbox)
-                .ok_or(internal("NMS scratch"))?;
+                .ok_or(Error::internal("NMS scratch"))?;
             let mut w = 0;
             for b in 0..nb {
                 let bx = boxes
                     .get(b * nbox * 4..(b + 1) * nbox * 4)
-                    .ok_or(internal("NMS boxes"))?;
+                    .ok_or(Error::internal("NMS boxes"))?;
                 for c in 0..nc {
                     let sc = scores
                         .get((b * nc + c) * nbox..(b * nc + c + 1) * nbox)
-                        .ok_or(internal("NMS scores"))?;
+                        .ok_or(Error::internal("NMS scores"))?;
                     let mut n = 0;
                     for (i, &v) in sc.iter().enumerate() {
                         if score_t.is_none_or(|t| v > t) {
-                            *cand.get_mut(n).ok_or(internal("NMS candidates"))? = i;
+                            *cand.get_mut(n).ok_or(Error::internal("NMS candidates"))? = i;
                             n += 1;
                         }
                     }
-                    let cand = cand.get_mut(..n).ok_or(internal("NMS candidates"))?;
+                    let cand = cand.get_mut(..n).ok_or(Error::internal("NMS candidates"))?;
                     // Highest score first; equal scores: lower index first.
                     // (Every candidate indexes `sc`: both sides are `Some`.)
                     cand.sort_unstable_by(|&a, &b| {
@@ -429,11 +430,13 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         if k >= max_out {
                             break;
                         }
-                        let kept = sel.get(..k).ok_or(internal("NMS selection"))?;
+                        let kept = sel.get(..k).ok_or(Error::internal("NMS selection"))?;
                         if kept.iter().all(|&j| !suppress(bx, i, j, center, iou_t)) {
-                            *sel.get_mut(k).ok_or(internal("NMS selection"))? = i;
+                            *sel.get_mut(k).ok_or(Error::internal("NMS selection"))? = i;
                             k += 1;
-                            let row = y.get_mut(w * 3..w * 3 + 3).ok_or(internal("NMS out"))?;
+                            let row = y
+                                .get_mut(w * 3..w * 3 + 3)
+                                .ok_or(Error::internal("NMS out"))?;
                             row.copy_from_slice(&[b as i64, c as i64, i as i64]);
                             w += 1;
                         }

@@ -11,6 +11,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::AttrValue;
+use crate::ops::util::{row, row_mut};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::{DType, Element};
 use alloc::vec;
@@ -90,10 +91,6 @@ fn shape_err(m: &'static str) -> Error {
     Error::new(ErrorKind::Shape(m))
 }
 
-fn internal(m: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(m))
-}
-
 fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
 }
@@ -108,21 +105,10 @@ fn need<T>(s: &[T], n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Row `r` of `n` elements of a row-major buffer.
-fn row<T>(s: &[T], r: usize, n: usize) -> Result<&[T]> {
-    s.get(r * n..(r + 1) * n)
-        .ok_or(internal("row out of range"))
-}
-
-fn row_mut<T>(s: &mut [T], r: usize, n: usize) -> Result<&mut [T]> {
-    s.get_mut(r * n..(r + 1) * n)
-        .ok_or(internal("row out of range"))
-}
-
 fn as_f64(scratch: &mut [u8], n: usize) -> Result<&mut [f64]> {
     let s: &mut [f64] =
-        bytemuck::try_cast_slice_mut(scratch).map_err(|_| internal("scratch alignment"))?;
-    s.get_mut(..n).ok_or(internal("scratch size"))
+        bytemuck::try_cast_slice_mut(scratch).map_err(|_| Error::internal("scratch alignment"))?;
+    s.get_mut(..n).ok_or(Error::internal("scratch size"))
 }
 
 #[inline]
@@ -291,7 +277,7 @@ fn run_causal_conv<T: Fl>(c: &Ccs, io: &mut KernelIo<'_>) -> Result<()> {
     let w = io.input_slice::<T>(1)?;
     let p =
         c.k.checked_sub(1)
-            .ok_or(internal("CausalConvWithState: kernel size 0"))?;
+            .ok_or(Error::internal("CausalConvWithState: kernel size 0"))?;
     let rows = c.batch * c.ch;
     need(x, rows * c.len)?;
     need(w, c.ch * c.k)?;
@@ -313,7 +299,7 @@ fn run_causal_conv<T: Fl>(c: &Ccs, io: &mut KernelIo<'_>) -> Result<()> {
             let xr = row(x, r, c.len)?;
             let (st_past, st_in) = row_mut(st, r, p)?
                 .split_at_mut_checked(from_past)
-                .ok_or(internal("CausalConvWithState: state split"))?;
+                .ok_or(Error::internal("CausalConvWithState: state split"))?;
             if c.past {
                 let pr = row(past, r, p)?;
                 for (o, v) in st_past.iter_mut().zip(pr.iter().skip(c.len)) {
@@ -353,7 +339,7 @@ fn conv_rows<T: Fl>(
         let wr = row(w, ch, c.k)?;
         let b0 = if c.bias {
             bias.get(ch)
-                .ok_or(internal("CausalConvWithState: bias"))?
+                .ok_or(Error::internal("CausalConvWithState: bias"))?
                 .get()
         } else {
             0.0
@@ -610,7 +596,7 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
         let sc = as_f64(scratch, states + dv)?;
         let (all, vt) = sc
             .split_at_mut_checked(states)
-            .ok_or(internal("LinearAttention: scratch split"))?;
+            .ok_or(Error::internal("LinearAttention: scratch split"))?;
         for b in 0..b_n {
             for g in 0..l.hkv {
                 // The state of this head: dk rows of dv values.
@@ -649,7 +635,7 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
                         // already retrieve for this key.
                         let be = beta
                             .get(bt * bw + if per_head { g } else { 0 })
-                            .ok_or(internal("LinearAttention: beta"))?
+                            .ok_or(Error::internal("LinearAttention: beta"))?
                             .get();
                         for (m, o) in vt.iter_mut().enumerate() {
                             let mut r = 0.0;
@@ -801,7 +787,7 @@ fn run_flex<T: Fl>(f: &Flex, io: &mut KernelIo<'_>) -> Result<()> {
     let sc = as_f64(scratch, f.s + f.e)?;
     let (p, qs) = sc
         .split_at_mut_checked(f.s)
-        .ok_or(internal("FlexAttention: scratch split"))?;
+        .ok_or(Error::internal("FlexAttention: scratch split"))?;
     for b in 0..f.batch {
         for h in 0..f.hq {
             let kv = b * f.hkv + h / group;

@@ -54,10 +54,6 @@ fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
 }
 
-fn internal(s: &'static str) -> Error {
-    Error::new(ErrorKind::Internal(s))
-}
-
 /// Integer list from attribute `name` before `input_since`, from constant
 /// input `input` from then on.
 fn ints_attr_or_input(
@@ -139,7 +135,7 @@ fn prepare_reshape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if known == 0 || numel % known != 0 {
             return Err(shape_err("Reshape: cannot infer -1"));
         }
-        *out.get_mut(i).ok_or(internal("reshape -1"))? = numel / known;
+        *out.get_mut(i).ok_or(Error::internal("reshape -1"))? = numel / known;
     }
     if checked_numel(&out)? != numel {
         return Err(shape_err("Reshape: element count differs"));
@@ -160,7 +156,7 @@ fn prepare_flatten(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (lead, tail) = x
         .shape
         .split_at_checked(a as usize)
-        .ok_or(internal("flatten axis"))?;
+        .ok_or(Error::internal("flatten axis"))?;
     let outer = checked_numel(lead)?;
     let inner = checked_numel(tail)?;
     Ok(Prepared::alias(x.dtype, &[outer, inner]))
@@ -179,7 +175,7 @@ fn prepare_squeeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             for &a in &axes {
                 let a = norm_axis(a, r, "axes")?;
                 let (Some(&d), Some(f)) = (x.shape.get(a), drop.get_mut(a)) else {
-                    return Err(internal("squeeze axis"));
+                    return Err(Error::internal("squeeze axis"));
                 };
                 if d != 1 {
                     return Err(shape_err("Squeeze: axis is not of size 1"));
@@ -213,7 +209,7 @@ fn prepare_unsqueeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     for &a in &axes {
         let a = norm_axis(a, r, "axes")?;
-        let new = ins.get_mut(a).ok_or(internal("unsqueeze axis"))?;
+        let new = ins.get_mut(a).ok_or(Error::internal("unsqueeze axis"))?;
         if *new {
             return Err(attr_err("axes", "repeated axis"));
         }
@@ -225,7 +221,7 @@ fn prepare_unsqueeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         out.push(if new {
             1
         } else {
-            *src.next().ok_or(internal("unsqueeze"))?
+            *src.next().ok_or(Error::internal("unsqueeze"))?
         });
     }
     Ok(Prepared::alias(x.dtype, &out))
@@ -278,7 +274,7 @@ fn prepare_dropout(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     Ok(Prepared::new(
         outputs,
         kernel("Dropout", move |io: &mut KernelIo<'_>| {
-            let one = one.get(..es).ok_or(internal("Dropout mask width"))?;
+            let one = one.get(..es).ok_or(Error::internal("Dropout mask width"))?;
             let src = io.input(0)?.bytes();
             io.output(0)?.bytes_mut().copy_from_slice(src);
             let mut m = io.output(1)?;
@@ -311,7 +307,7 @@ fn prepare_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let dims: Vec<i64> = if s < e {
         x.shape
             .get(s..e)
-            .ok_or(internal("shape start/end"))?
+            .ok_or(Error::internal("shape start/end"))?
             .iter()
             .map(|&d| d as i64)
             .collect()
@@ -380,7 +376,9 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             if v.numel() != 1 {
                 return Err(shape_err("Range: inputs must be scalars"));
             }
-            v.int_at(0).map(|x| x as i128).ok_or(internal("range int"))
+            v.int_at(0)
+                .map(|x| x as i128)
+                .ok_or(Error::internal("range int"))
         };
         let (s, l, d) = (get(0)?, get(1)?, get(2)?);
         if d == 0 {
@@ -464,7 +462,7 @@ struct Walk {
 impl Walk {
     /// The axes in use: `shape[..rank]` and `stride[..rank]`.
     fn axes(&self) -> Result<(&[usize], &[isize])> {
-        let bad = || internal("walk rank");
+        let bad = || Error::internal("walk rank");
         Ok((
             self.shape.get(..self.rank).ok_or_else(bad)?,
             self.stride.get(..self.rank).ok_or_else(bad)?,
@@ -473,7 +471,7 @@ impl Walk {
 
     /// Drops size-1 axes and merges axes that are contiguous in the input.
     fn simplify(self) -> Result<Walk> {
-        let bad = || internal("walk simplify");
+        let bad = || Error::internal("walk simplify");
         let mut w = Walk {
             rank: 0,
             shape: [1; WR],
@@ -515,7 +513,7 @@ impl Walk {
         if n == 0 {
             return Ok(());
         }
-        let bad = || internal("strided copy out of range");
+        let bad = || Error::internal("strided copy out of range");
         let (inner_len, inner_stride, outer_shape, outer_stride) =
             match (shape.split_last(), stride.split_last()) {
                 // Rank 0: one element.
@@ -611,7 +609,7 @@ fn prepare_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     for ((ws, wst), &p) in w.shape.iter_mut().zip(&mut w.stride).zip(&perm) {
         let (Some(seen_p), Some(&d), Some(&stride)) = (seen.get_mut(p), x.shape.get(p), st.get(p))
         else {
-            return Err(internal("transpose perm"));
+            return Err(Error::internal("transpose perm"));
         };
         if *seen_p {
             return Err(attr_err("perm", "not a permutation"));
@@ -674,7 +672,7 @@ fn prepare_slice(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         *ws = d;
         *wst = stride;
     }
-    let bad = || internal("slice axis");
+    let bad = || Error::internal("slice axis");
     let mut seen = [false; MAX_RANK];
     for (k, (&start, &end)) in starts.iter().zip(&ends).enumerate() {
         let a = match &axes {
@@ -742,7 +740,7 @@ fn prepare_expand(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .collect::<Result<_>>()?;
     let mut out = [0usize; MAX_RANK];
     let r = broadcast_shapes(x.shape, &shape, &mut out)?;
-    let out = out.get(..r).ok_or(internal("expand rank"))?;
+    let out = out.get(..r).ok_or(Error::internal("expand rank"))?;
     let bs = broadcast_strides(x.shape, out);
     let mut w = Walk {
         rank: r,
@@ -790,7 +788,7 @@ fn prepare_tile(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     {
         let rep = usize::try_from(rep).map_err(|_| shape_err("Tile: negative repeat"))?;
         let ([rep_n, n], [rep_st, st_n]) = (ws, wst) else {
-            return Err(internal("tile walk"));
+            return Err(Error::internal("tile walk"));
         };
         (*rep_n, *rep_st) = (rep, 0);
         (*n, *st_n) = (d, stride);
@@ -810,7 +808,7 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         r,
         "axis",
     )?;
-    let bad = || internal("concat axis");
+    let bad = || Error::internal("concat axis");
     let (lead0, rest0) = x0.shape.split_at_checked(axis).ok_or_else(bad)?;
     let inner = checked_numel(rest0.get(1..).ok_or_else(bad)?)?;
     let mut total = 0usize;
@@ -851,7 +849,7 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         x0.dtype,
         &out,
         kernel("Concat", move |io: &mut KernelIo<'_>| {
-            let bad = || internal("concat range");
+            let bad = || Error::internal("concat range");
             let mut acc = 0usize;
             for (i, &row) in rows.iter().enumerate() {
                 let src = io.input(i)?.bytes();
@@ -875,7 +873,7 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let r = x.shape.len();
     let axis = norm_axis(ctx.attr_int("axis", 0)?, r, "axis")?;
-    let bad = || internal("split axis");
+    let bad = || Error::internal("split axis");
     let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
     let (&d, tail) = rest.split_first().ok_or_else(bad)?;
     let nout = ctx.num_outputs();
@@ -932,7 +930,7 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     Ok(Prepared::new(
         outputs,
         kernel("Split", move |io: &mut KernelIo<'_>| {
-            let bad = || internal("split range");
+            let bad = || Error::internal("split range");
             let src = io.input(0)?.bytes();
             let mut acc = 0usize;
             for (j, &row) in rows.iter().enumerate() {
@@ -960,7 +958,7 @@ fn prepare_gather(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     util::dtype_in(idx.dtype, &[DType::I32, DType::I64], "Gather indices")?;
     let r = x.shape.len();
     let axis = norm_axis(ctx.attr_int("axis", 0)?, r, "axis")?;
-    let bad = || internal("gather axis");
+    let bad = || Error::internal("gather axis");
     let (lead, rest) = x.shape.split_at_checked(axis).ok_or_else(bad)?;
     let (&dim, tail) = rest.split_first().ok_or_else(bad)?;
     let mut out: Vec<usize> = lead.to_vec();
@@ -974,7 +972,7 @@ fn prepare_gather(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         x.dtype,
         &out,
         kernel("Gather", move |io: &mut KernelIo<'_>| {
-            let bad = || internal("gather range");
+            let bad = || Error::internal("gather range");
             let src = io.input(0)?.bytes();
             let iv = io.input(1)?;
             let mut y = io.output(0)?;
@@ -1044,7 +1042,7 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if pads_spec.len() != 2 * na {
         return Err(attr_err("pads", "length is not twice the number of axes"));
     }
-    let bad = || internal("pad axis");
+    let bad = || Error::internal("pad axis");
     let mut begin = [0i64; MAX_RANK];
     let mut end = [0i64; MAX_RANK];
     let (pads_begin, pads_end) = pads_spec.split_at_checked(na).ok_or_else(bad)?;
@@ -1127,7 +1125,7 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         dt,
         &out,
         kernel("Pad", move |io: &mut KernelIo<'_>| {
-            let bad = || internal("pad range");
+            let bad = || Error::internal("pad range");
             let src = io.input(0)?.bytes();
             let mut val = default_val;
             if has_cv {
@@ -1368,7 +1366,7 @@ fn prepare_constant_of_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .get(..es)
                 .ok_or(attr_err("value", "empty tensor"))?;
             v.get_mut(..es)
-                .ok_or(internal("ConstantOfShape value width"))?
+                .ok_or(Error::internal("ConstantOfShape value width"))?
                 .copy_from_slice(b);
             (c.dtype, v)
         }
@@ -1381,7 +1379,7 @@ fn prepare_constant_of_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         kernel("ConstantOfShape", move |io: &mut KernelIo<'_>| {
             let val = val
                 .get(..es)
-                .ok_or(internal("ConstantOfShape value width"))?;
+                .ok_or(Error::internal("ConstantOfShape value width"))?;
             let mut y = io.output(0)?;
             for c in y.bytes_mut().chunks_exact_mut(es) {
                 c.copy_from_slice(val);
@@ -1407,7 +1405,7 @@ fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let mut t = [0usize; MAX_RANK];
     let r1 = broadcast_shapes(x.shape, y.shape, &mut t)?;
     let mut o = [0usize; MAX_RANK];
-    let bad = || internal("where rank");
+    let bad = || Error::internal("where rank");
     let r = broadcast_shapes(c.shape, t.get(..r1).ok_or_else(bad)?, &mut o)?;
     let out: Vec<usize> = o.get(..r).ok_or_else(bad)?.to_vec();
     let strides = [
@@ -1421,7 +1419,7 @@ fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         x.dtype,
         &out,
         kernel("Where", move |io: &mut KernelIo<'_>| {
-            let bad = || internal("where range");
+            let bad = || Error::internal("where range");
             let cb = io.input(0)?.bytes();
             let xb = io.input(1)?.bytes();
             let yb = io.input(2)?.bytes();
@@ -1451,14 +1449,14 @@ fn cmp_typed<T: Element + PartialOrd>(
 ) -> Result<Prepared> {
     let mut o = [0usize; MAX_RANK];
     let r = broadcast_shapes(a, b, &mut o)?;
-    let out: Vec<usize> = o.get(..r).ok_or(internal("compare rank"))?.to_vec();
+    let out: Vec<usize> = o.get(..r).ok_or(Error::internal("compare rank"))?.to_vec();
     let strides = [broadcast_strides(a, &out), broadcast_strides(b, &out)];
     let shape_c = out.clone();
     Ok(Prepared::single(
         DType::Bool,
         &out,
         kernel(name, move |io: &mut KernelIo<'_>| {
-            let bad = || internal("compare range");
+            let bad = || Error::internal("compare range");
             let xa = io.input(0)?.as_slice::<T>()?;
             let xb = io.input(1)?.as_slice::<T>()?;
             let mut y = io.output(0)?;

@@ -29,10 +29,6 @@ fn shape_err(s: &'static str) -> Error {
     Error::new(ErrorKind::Shape(s))
 }
 
-fn internal() -> Error {
-    Error::new(ErrorKind::Internal("signal index"))
-}
-
 /// A scalar (or one-element) integer input known at build time.
 fn const_scalar(ctx: &PrepareCtx<'_>, i: usize) -> Result<Option<i64>> {
     match ctx.const_ints(i)? {
@@ -159,7 +155,7 @@ fn transform<P: Point, Q: OutPoint>(
         return Err(Error::new(ErrorKind::Internal("DFT: buffer sizes")));
     }
     // Exactly n entries, so every `(k * t) % n` below is in range.
-    let tw = tw.get(..n).ok_or_else(internal)?;
+    let tw = tw.get(..n).ok_or(Error::internal("signal index"))?;
     let used = match dir {
         Dir::InverseReal => n_in.min(n / 2 + 1),
         _ => n_in.min(n),
@@ -179,7 +175,7 @@ fn transform<P: Point, Q: OutPoint>(
                 let (mut re, mut im) = (0f64, 0f64);
                 for (t, p) in line.clone().take(used).enumerate() {
                     let (xr, xi) = p.parts();
-                    let (c, s) = *tw.get((k * t) % n).ok_or_else(internal)?;
+                    let (c, s) = *tw.get((k * t) % n).ok_or(Error::internal("signal index"))?;
                     match dir {
                         // x * e^{-iθ}
                         Dir::Forward => {
@@ -564,7 +560,7 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let inverse = ctx.attr_int("inverse", 0)? != 0;
     let onesided = ctx.attr_int("onesided", 0)? != 0;
-    let n_in = *x.shape.get(ax).ok_or_else(internal)?;
+    let n_in = *x.shape.get(ax).ok_or(Error::internal("signal index"))?;
     let n = match const_scalar(ctx, 1)? {
         Some(v) => usize::try_from(v)
             .ok()
@@ -583,11 +579,16 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         (true, true) => (Dir::InverseReal, n, 1),
     };
     let l = Layout {
-        outer: x.shape.get(..ax).ok_or_else(internal)?.iter().product(),
+        outer: x
+            .shape
+            .get(..ax)
+            .ok_or(Error::internal("signal index"))?
+            .iter()
+            .product(),
         inner: x
             .shape
             .get(ax + 1..r - 1)
-            .ok_or_else(internal)?
+            .ok_or(Error::internal("signal index"))?
             .iter()
             .product(),
         n_in,
@@ -596,8 +597,8 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         c_out,
     };
     let mut out = x.shape.to_vec();
-    *out.get_mut(ax).ok_or_else(internal)? = n_out;
-    *out.last_mut().ok_or_else(internal)? = c_out;
+    *out.get_mut(ax).ok_or(Error::internal("signal index"))? = n_out;
+    *out.last_mut().ok_or(Error::internal("signal index"))? = c_out;
     // numpy transforms real input in f64 but complex input (built from f32
     // parts) in f32, so only the latter takes the f32 replica.
     let plan = match dir {
@@ -660,7 +661,7 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         .iter_mut()
                         .skip(o * l.n_out * l.inner + i)
                         .step_by(l.inner);
-                    let spectrum = c.get(..l.n_out).ok_or_else(internal)?;
+                    let spectrum = c.get(..l.n_out).ok_or(Error::internal("signal index"))?;
                     for (yk, v) in out.zip(spectrum) {
                         *yk = *v;
                     }
@@ -728,7 +729,9 @@ fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         kernel("STFT", move |io| {
             let xs = io.input_slice::<f32>(0)?;
             let ws: &[f32] = if has_win {
-                io.input_slice::<f32>(2)?.get(..used).ok_or_else(internal)?
+                io.input_slice::<f32>(2)?
+                    .get(..used)
+                    .ok_or(Error::internal("signal index"))?
             } else {
                 &[]
             };
@@ -765,22 +768,28 @@ fn run_stft<P: Point>(
     tw: &[(f64, f64)],
 ) -> Result<()> {
     // Exactly flen entries, so every `(k * t) % flen` below is in range.
-    let tw = tw.get(..st.flen).ok_or_else(internal)?;
+    let tw = tw.get(..st.flen).ok_or(Error::internal("signal index"))?;
     for b in 0..st.batch {
         for f in 0..st.frames {
             // This frame's samples: `used` from f * step, cut at the end.
             let start = b * st.len + f * st.step;
             let cnt = st.used.min(st.len.saturating_sub(f * st.step));
-            let frame = xs.get(start..start + cnt).ok_or_else(internal)?;
+            let frame = xs
+                .get(start..start + cnt)
+                .ok_or(Error::internal("signal index"))?;
             let row = (b * st.frames + f) * st.bins;
-            let out = y.get_mut(row..row + st.bins).ok_or_else(internal)?;
+            let out = y
+                .get_mut(row..row + st.bins)
+                .ok_or(Error::internal("signal index"))?;
             for (k, o) in out.iter_mut().enumerate() {
                 let (mut re, mut im) = (0f64, 0f64);
                 // Without a window every weight is 1.
                 let weights = ws.iter().map(|&w| w as f64).chain(core::iter::repeat(1.0));
                 for (t, (p, w)) in frame.iter().zip(weights).enumerate() {
                     let (xr, xi) = p.scaled(w);
-                    let (c, s) = *tw.get((k * t) % st.flen).ok_or_else(internal)?;
+                    let (c, s) = *tw
+                        .get((k * t) % st.flen)
+                        .ok_or(Error::internal("signal index"))?;
                     re += xr * c + xi * s;
                     im += xi * c - xr * s;
                 }
@@ -897,13 +906,14 @@ fn prepare_mel(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             .ok()
             .filter(|&j| j < spec)
             .ok_or(shape_err("MelWeightMatrix: band edge out of range"))?;
-        *out.get_mut(j * nb + i).ok_or_else(internal)? = v;
+        *out.get_mut(j * nb + i)
+            .ok_or(Error::internal("signal index"))? = v;
         Ok(())
     };
     // Band i rises from edge i to edge i + 1 and falls to edge i + 2.
     for (i, e) in edges.windows(3).enumerate() {
         let &[l, c, h] = e else {
-            return Err(internal());
+            return Err(Error::internal("signal index"));
         };
         if c == l {
             set(c, i, 1.0)?;
