@@ -54,6 +54,8 @@ pub mod plan;
 #[cfg(feature = "alloc")]
 pub mod planner;
 #[cfg(feature = "alloc")]
+pub mod provider;
+#[cfg(feature = "alloc")]
 mod session;
 
 pub use compiled::{CompiledModel, CompiledSession};

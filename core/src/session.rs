@@ -146,6 +146,13 @@ impl<'a> Session<'a> {
     /// Copies `inputs` (by name) into the arena and runs. Every graph input
     /// must be given, with its bound dtype and shape. Does not allocate.
     pub fn run(&mut self, inputs: &[(&str, TensorView<'_>)]) -> Result<()> {
+        self.feed(inputs)?;
+        self.invoke()
+    }
+
+    /// Copies `inputs` (by name) into the arena, checked as [`Session::run`]
+    /// checks them, without running.
+    pub fn feed(&mut self, inputs: &[(&str, TensorView<'_>)]) -> Result<()> {
         for (k, info) in self.plan.inputs.iter().enumerate() {
             let (_, v) = inputs.iter().find(|(n, _)| *n == info.name).ok_or(
                 Error::new(ErrorKind::Binding("a graph input was not given")).at_tensor(info.id),
@@ -195,12 +202,23 @@ impl<'a> Session<'a> {
                 return Err(Error::new(ErrorKind::UnknownName));
             }
         }
-        self.invoke()
+        Ok(())
     }
 
     /// Runs on the inputs already in the arena (see [`Session::input_mut`]).
     pub fn invoke(&mut self) -> Result<()> {
-        for st in &self.plan.steps {
+        self.invoke_steps(0..self.plan.steps.len())
+    }
+
+    /// Runs plan steps `steps` only (an execution provider runs the others:
+    /// see [`crate::provider`]). Their inputs must already be in the arena.
+    pub fn invoke_steps(&mut self, steps: core::ops::Range<usize>) -> Result<()> {
+        let steps = self
+            .plan
+            .steps
+            .get(steps)
+            .ok_or(Error::new(ErrorKind::Internal("step range")))?;
+        for st in steps {
             if let Some(at) = st.shapes {
                 self.prefill_records(at, &st.outputs)?;
             }
@@ -220,6 +238,21 @@ impl<'a> Session<'a> {
             st.kernel.run(&mut io).map_err(|e| e.at_node(st.node))?;
         }
         Ok(())
+    }
+
+    /// The planned arena ([`Plan::arena_bytes`] bytes from its aligned
+    /// start): the offsets of [`crate::provider::Place::Arena`] index it.
+    pub fn arena(&self) -> &[u8] {
+        // SAFETY: `base..base + len` is the exclusively borrowed arena;
+        // `&self` excludes mutation through this session while it lives.
+        unsafe { core::slice::from_raw_parts(self.base, self.len) }
+    }
+
+    /// The planned arena, writable (for copies an execution provider makes
+    /// at segment boundaries).
+    pub fn arena_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `arena`; `&mut self` makes it the only view.
+        unsafe { core::slice::from_raw_parts_mut(self.base, self.len) }
     }
 
     /// The shape record at arena byte `at`, as a slice of words.

@@ -1,0 +1,901 @@
+//! CUDA execution provider of mote, for NVIDIA GPUs and Jetson boards.
+//!
+//! ```text
+//!  mote-core Plan ──partition()──▶ segments: [GPU steps][CPU steps][GPU steps]
+//!                                      │            │
+//!  CudaExecutor: device arena (mirrors the host arena's offsets),
+//!                weights uploaded once, one stream, cuBLAS + NVRTC kernels;
+//!                copies only at segment boundaries
+//! ```
+//!
+//! The CUDA libraries are loaded at run time (cudarc's `dynamic-loading`),
+//! so this crate builds and its tests run on machines with no toolkit and
+//! no driver; there [`CudaProvider::new`] returns [`Error::NoDriver`] and
+//! the GPU tests say they were skipped. Kernels: cuBLAS SGEMM for
+//! MatMul/Gemm and for convolution (im2col, batched over images), and the
+//! element-wise, pooling, softmax, concat and transpose kernels of
+//! `kernels.cu`, compiled once per process with NVRTC for the device's
+//! compute capability. All arithmetic is f32 (no TF32): results match the
+//! CPU provider to rounding.
+//!
+//! What runs where is decided by [`lower::lower`], without a GPU, and
+//! reported by [`CudaExecutor::partition`] (`mote inspect --provider cuda`).
+
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use mote_core::provider::{self, ExecutionProvider, Partition, Place, StepInfo};
+use mote_core::{Model, Plan, TensorId, TensorView};
+
+pub mod lower;
+use lower::{Act, GpuOp, Operand, Window};
+
+/// Errors of the CUDA provider.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No CUDA driver library could be loaded (no NVIDIA driver here).
+    #[error("no CUDA driver found (libcuda could not be loaded): this machine has no usable NVIDIA GPU")]
+    NoDriver,
+    /// The driver loaded but the device does not exist.
+    #[error("CUDA device {ordinal} not found ({count} device(s) present)")]
+    NoDevice {
+        /// Requested ordinal.
+        ordinal: usize,
+        /// Devices the driver reports.
+        count: i32,
+    },
+    /// A CUDA library other than the driver is missing.
+    #[error("CUDA library {0} could not be loaded (install the CUDA runtime libraries or set LD_LIBRARY_PATH)")]
+    NoLibrary(&'static str),
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0:?}")]
+    Cublas(cudarc::cublas::result::CublasError),
+    /// NVRTC could not compile mote's kernels.
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+    /// mote-core refused (planning, a CPU step, ...).
+    #[error("{0}")]
+    Core(mote_core::Error),
+    /// An invariant of this crate broke (a bug: please report).
+    #[error("internal: {0}")]
+    Internal(&'static str),
+}
+
+impl From<mote_core::Error> for Error {
+    fn from(e: mote_core::Error) -> Self {
+        Error::Core(e)
+    }
+}
+
+impl From<cudarc::cublas::result::CublasError> for Error {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        Error::Cublas(e)
+    }
+}
+
+/// Result of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Whether a CUDA driver can be loaded on this machine (no device is
+/// touched). Tests use it to skip, with the reason, where there is none.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver's library names.
+    unsafe { drv_sys::is_culib_present() }
+}
+
+const KERNELS: &str = include_str!("kernels.cu");
+const FUNCTIONS: [&str; 12] = [
+    "unary",
+    "binary",
+    "bcast_copy",
+    "bias_act",
+    "scale_shift",
+    "im2col",
+    "dwconv",
+    "pool2d",
+    "row_reduce",
+    "softmax",
+    "concat_piece",
+    "transpose",
+];
+
+/// A CUDA device with mote's kernels loaded: context, stream, cuBLAS.
+pub struct CudaProvider {
+    _ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    name: String,
+    cc: (i32, i32),
+}
+
+impl std::fmt::Debug for CudaProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaProvider({}, sm_{}{})", self.name, self.cc.0, self.cc.1)
+    }
+}
+
+impl CudaProvider {
+    /// Opens device `ordinal`, compiles the kernels (NVRTC) and creates a
+    /// stream and a cuBLAS handle. Errs, never panics, where there is no
+    /// driver, no such device, or no NVRTC / cuBLAS library.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !driver_present() {
+            return Err(Error::NoDriver);
+        }
+        // SAFETY: dlopen probes only.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::NoLibrary("nvrtc"));
+        }
+        // SAFETY: as above.
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(Error::NoLibrary("cublas"));
+        }
+        let count = CudaContext::device_count()?;
+        if ordinal >= usize::try_from(count).unwrap_or(0) {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream, raw device addresses: cudarc's per-buffer events
+        // would only add work.
+        // SAFETY: every launch and copy of this crate goes to `stream`, in
+        // order, so no cross-stream synchronization is needed.
+        unsafe { ctx.disable_event_tracking() };
+        let name = ctx.name()?;
+        let cc = ctx.compute_capability()?;
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts).map_err(|e| Error::Nvrtc(format!("{e:?}")))?;
+        let module = ctx.load_module(ptx)?;
+        let mut funcs = HashMap::new();
+        for f in FUNCTIONS {
+            funcs.insert(f, module.load_function(f)?);
+        }
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone())?;
+        Ok(CudaProvider {
+            _ctx: ctx,
+            stream,
+            blas,
+            _module: module,
+            funcs,
+            name,
+            cc,
+        })
+    }
+
+    /// The device's name (`NVIDIA H200`, `Orin`, ...).
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    fn func(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.funcs.get(name).ok_or(Error::Internal("kernel not loaded"))
+    }
+
+    /// Waits for all work queued on the provider's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+}
+
+/// The claim rule without a device: what [`lower::lower`] accepts. Lets
+/// `mote inspect --provider cuda` show a partition on any machine.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaCapability;
+
+impl ExecutionProvider for CudaCapability {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+    fn claims(&self, model: &Model, plan: &Plan, step: &StepInfo<'_>) -> bool {
+        lower::lower(model, plan, step).is_some()
+    }
+}
+
+impl ExecutionProvider for CudaProvider {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+    fn claims(&self, model: &Model, plan: &Plan, step: &StepInfo<'_>) -> bool {
+        CudaCapability.claims(model, plan, step)
+    }
+}
+
+/// A launch with every operand resolved to a device address.
+#[derive(Debug)]
+struct Ready {
+    op: GpuOp,
+    /// Device addresses of the op's host-built tables (meta, scale/shift).
+    tables: Vec<u64>,
+}
+
+/// A plan bound to a device: the device arena, the weights the GPU steps
+/// read, and each GPU step lowered. Build once per plan; run many times.
+pub struct CudaExecutor {
+    provider: Arc<CudaProvider>,
+    partition: Partition,
+    arena: CudaSlice<u8>,
+    base: u64,
+    scratch: Option<CudaSlice<f32>>,
+    scratch_ptr: u64,
+    consts: HashMap<TensorId, (CudaSlice<u8>, u64)>,
+    _tables: Vec<CudaSlice<u8>>,
+    steps: Vec<Option<Ready>>,
+    const_bytes: usize,
+}
+
+impl std::fmt::Debug for CudaExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaExecutor")
+            .field("provider", &self.provider)
+            .field("partition", &self.partition)
+            .finish_non_exhaustive()
+    }
+}
+
+fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<(CudaSlice<u8>, u64)> {
+    let s = stream.clone_htod(bytes)?;
+    let (p, _) = s.device_ptr(stream);
+    Ok((s, p))
+}
+
+fn i64_bytes(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Scratch elements (f32) a GPU op needs: the im2col buffer of a Conv that
+/// is not 1×1 / stride 1 / unpadded.
+fn scratch_elems(op: &GpuOp) -> usize {
+    match op {
+        GpuOp::Conv {
+            n, c, group, win, ..
+        } if !direct(*c / *group, win) && !pointwise(win) => {
+            let k = (*c / *group) as usize * win.kh as usize * win.kw as usize;
+            *n as usize * k * win.oh as usize * win.ow as usize
+        }
+        _ => 0,
+    }
+}
+
+/// Depthwise-like: one input channel per group.
+fn direct(c_per_group: i64, _win: &Window) -> bool {
+    c_per_group == 1
+}
+
+/// 1×1, stride 1, no padding: the input already is the im2col matrix.
+fn pointwise(w: &Window) -> bool {
+    w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0 && w.oh == w.h && w.ow == w.w
+}
+
+impl CudaExecutor {
+    /// Partitions `plan` (built from `model`) between `provider` and the
+    /// CPU, allocates the device arena (the plan's arena size), uploads the
+    /// constants the GPU steps read and the kernels' tables.
+    pub fn new(provider: Arc<CudaProvider>, model: &Model, plan: &Plan) -> Result<Self> {
+        let partition = provider::partition(model, plan, provider.as_ref())?;
+        let stream = provider.stream.clone();
+        let arena = stream.alloc_zeros::<u8>(plan.arena_bytes().max(1))?;
+        let (base, _) = arena.device_ptr(&stream);
+        let mut consts = HashMap::new();
+        let mut tables = Vec::new();
+        let mut steps = Vec::with_capacity(plan.num_steps());
+        let mut scratch = 0usize;
+        let mut const_bytes = 0usize;
+        let on_gpu: Vec<bool> = {
+            let mut v = vec![false; plan.num_steps()];
+            for s in partition.segments.iter().filter(|s| s.on_provider) {
+                for i in s.steps.clone() {
+                    if let Some(x) = v.get_mut(i) {
+                        *x = true;
+                    }
+                }
+            }
+            v
+        };
+        for (i, &gpu) in on_gpu.iter().enumerate() {
+            if !gpu {
+                steps.push(None);
+                continue;
+            }
+            let st = plan.step(model, i)?;
+            let op = lower::lower(model, plan, &st).ok_or(Error::Internal("claimed step does not lower"))?;
+            for &t in st.inputs.iter().flatten() {
+                if let Some((_, _, Place::Const(v))) = plan.place(model, t) {
+                    if let std::collections::hash_map::Entry::Vacant(e) = consts.entry(t) {
+                        const_bytes += v.bytes().len();
+                        e.insert(upload(&stream, v.bytes())?);
+                    }
+                }
+            }
+            let table_bytes: Vec<Vec<u8>> = match &op {
+                GpuOp::Binary { meta: Some(m), .. } => vec![i64_bytes(m)],
+                GpuOp::Gemm { c: Some((_, m)), .. } => vec![i64_bytes(m)],
+                GpuOp::Transpose { meta, .. } => vec![i64_bytes(meta)],
+                GpuOp::ScaleShift { scale, shift, .. } => vec![f32_bytes(scale), f32_bytes(shift)],
+                _ => vec![],
+            };
+            let mut ptrs = Vec::new();
+            for b in table_bytes {
+                let (s, p) = upload(&stream, &b)?;
+                tables.push(s);
+                ptrs.push(p);
+            }
+            scratch = scratch.max(scratch_elems(&op));
+            steps.push(Some(Ready { op, tables: ptrs }));
+        }
+        let scratch_buf = if scratch > 0 { Some(stream.alloc_zeros::<f32>(scratch)?) } else { None };
+        let scratch_ptr = scratch_buf.as_ref().map_or(0, |s| s.device_ptr(&stream).0);
+        stream.synchronize()?;
+        Ok(CudaExecutor {
+            provider,
+            partition,
+            arena,
+            base,
+            scratch: scratch_buf,
+            scratch_ptr,
+            consts,
+            _tables: tables,
+            steps,
+            const_bytes,
+        })
+    }
+
+    /// How the plan is split, with the boundary copies.
+    pub fn partition(&self) -> &Partition {
+        &self.partition
+    }
+
+    /// Device bytes: (arena, GPU scratch, uploaded constants).
+    pub fn device_bytes(&self) -> (usize, usize, usize) {
+        (
+            self.arena.len(),
+            self.scratch.as_ref().map_or(0, |s| s.len() * 4),
+            self.const_bytes,
+        )
+    }
+
+    /// The provider.
+    pub fn provider(&self) -> &Arc<CudaProvider> {
+        &self.provider
+    }
+
+    fn addr(&self, o: Operand) -> Result<u64> {
+        match o {
+            Operand::Arena(off) => Ok(self.base + off as u64),
+            Operand::Const(t) => self.consts.get(&t).map(|c| c.1).ok_or(Error::Internal("constant not uploaded")),
+        }
+    }
+
+    /// Feeds `inputs` into `session` (a session of the same plan and
+    /// model), runs every segment on its side with the boundary copies,
+    /// and leaves the outputs in the session's arena (read them with
+    /// [`mote_core::Session::output`]).
+    pub fn run(&self, session: &mut mote_core::Session<'_>, inputs: &[(&str, TensorView<'_>)]) -> Result<()> {
+        session.feed(inputs)?;
+        self.invoke(session)
+    }
+
+    /// Runs on the inputs already in `session`'s arena.
+    pub fn invoke(&self, session: &mut mote_core::Session<'_>) -> Result<()> {
+        let stream = &self.provider.stream;
+        let cu = stream.cu_stream();
+        for seg in &self.partition.segments {
+            if seg.on_provider {
+                for &(_, off, len) in &seg.copies {
+                    let src = session.arena().get(off..off + len).ok_or(Error::Internal("copy span"))?;
+                    // SAFETY: the destination is inside the device arena
+                    // (same offsets as the host arena, same size); the
+                    // source is pageable host memory, which the driver
+                    // stages before the call returns.
+                    unsafe { cudarc::driver::result::memcpy_htod_async(self.base + off as u64, src, cu)? };
+                }
+                for i in seg.steps.clone() {
+                    if let Some(Some(r)) = self.steps.get(i) {
+                        self.launch(r)?;
+                    }
+                }
+            } else {
+                for &(_, off, len) in &seg.copies {
+                    let dst = session.arena_mut().get_mut(off..off + len).ok_or(Error::Internal("copy span"))?;
+                    // SAFETY: source inside the device arena; the copy to
+                    // pageable memory completes before the call returns.
+                    unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, self.base + off as u64, cu)? };
+                }
+                stream.synchronize()?;
+                session.invoke_steps(seg.steps.clone())?;
+            }
+        }
+        for &(_, off, len) in &self.partition.final_copies {
+            let dst = session.arena_mut().get_mut(off..off + len).ok_or(Error::Internal("copy span"))?;
+            // SAFETY: as above.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, self.base + off as u64, cu)? };
+        }
+        stream.synchronize()?;
+        Ok(())
+    }
+
+    fn grid(n: i64) -> LaunchConfig {
+        let blocks = ((n.max(1) + 255) / 256).min(65535 * 8) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn launch(&self, r: &Ready) -> Result<()> {
+        let p = &*self.provider;
+        let stream = &p.stream;
+        let t = |k: usize| r.tables.get(k).copied().ok_or(Error::Internal("table"));
+        // SAFETY (every launch below): operands are device addresses inside
+        // the arena or uploaded constants, with the sizes `lower` checked
+        // against the plan's shapes; arguments match the kernel signatures
+        // in kernels.cu one for one.
+        unsafe {
+            match &r.op {
+                GpuOp::Unary { x, y, n, act } => {
+                    let (x, y) = (self.addr(*x)?, self.addr(*y)?);
+                    stream
+                        .launch_builder(p.func("unary")?)
+                        .arg(&x)
+                        .arg(&y)
+                        .arg(n)
+                        .arg(&act.op)
+                        .arg(&act.a)
+                        .arg(&act.b)
+                        .launch(Self::grid(*n))?;
+                }
+                GpuOp::Binary { a, b, y, n, op, meta } => {
+                    let (a, b, y) = (self.addr(*a)?, self.addr(*b)?, self.addr(*y)?);
+                    let m = if meta.is_some() { t(0)? } else { 0u64 };
+                    stream
+                        .launch_builder(p.func("binary")?)
+                        .arg(&a)
+                        .arg(&b)
+                        .arg(&y)
+                        .arg(n)
+                        .arg(op)
+                        .arg(&m)
+                        .launch(Self::grid(*n))?;
+                }
+                GpuOp::Gemm {
+                    a,
+                    b,
+                    y,
+                    c,
+                    m,
+                    n,
+                    k,
+                    trans_a,
+                    trans_b,
+                    alpha,
+                    beta,
+                    batch,
+                    stride_a,
+                    stride_b,
+                } => {
+                    let (a, b, y) = (self.addr(*a)?, self.addr(*b)?, self.addr(*y)?);
+                    let mut beta_run = 0.0f32;
+                    if let Some((c, _)) = c {
+                        let c = self.addr(*c)?;
+                        let total = m * n * batch;
+                        let meta = t(0)?;
+                        stream
+                            .launch_builder(p.func("bcast_copy")?)
+                            .arg(&c)
+                            .arg(&y)
+                            .arg(&total)
+                            .arg(beta)
+                            .arg(&meta)
+                            .launch(Self::grid(total))?;
+                        beta_run = 1.0;
+                    }
+                    self.sgemm(*trans_a, *trans_b, *m, *n, *k, *alpha, a, b, beta_run, y, *batch, *stride_a, *stride_b)?;
+                }
+                GpuOp::Conv {
+                    x,
+                    w,
+                    bias,
+                    y,
+                    n,
+                    c,
+                    m,
+                    group,
+                    win,
+                    act,
+                } => self.conv(*x, *w, *bias, *y, *n, *c, *m, *group, win, act)?,
+                GpuOp::Pool {
+                    x,
+                    y,
+                    planes,
+                    win,
+                    is_max,
+                    count_pad,
+                } => {
+                    let (x, y) = (self.addr(*x)?, self.addr(*y)?);
+                    let total = planes * win.oh as i64 * win.ow as i64;
+                    stream
+                        .launch_builder(p.func("pool2d")?)
+                        .arg(&x)
+                        .arg(&y)
+                        .arg(planes)
+                        .arg(&win.h)
+                        .arg(&win.w)
+                        .arg(&win.oh)
+                        .arg(&win.ow)
+                        .arg(&win.kh)
+                        .arg(&win.kw)
+                        .arg(&win.sh)
+                        .arg(&win.sw)
+                        .arg(&win.ph)
+                        .arg(&win.pw)
+                        .arg(&win.dh)
+                        .arg(&win.dw)
+                        .arg(&(*is_max as i32))
+                        .arg(&(*count_pad as i32))
+                        .launch(Self::grid(total))?;
+                }
+                GpuOp::RowReduce {
+                    x,
+                    y,
+                    rows,
+                    len,
+                    is_max,
+                } => {
+                    let (x, y) = (self.addr(*x)?, self.addr(*y)?);
+                    let cfg = LaunchConfig {
+                        grid_dim: ((*rows).clamp(1, 65535) as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    stream
+                        .launch_builder(p.func("row_reduce")?)
+                        .arg(&x)
+                        .arg(&y)
+                        .arg(rows)
+                        .arg(len)
+                        .arg(&(*is_max as i32))
+                        .launch(cfg)?;
+                }
+                GpuOp::Softmax {
+                    x,
+                    y,
+                    outer,
+                    axis,
+                    inner,
+                    log,
+                } => {
+                    let (x, y) = (self.addr(*x)?, self.addr(*y)?);
+                    stream
+                        .launch_builder(p.func("softmax")?)
+                        .arg(&x)
+                        .arg(&y)
+                        .arg(outer)
+                        .arg(axis)
+                        .arg(inner)
+                        .arg(&(*log as i32))
+                        .launch(Self::grid(outer * inner))?;
+                }
+                GpuOp::ScaleShift {
+                    x,
+                    y,
+                    n,
+                    channels,
+                    inner,
+                    ..
+                } => {
+                    let (x, y) = (self.addr(*x)?, self.addr(*y)?);
+                    let (s, b) = (t(0)?, t(1)?);
+                    stream
+                        .launch_builder(p.func("scale_shift")?)
+                        .arg(&x)
+                        .arg(&y)
+                        .arg(&s)
+                        .arg(&b)
+                        .arg(n)
+                        .arg(channels)
+                        .arg(inner)
+                        .launch(Self::grid(*n))?;
+                }
+                GpuOp::Concat { y, pieces, inner_out } => {
+                    let y = self.addr(*y)?;
+                    for (x, outer, inner_in, off) in pieces {
+                        let x = self.addr(*x)?;
+                        stream
+                            .launch_builder(p.func("concat_piece")?)
+                            .arg(&x)
+                            .arg(&y)
+                            .arg(outer)
+                            .arg(inner_in)
+                            .arg(inner_out)
+                            .arg(off)
+                            .launch(Self::grid(outer * inner_in))?;
+                    }
+                }
+                GpuOp::Transpose { x, y, n, .. } => {
+                    let (x, y) = (self.addr(*x)?, self.addr(*y)?);
+                    let meta = t(0)?;
+                    stream
+                        .launch_builder(p.func("transpose")?)
+                        .arg(&x)
+                        .arg(&y)
+                        .arg(n)
+                        .arg(&meta)
+                        .launch(Self::grid(*n))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Row-major `y[b] = alpha · op(a[b]) · op(b[b]) + beta · y[b]`, `m × n`,
+    /// as the column-major product `yᵀ = op(b)ᵀ · op(a)ᵀ` cuBLAS computes.
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm(
+        &self,
+        ta: bool,
+        tb: bool,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: f32,
+        a: u64,
+        b: u64,
+        beta: f32,
+        y: u64,
+        batch: i64,
+        stride_a: i64,
+        stride_b: i64,
+    ) -> Result<()> {
+        use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        let int = |v: i64| i32::try_from(v).map_err(|_| Error::Internal("GEMM dimension over i32"));
+        let (op_b, ldb) = if tb { (CUBLAS_OP_T, k) } else { (CUBLAS_OP_N, n) };
+        let (op_a, lda) = if ta { (CUBLAS_OP_T, m) } else { (CUBLAS_OP_N, k) };
+        let h = *self.provider.blas.handle();
+        // SAFETY: a, b, y are device addresses of buffers holding at least
+        // the batch × matrix elements `lower` derived from the plan's shapes.
+        unsafe {
+            if batch == 1 {
+                blas::sgemm(
+                    h,
+                    op_b,
+                    op_a,
+                    int(n)?,
+                    int(m)?,
+                    int(k)?,
+                    &alpha,
+                    b as *const f32,
+                    int(ldb)?,
+                    a as *const f32,
+                    int(lda)?,
+                    &beta,
+                    y as *mut f32,
+                    int(n)?,
+                )?;
+            } else {
+                blas::sgemm_strided_batched(
+                    h,
+                    op_b,
+                    op_a,
+                    int(n)?,
+                    int(m)?,
+                    int(k)?,
+                    &alpha,
+                    b as *const f32,
+                    int(ldb)?,
+                    stride_b,
+                    a as *const f32,
+                    int(lda)?,
+                    stride_a,
+                    &beta,
+                    y as *mut f32,
+                    int(n)?,
+                    m * n,
+                    int(batch)?,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &self,
+        x: Operand,
+        w: Operand,
+        bias: Option<Operand>,
+        y: Operand,
+        n: i64,
+        c: i64,
+        m: i64,
+        group: i64,
+        win: &Window,
+        act: &Act,
+    ) -> Result<()> {
+        let p = &*self.provider;
+        let stream = &p.stream;
+        let (x, w, y) = (self.addr(x)?, self.addr(w)?, self.addr(y)?);
+        let bias = match bias {
+            Some(b) => self.addr(b)?,
+            None => 0,
+        };
+        let (cg, mg) = (c / group, m / group);
+        let hw_in = win.h as i64 * win.w as i64;
+        let hw_out = win.oh as i64 * win.ow as i64;
+        let kk = cg * win.kh as i64 * win.kw as i64;
+        let total = n * m * hw_out;
+        if direct(cg, win) {
+            // SAFETY: as in `launch`.
+            unsafe {
+                stream
+                    .launch_builder(p.func("dwconv")?)
+                    .arg(&x)
+                    .arg(&w)
+                    .arg(&bias)
+                    .arg(&y)
+                    .arg(&(n as i32))
+                    .arg(&(c as i32))
+                    .arg(&win.h)
+                    .arg(&win.w)
+                    .arg(&(m as i32))
+                    .arg(&win.kh)
+                    .arg(&win.kw)
+                    .arg(&win.sh)
+                    .arg(&win.sw)
+                    .arg(&win.ph)
+                    .arg(&win.pw)
+                    .arg(&win.dh)
+                    .arg(&win.dw)
+                    .arg(&win.oh)
+                    .arg(&win.ow)
+                    .arg(&act.op)
+                    .arg(&act.a)
+                    .arg(&act.b)
+                    .launch(Self::grid(total))?;
+            }
+            return Ok(());
+        }
+        let f = 4u64;
+        for g in 0..group {
+            let xg = x + (g * cg * hw_in) as u64 * f;
+            let wg = w + (g * mg * kk) as u64 * f;
+            let yg = y + (g * mg * hw_out) as u64 * f;
+            let (col, col_stride) = if pointwise(win) {
+                (xg, c * hw_in)
+            } else {
+                let col = self.scratch_ptr;
+                let cnt = n * kk * hw_out;
+                // SAFETY: as in `launch`; the scratch holds n·kk·hw_out f32
+                // (sized from this op at build).
+                unsafe {
+                    stream
+                        .launch_builder(p.func("im2col")?)
+                        .arg(&xg)
+                        .arg(&col)
+                        .arg(&(n as i32))
+                        .arg(&(cg as i32))
+                        .arg(&win.h)
+                        .arg(&win.w)
+                        .arg(&win.kh)
+                        .arg(&win.kw)
+                        .arg(&win.sh)
+                        .arg(&win.sw)
+                        .arg(&win.ph)
+                        .arg(&win.pw)
+                        .arg(&win.dh)
+                        .arg(&win.dw)
+                        .arg(&win.oh)
+                        .arg(&win.ow)
+                        .arg(&(c * hw_in))
+                        .launch(Self::grid(cnt))?;
+                }
+                (col, kk * hw_out)
+            };
+            // Per image: Y_g (mg × P) = W_g (mg × kk) · col (kk × P); in
+            // column-major terms Yᵀ = colᵀ · W_gᵀ.
+            self.gemm_cm(hw_out, mg, kk, col, hw_out, col_stride, wg, kk, yg, hw_out, m * hw_out, n)?;
+        }
+        // SAFETY: as in `launch`.
+        unsafe {
+            stream
+                .launch_builder(p.func("bias_act")?)
+                .arg(&y)
+                .arg(&bias)
+                .arg(&total)
+                .arg(&m)
+                .arg(&hw_out)
+                .arg(&act.op)
+                .arg(&act.a)
+                .arg(&act.b)
+                .launch(Self::grid(total))?;
+        }
+        Ok(())
+    }
+
+    /// Column-major `C (mm × nn) = A (mm × kk) · B (kk × nn)` for `batch`
+    /// A and C (B shared).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_cm(
+        &self,
+        mm: i64,
+        nn: i64,
+        kk: i64,
+        a: u64,
+        lda: i64,
+        stride_a: i64,
+        b: u64,
+        ldb: i64,
+        c: u64,
+        ldc: i64,
+        stride_c: i64,
+        batch: i64,
+    ) -> Result<()> {
+        use blas_sys::cublasOperation_t::CUBLAS_OP_N;
+        let int = |v: i64| i32::try_from(v).map_err(|_| Error::Internal("GEMM dimension over i32"));
+        let (one, zero) = (1.0f32, 0.0f32);
+        let h = *self.provider.blas.handle();
+        // SAFETY: addresses of the conv's input (or im2col scratch),
+        // weights and output, sized from the plan's shapes.
+        unsafe {
+            blas::sgemm_strided_batched(
+                h,
+                CUBLAS_OP_N,
+                CUBLAS_OP_N,
+                int(mm)?,
+                int(nn)?,
+                int(kk)?,
+                &one,
+                a as *const f32,
+                int(lda)?,
+                stride_a,
+                b as *const f32,
+                int(ldb)?,
+                0,
+                &zero,
+                c as *mut f32,
+                int(ldc)?,
+                stride_c,
+                int(batch)?,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        match CudaProvider::new(0) {
+            Ok(p) => eprintln!("GPU present: {}", p.device_name()),
+            Err(e) => {
+                eprintln!("skipped GPU: {e}");
+                assert!(!driver_present() || !matches!(e, Error::NoDriver));
+            }
+        }
+    }
+}
