@@ -51,3 +51,16 @@ echo "== aarch64: kernel tests under qemu-aarch64"
 # and with 2 and 4 threads.
 cargo test -q --target "$T" -p mote-core --lib
 cargo test -q --target "$T" -p mote-tests --test kernels --test threads
+
+echo "== aarch64: the CUDA provider cross-builds (Jetson), and errs cleanly with no GPU"
+# cudarc loads the CUDA libraries at run time: no toolkit is needed to build,
+# and under qemu (no driver) `--provider cuda` must give its one-line error.
+cargo build -q --release --target "$T" -p mote-std --features cuda --bin mote
+set +e
+msg="$(qemu-aarch64 -cpu cortex-a72 -L /usr/aarch64-linux-gnu "target/$T/release/mote" run models/digits_mlp.onnx --provider cuda 2>&1)"
+rc=$?
+set -e
+echo "$msg"
+if [ "$rc" -eq 0 ] || [ "$(echo "$msg" | wc -l)" -ne 1 ] || echo "$msg" | grep -qi panic; then
+  echo "expected a one-line CUDA error and a non-zero exit, got rc=$rc"; exit 1
+fi

@@ -276,7 +276,9 @@ pub fn partition(
     for info in plan.outputs() {
         if let Some((_, _, Place::Arena { offset, len })) = plan.place(model, info.id) {
             if spans.get(offset, len).is_some_and(|v| !v.host)
-                && !final_copies.iter().any(|&(_, o, l)| o == offset && l == len)
+                && !final_copies
+                    .iter()
+                    .any(|&(_, o, l)| o == offset && l == len)
             {
                 final_copies.push((info.id, offset, len));
             }
@@ -387,7 +389,16 @@ mod tests {
         let (Some((_, _, pc)), Some((_, _, pb))) = (plan.place(&m, c), plan.place(&m, b)) else {
             panic!("not placed")
         };
-        let (Place::Arena { offset: oc, len: lc }, Place::Arena { offset: ob, len: lb }) = (pc, pb)
+        let (
+            Place::Arena {
+                offset: oc,
+                len: lc,
+            },
+            Place::Arena {
+                offset: ob,
+                len: lb,
+            },
+        ) = (pc, pb)
         else {
             panic!("not in the arena")
         };

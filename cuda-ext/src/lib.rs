@@ -24,11 +24,13 @@
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use cudarc::driver::{sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+};
+use cudarc::driver::{CudaGraph, LaunchConfig, PushKernelArg};
 use mote_core::provider::{self, ExecutionProvider, Partition, Place, StepInfo};
 use mote_core::{Model, Plan, TensorId, TensorView};
 
@@ -40,7 +42,9 @@ use lower::{Act, GpuOp, Operand, Window};
 #[non_exhaustive]
 pub enum Error {
     /// No CUDA driver library could be loaded (no NVIDIA driver here).
-    #[error("no CUDA driver found (libcuda could not be loaded): this machine has no usable NVIDIA GPU")]
+    #[error(
+        "no CUDA driver found (libcuda could not be loaded): this machine has no usable NVIDIA GPU"
+    )]
     NoDriver,
     /// The driver loaded but the device does not exist.
     #[error("CUDA device {ordinal} not found ({count} device(s) present)")]
@@ -93,6 +97,8 @@ pub fn driver_present() -> bool {
 }
 
 const KERNELS: &str = include_str!("kernels.cu");
+/// cuBLAS workspace bytes (what cuBLAS asks for on Hopper is 32 MiB).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
 const FUNCTIONS: [&str; 12] = [
     "unary",
     "binary",
@@ -110,9 +116,10 @@ const FUNCTIONS: [&str; 12] = [
 
 /// A CUDA device with mote's kernels loaded: context, stream, cuBLAS.
 pub struct CudaProvider {
-    _ctx: Arc<CudaContext>,
+    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    _workspace: CudaSlice<u8>,
     _module: Arc<CudaModule>,
     funcs: HashMap<&'static str, CudaFunction>,
     name: String,
@@ -121,7 +128,11 @@ pub struct CudaProvider {
 
 impl std::fmt::Debug for CudaProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaProvider({}, sm_{}{})", self.name, self.cc.0, self.cc.1)
+        write!(
+            f,
+            "CudaProvider({}, sm_{}{})",
+            self.name, self.cc.0, self.cc.1
+        )
     }
 }
 
@@ -157,18 +168,36 @@ impl CudaProvider {
             options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
             ..Default::default()
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts).map_err(|e| Error::Nvrtc(format!("{e:?}")))?;
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
+            .map_err(|e| Error::Nvrtc(format!("{e:?}")))?;
         let module = ctx.load_module(ptx)?;
         let mut funcs = HashMap::new();
         for f in FUNCTIONS {
             funcs.insert(f, module.load_function(f)?);
         }
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be
+        // captured into CUDA graphs.
+        let stream = ctx.new_stream()?;
         let blas = CudaBlas::new(stream.clone())?;
+        // An explicit cuBLAS workspace, so that no allocation happens while
+        // a segment is captured into a graph.
+        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE)?;
+        let (wp, _) = workspace.device_ptr(&stream);
+        // SAFETY: `workspace` lives as long as the handle (both fields of
+        // the provider) and is CUBLAS_WORKSPACE bytes.
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                wp as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE,
+            )
+            .result()?;
+        }
         Ok(CudaProvider {
-            _ctx: ctx,
+            ctx,
             stream,
             blas,
+            _workspace: workspace,
             _module: module,
             funcs,
             name,
@@ -187,7 +216,9 @@ impl CudaProvider {
     }
 
     fn func(&self, name: &'static str) -> Result<&CudaFunction> {
-        self.funcs.get(name).ok_or(Error::Internal("kernel not loaded"))
+        self.funcs
+            .get(name)
+            .ok_or(Error::Internal("kernel not loaded"))
     }
 
     /// Waits for all work queued on the provider's stream.
@@ -240,7 +271,22 @@ pub struct CudaExecutor {
     _tables: Vec<CudaSlice<u8>>,
     steps: Vec<Option<Ready>>,
     const_bytes: usize,
+    /// One CUDA graph per GPU segment (`None`: launched step by step).
+    graphs: Vec<Option<Graph>>,
+    /// Why graphs are off, if they are.
+    graph_note: Option<String>,
+    /// One run at a time: runs share the device arena.
+    lock: Mutex<()>,
 }
+
+/// A captured segment.
+struct Graph(CudaGraph);
+// SAFETY: the graph is only launched under the executor's `lock`, so no
+// two threads use the executable graph at once; it holds device handles
+// only, valid from any thread once the context is bound.
+unsafe impl Send for Graph {}
+// SAFETY: as above.
+unsafe impl Sync for Graph {}
 
 impl std::fmt::Debug for CudaExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -286,7 +332,107 @@ fn direct(c_per_group: i64, _win: &Window) -> bool {
 
 /// 1×1, stride 1, no padding: the input already is the im2col matrix.
 fn pointwise(w: &Window) -> bool {
-    w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0 && w.oh == w.h && w.ow == w.w
+    w.kh == 1
+        && w.kw == 1
+        && w.sh == 1
+        && w.sw == 1
+        && w.ph == 0
+        && w.pw == 0
+        && w.oh == w.h
+        && w.ow == w.w
+}
+
+/// Device time of one GPU step ([`CudaExecutor::invoke_profiled`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepTime {
+    /// Plan step index.
+    pub step: usize,
+    /// What ran: `conv`, `conv-dw`, `gemm`, `elementwise`, `pool`, ...
+    pub kind: &'static str,
+    /// Floating-point operations of the step (2 per multiply-add for Conv
+    /// and GEMM; 0 where not counted).
+    pub flops: f64,
+    /// Device milliseconds between the events around its launches.
+    pub ms: f32,
+}
+
+fn kind(op: &GpuOp) -> &'static str {
+    match op {
+        GpuOp::Unary { .. } | GpuOp::Binary { .. } | GpuOp::ScaleShift { .. } => "elementwise",
+        GpuOp::Gemm { .. } => "gemm",
+        GpuOp::Conv { c, group, .. } if c / group == 1 => "conv-depthwise",
+        GpuOp::Conv { .. } => "conv",
+        GpuOp::Pool { .. } | GpuOp::RowReduce { .. } => "pool",
+        GpuOp::Softmax { .. } => "softmax",
+        GpuOp::Concat { .. } | GpuOp::Transpose { .. } => "layout",
+    }
+}
+
+fn flops(op: &GpuOp) -> f64 {
+    match op {
+        GpuOp::Gemm { m, n, k, batch, .. } => {
+            2.0 * (*m as f64) * (*n as f64) * (*k as f64) * (*batch as f64)
+        }
+        GpuOp::Conv {
+            n,
+            c,
+            m,
+            group,
+            win,
+            ..
+        } => {
+            let kk = (c / group) as f64 * win.kh as f64 * win.kw as f64;
+            2.0 * (*n as f64) * (*m as f64) * (win.oh as f64 * win.ow as f64) * kk
+        }
+        _ => 0.0,
+    }
+}
+
+/// Conv → Relu / Clip where the Conv's output feeds only that activation:
+/// the Conv writes the activation's output through its epilogue and the
+/// activation step is dropped (one pass over the tensor saved).
+fn fuse_activations(model: &Model, plan: &Plan, steps: &mut [Option<Ready>]) -> Result<()> {
+    for i in 1..steps.len() {
+        let Some(Some(Ready {
+            op: GpuOp::Unary { x, y, act, .. },
+            ..
+        })) = steps.get(i)
+        else {
+            continue;
+        };
+        let (x, y, act) = (*x, *y, *act);
+        if act.op != 1 && act.op != 4 {
+            continue;
+        }
+        let Some(t) = plan.step(model, i - 1)?.outputs.first().copied().flatten() else {
+            continue;
+        };
+        let readers = model
+            .graph
+            .nodes
+            .iter()
+            .filter(|n| n.inputs.contains(&Some(t)))
+            .count();
+        if readers != 1 || model.graph.outputs.contains(&t) {
+            continue;
+        }
+        if let Some(Some(Ready {
+            op: GpuOp::Conv {
+                y: cy, act: cact, ..
+            },
+            ..
+        })) = steps.get_mut(i - 1)
+        {
+            if *cy == x && cact.op == 0 {
+                *cy = y;
+                *cact = act;
+                if let Some(s) = steps.get_mut(i) {
+                    *s = None;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl CudaExecutor {
@@ -320,7 +466,8 @@ impl CudaExecutor {
                 continue;
             }
             let st = plan.step(model, i)?;
-            let op = lower::lower(model, plan, &st).ok_or(Error::Internal("claimed step does not lower"))?;
+            let op = lower::lower(model, plan, &st)
+                .ok_or(Error::Internal("claimed step does not lower"))?;
             for &t in st.inputs.iter().flatten() {
                 if let Some((_, _, Place::Const(v))) = plan.place(model, t) {
                     if let std::collections::hash_map::Entry::Vacant(e) = consts.entry(t) {
@@ -331,7 +478,9 @@ impl CudaExecutor {
             }
             let table_bytes: Vec<Vec<u8>> = match &op {
                 GpuOp::Binary { meta: Some(m), .. } => vec![i64_bytes(m)],
-                GpuOp::Gemm { c: Some((_, m)), .. } => vec![i64_bytes(m)],
+                GpuOp::Gemm {
+                    c: Some((_, m)), ..
+                } => vec![i64_bytes(m)],
                 GpuOp::Transpose { meta, .. } => vec![i64_bytes(meta)],
                 GpuOp::ScaleShift { scale, shift, .. } => vec![f32_bytes(scale), f32_bytes(shift)],
                 _ => vec![],
@@ -345,10 +494,15 @@ impl CudaExecutor {
             scratch = scratch.max(scratch_elems(&op));
             steps.push(Some(Ready { op, tables: ptrs }));
         }
-        let scratch_buf = if scratch > 0 { Some(stream.alloc_zeros::<f32>(scratch)?) } else { None };
+        fuse_activations(model, plan, &mut steps)?;
+        let scratch_buf = if scratch > 0 {
+            Some(stream.alloc_zeros::<f32>(scratch)?)
+        } else {
+            None
+        };
         let scratch_ptr = scratch_buf.as_ref().map_or(0, |s| s.device_ptr(&stream).0);
         stream.synchronize()?;
-        Ok(CudaExecutor {
+        let mut exec = CudaExecutor {
             provider,
             partition,
             arena,
@@ -359,7 +513,59 @@ impl CudaExecutor {
             _tables: tables,
             steps,
             const_bytes,
-        })
+            graphs: Vec::new(),
+            graph_note: None,
+            lock: Mutex::new(()),
+        };
+        if std::env::var("MOTE_CUDA_GRAPHS").is_ok_and(|v| v == "0") {
+            exec.graph_note = Some("off (MOTE_CUDA_GRAPHS=0)".into());
+        } else {
+            exec.capture();
+        }
+        Ok(exec)
+    }
+
+    /// Captures every GPU segment into a CUDA graph (one launch per segment
+    /// instead of one per kernel: every address is fixed at build, which is
+    /// what the static arena buys). Any failure leaves step-by-step launches.
+    fn capture(&mut self) {
+        let stream = self.provider.stream.clone();
+        let mut graphs = Vec::with_capacity(self.partition.segments.len());
+        for seg in &self.partition.segments {
+            if !seg.on_provider {
+                graphs.push(None);
+                continue;
+            }
+            let r = (|| -> Result<Option<CudaGraph>> {
+                stream.begin_capture(
+                    drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )?;
+                let launched = seg
+                    .steps
+                    .clone()
+                    .filter_map(|i| self.steps.get(i).and_then(Option::as_ref))
+                    .try_for_each(|r| self.launch(r));
+                let g = stream.end_capture(drv_sys::CUgraphInstantiate_flags(0));
+                launched?;
+                Ok(g?)
+            })();
+            match r {
+                Ok(Some(g)) => graphs.push(Some(Graph(g))),
+                Ok(None) => graphs.push(None),
+                Err(e) => {
+                    self.graph_note = Some(format!("off (capture failed: {e})"));
+                    self.graphs = Vec::new();
+                    return;
+                }
+            }
+        }
+        self.graph_note = Some("on".into());
+        self.graphs = graphs;
+    }
+
+    /// Whether GPU segments run as CUDA graphs, and why not.
+    pub fn graphs(&self) -> &str {
+        self.graph_note.as_deref().unwrap_or("off")
     }
 
     /// How the plan is split, with the boundary copies.
@@ -384,7 +590,11 @@ impl CudaExecutor {
     fn addr(&self, o: Operand) -> Result<u64> {
         match o {
             Operand::Arena(off) => Ok(self.base + off as u64),
-            Operand::Const(t) => self.consts.get(&t).map(|c| c.1).ok_or(Error::Internal("constant not uploaded")),
+            Operand::Const(t) => self
+                .consts
+                .get(&t)
+                .map(|c| c.1)
+                .ok_or(Error::Internal("constant not uploaded")),
         }
     }
 
@@ -392,43 +602,107 @@ impl CudaExecutor {
     /// model), runs every segment on its side with the boundary copies,
     /// and leaves the outputs in the session's arena (read them with
     /// [`mote_core::Session::output`]).
-    pub fn run(&self, session: &mut mote_core::Session<'_>, inputs: &[(&str, TensorView<'_>)]) -> Result<()> {
+    pub fn run(
+        &self,
+        session: &mut mote_core::Session<'_>,
+        inputs: &[(&str, TensorView<'_>)],
+    ) -> Result<()> {
         session.feed(inputs)?;
         self.invoke(session)
     }
 
     /// Runs on the inputs already in `session`'s arena.
     pub fn invoke(&self, session: &mut mote_core::Session<'_>) -> Result<()> {
+        self.invoke_with(session, None)
+    }
+
+    /// [`CudaExecutor::invoke`] with a CUDA event pair around every GPU
+    /// step (which serializes nothing: one stream): the device time of each
+    /// step, with its op and FLOPs, for `mote bench --profile`.
+    pub fn invoke_profiled(&self, session: &mut mote_core::Session<'_>) -> Result<Vec<StepTime>> {
+        let mut times = Vec::new();
+        self.invoke_with(session, Some(&mut times))?;
+        Ok(times)
+    }
+
+    fn invoke_with(
+        &self,
+        session: &mut mote_core::Session<'_>,
+        mut profile: Option<&mut Vec<StepTime>>,
+    ) -> Result<()> {
+        let _one_run = self
+            .lock
+            .lock()
+            .map_err(|_| Error::Internal("a previous run panicked"))?;
+        // Raw driver calls below: the context must be current on this
+        // thread (a pool thread, or one the session moved to).
+        self.provider.ctx.bind_to_thread()?;
         let stream = &self.provider.stream;
         let cu = stream.cu_stream();
-        for seg in &self.partition.segments {
+        for (k, seg) in self.partition.segments.iter().enumerate() {
             if seg.on_provider {
                 for &(_, off, len) in &seg.copies {
-                    let src = session.arena().get(off..off + len).ok_or(Error::Internal("copy span"))?;
+                    let src = session
+                        .arena()
+                        .get(off..off + len)
+                        .ok_or(Error::Internal("copy span"))?;
                     // SAFETY: the destination is inside the device arena
                     // (same offsets as the host arena, same size); the
                     // source is pageable host memory, which the driver
                     // stages before the call returns.
-                    unsafe { cudarc::driver::result::memcpy_htod_async(self.base + off as u64, src, cu)? };
+                    unsafe {
+                        cudarc::driver::result::memcpy_htod_async(self.base + off as u64, src, cu)?
+                    };
+                }
+                if let (None, Some(Some(g))) = (profile.as_ref(), self.graphs.get(k)) {
+                    g.0.launch()?;
+                    continue;
                 }
                 for i in seg.steps.clone() {
-                    if let Some(Some(r)) = self.steps.get(i) {
-                        self.launch(r)?;
+                    let Some(Some(r)) = self.steps.get(i) else {
+                        continue;
+                    };
+                    match profile.as_deref_mut() {
+                        None => self.launch(r)?,
+                        Some(times) => {
+                            let timing = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
+                            let (a, b) = (
+                                self.provider.ctx.new_event(timing)?,
+                                self.provider.ctx.new_event(timing)?,
+                            );
+                            a.record(stream)?;
+                            self.launch(r)?;
+                            b.record(stream)?;
+                            times.push(StepTime {
+                                step: i,
+                                kind: kind(&r.op),
+                                flops: flops(&r.op),
+                                ms: a.elapsed_ms(&b)?,
+                            });
+                        }
                     }
                 }
             } else {
                 for &(_, off, len) in &seg.copies {
-                    let dst = session.arena_mut().get_mut(off..off + len).ok_or(Error::Internal("copy span"))?;
+                    let dst = session
+                        .arena_mut()
+                        .get_mut(off..off + len)
+                        .ok_or(Error::Internal("copy span"))?;
                     // SAFETY: source inside the device arena; the copy to
                     // pageable memory completes before the call returns.
-                    unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, self.base + off as u64, cu)? };
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtoh_async(dst, self.base + off as u64, cu)?
+                    };
                 }
                 stream.synchronize()?;
                 session.invoke_steps(seg.steps.clone())?;
             }
         }
         for &(_, off, len) in &self.partition.final_copies {
-            let dst = session.arena_mut().get_mut(off..off + len).ok_or(Error::Internal("copy span"))?;
+            let dst = session
+                .arena_mut()
+                .get_mut(off..off + len)
+                .ok_or(Error::Internal("copy span"))?;
             // SAFETY: as above.
             unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, self.base + off as u64, cu)? };
         }
@@ -449,7 +723,7 @@ impl CudaExecutor {
         let p = &*self.provider;
         let stream = &p.stream;
         let t = |k: usize| r.tables.get(k).copied().ok_or(Error::Internal("table"));
-        // SAFETY (every launch below): operands are device addresses inside
+        // SAFETY: (every launch below) operands are device addresses inside
         // the arena or uploaded constants, with the sizes `lower` checked
         // against the plan's shapes; arguments match the kernel signatures
         // in kernels.cu one for one.
@@ -467,7 +741,14 @@ impl CudaExecutor {
                         .arg(&act.b)
                         .launch(Self::grid(*n))?;
                 }
-                GpuOp::Binary { a, b, y, n, op, meta } => {
+                GpuOp::Binary {
+                    a,
+                    b,
+                    y,
+                    n,
+                    op,
+                    meta,
+                } => {
                     let (a, b, y) = (self.addr(*a)?, self.addr(*b)?, self.addr(*y)?);
                     let m = if meta.is_some() { t(0)? } else { 0u64 };
                     stream
@@ -512,7 +793,10 @@ impl CudaExecutor {
                             .launch(Self::grid(total))?;
                         beta_run = 1.0;
                     }
-                    self.sgemm(*trans_a, *trans_b, *m, *n, *k, *alpha, a, b, beta_run, y, *batch, *stride_a, *stride_b)?;
+                    self.sgemm(
+                        *trans_a, *trans_b, *m, *n, *k, *alpha, a, b, beta_run, y, *batch,
+                        *stride_a, *stride_b,
+                    )?;
                 }
                 GpuOp::Conv {
                     x,
@@ -619,7 +903,11 @@ impl CudaExecutor {
                         .arg(inner)
                         .launch(Self::grid(*n))?;
                 }
-                GpuOp::Concat { y, pieces, inner_out } => {
+                GpuOp::Concat {
+                    y,
+                    pieces,
+                    inner_out,
+                } => {
                     let y = self.addr(*y)?;
                     for (x, outer, inner_in, off) in pieces {
                         let x = self.addr(*x)?;
@@ -671,8 +959,16 @@ impl CudaExecutor {
     ) -> Result<()> {
         use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         let int = |v: i64| i32::try_from(v).map_err(|_| Error::Internal("GEMM dimension over i32"));
-        let (op_b, ldb) = if tb { (CUBLAS_OP_T, k) } else { (CUBLAS_OP_N, n) };
-        let (op_a, lda) = if ta { (CUBLAS_OP_T, m) } else { (CUBLAS_OP_N, k) };
+        let (op_b, ldb) = if tb {
+            (CUBLAS_OP_T, k)
+        } else {
+            (CUBLAS_OP_N, n)
+        };
+        let (op_a, lda) = if ta {
+            (CUBLAS_OP_T, m)
+        } else {
+            (CUBLAS_OP_N, k)
+        };
         let h = *self.provider.blas.handle();
         // SAFETY: a, b, y are device addresses of buffers holding at least
         // the batch × matrix elements `lower` derived from the plan's shapes.
@@ -815,7 +1111,23 @@ impl CudaExecutor {
             };
             // Per image: Y_g (mg × P) = W_g (mg × kk) · col (kk × P); in
             // column-major terms Yᵀ = colᵀ · W_gᵀ.
-            self.gemm_cm(hw_out, mg, kk, col, hw_out, col_stride, wg, kk, yg, hw_out, m * hw_out, n)?;
+            self.gemm_cm(
+                hw_out,
+                mg,
+                kk,
+                col,
+                hw_out,
+                col_stride,
+                wg,
+                kk,
+                yg,
+                hw_out,
+                m * hw_out,
+                n,
+            )?;
+        }
+        if bias == 0 && act.op == 0 {
+            return Ok(());
         }
         // SAFETY: as in `launch`.
         unsafe {

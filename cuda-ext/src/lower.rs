@@ -166,7 +166,11 @@ pub enum GpuOp {
 }
 
 /// dtype, shape and operand of tensor `id`.
-fn tensor<'p>(model: &'p Model, plan: &'p Plan, id: TensorId) -> Option<(DType, &'p [usize], Operand)> {
+fn tensor<'p>(
+    model: &'p Model,
+    plan: &'p Plan,
+    id: TensorId,
+) -> Option<(DType, &'p [usize], Operand)> {
     let (dt, shape, place) = plan.place(model, id)?;
     let op = match place {
         Place::Arena { offset, .. } => Operand::Arena(offset),
@@ -175,13 +179,23 @@ fn tensor<'p>(model: &'p Model, plan: &'p Plan, id: TensorId) -> Option<(DType, 
     Some((dt, shape, op))
 }
 
-fn input(model: &Model, plan: &Plan, st: &StepInfo<'_>, i: usize) -> Option<(DType, Vec<usize>, Operand)> {
+fn input(
+    model: &Model,
+    plan: &Plan,
+    st: &StepInfo<'_>,
+    i: usize,
+) -> Option<(DType, Vec<usize>, Operand)> {
     let id = (*st.inputs.get(i)?)?;
     let (dt, s, o) = tensor(model, plan, id)?;
     Some((dt, s.to_vec(), o))
 }
 
-fn output(model: &Model, plan: &Plan, st: &StepInfo<'_>, i: usize) -> Option<(DType, Vec<usize>, Operand)> {
+fn output(
+    model: &Model,
+    plan: &Plan,
+    st: &StepInfo<'_>,
+    i: usize,
+) -> Option<(DType, Vec<usize>, Operand)> {
     let id = (*st.outputs.get(i)?)?;
     let (dt, s, o) = tensor(model, plan, id)?;
     // Outputs are written: they must be in the arena.
@@ -227,7 +241,13 @@ fn string(node: &Node, name: &str) -> Option<Vec<u8>> {
 }
 
 /// A scalar f32 constant input (Clip min/max), or `default` when omitted.
-fn const_scalar(model: &Model, plan: &Plan, st: &StepInfo<'_>, i: usize, default: f32) -> Option<f32> {
+fn const_scalar(
+    model: &Model,
+    plan: &Plan,
+    st: &StepInfo<'_>,
+    i: usize,
+    default: f32,
+) -> Option<f32> {
     let Some(Some(id)) = st.inputs.get(i) else {
         return Some(default);
     };
@@ -333,7 +353,11 @@ fn window(node: &Node, x: &[usize], y: &[usize], kernel: &[usize]) -> Option<Win
             for d in 0..sp {
                 let (i, o, k) = (x[2 + d] as i64, y[2 + d] as i64, kernel[d] as i64);
                 let total = ((o - 1) * strides[d] + (k - 1) * dil[d] + 1 - i).max(0);
-                begin[d] = if auto == b"SAME_UPPER" { total / 2 } else { total - total / 2 };
+                begin[d] = if auto == b"SAME_UPPER" {
+                    total / 2
+                } else {
+                    total - total / 2
+                };
             }
         }
         _ => return None,
@@ -383,7 +407,12 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
     if let Some(act) = unary_code(node) {
         let (_, xs, x) = f32_in(0)?;
         let (_, ys, y) = f32_out(0)?;
-        return (xs == ys).then_some(GpuOp::Unary { x, y, n: numel(&ys)?, act });
+        return (xs == ys).then_some(GpuOp::Unary {
+            x,
+            y,
+            n: numel(&ys)?,
+            act,
+        });
     }
     match op {
         "Clip" => {
@@ -401,7 +430,11 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
                 x,
                 y,
                 n: numel(&ys)?,
-                act: Act { op: 4, a: lo, b: hi },
+                act: Act {
+                    op: 4,
+                    a: lo,
+                    b: hi,
+                },
             })
         }
         "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Pow" | "PRelu" => {
@@ -438,7 +471,11 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
             if as_.len() != 2 || bs.len() != 2 || ys.len() != 2 {
                 return None;
             }
-            let (m, k) = if ta { (as_[1], as_[0]) } else { (as_[0], as_[1]) };
+            let (m, k) = if ta {
+                (as_[1], as_[0])
+            } else {
+                (as_[0], as_[1])
+            };
             let n = if tb { bs[0] } else { bs[1] };
             if ys != [m, n] {
                 return None;
@@ -526,7 +563,12 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
             let group = int(node, "group", 1)?;
             let win = window(node, &xs, &ys, &ws[2..])?;
             let (n, c, m) = (xs[0] as i64, xs[1] as i64, ws[0] as i64);
-            if group < 1 || c % group != 0 || m % group != 0 || ws[1] as i64 != c / group || ys[1] as i64 != m {
+            if group < 1
+                || c % group != 0
+                || m % group != 0
+                || ws[1] as i64 != c / group
+                || ys[1] as i64 != m
+            {
                 return None;
             }
             Some(GpuOp::Conv {
@@ -625,8 +667,17 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
             if xs != ys || [s.len(), b.len(), mean.len(), var.len()] != [c; 4] {
                 return None;
             }
-            let scale: Vec<f32> = s.iter().zip(&var).map(|(s, v)| s / (v + eps).sqrt()).collect();
-            let shift: Vec<f32> = b.iter().zip(&mean).zip(&scale).map(|((b, m), k)| b - m * k).collect();
+            let scale: Vec<f32> = s
+                .iter()
+                .zip(&var)
+                .map(|(s, v)| s / (v + eps).sqrt())
+                .collect();
+            let shift: Vec<f32> = b
+                .iter()
+                .zip(&mean)
+                .zip(&scale)
+                .map(|((b, m), k)| b - m * k)
+                .collect();
             Some(GpuOp::ScaleShift {
                 x,
                 y,
@@ -678,7 +729,10 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
             }
             let r = xs.len();
             let perm: Vec<usize> = match ints(node, "perm")? {
-                Some(p) => p.iter().map(|&v| usize::try_from(v).ok()).collect::<Option<_>>()?,
+                Some(p) => p
+                    .iter()
+                    .map(|&v| usize::try_from(v).ok())
+                    .collect::<Option<_>>()?,
                 None => (0..r).rev().collect(),
             };
             if perm.len() != r {
@@ -712,7 +766,10 @@ mod tests {
     fn broadcast_strides() {
         assert_eq!(bcast_strides(&[3], &[2, 3]), Some(vec![0, 1]));
         assert_eq!(bcast_strides(&[2, 1], &[2, 3]), Some(vec![1, 0]));
-        assert_eq!(bcast_strides(&[1, 3, 1, 1], &[2, 3, 4, 5]), Some(vec![0, 1, 0, 0]));
+        assert_eq!(
+            bcast_strides(&[1, 3, 1, 1], &[2, 3, 4, 5]),
+            Some(vec![0, 1, 0, 0])
+        );
         assert_eq!(bcast_strides(&[4], &[2, 3]), None);
         assert_eq!(bcast_strides(&[1, 2, 3], &[2, 3]), None);
     }

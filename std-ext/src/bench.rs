@@ -14,15 +14,27 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use crate::{
-    is_mote, load_model, mote_inputs, num, plan_with_inputs, Out, Planned, RunOptions, Tensor,
+    is_mote, load_model, mote_inputs, num, plan_with_inputs, Out, Planned, Provider, RunOptions,
+    Tensor,
 };
 
 /// What `mote bench` was asked for.
 pub(crate) struct Options {
     pub threads: usize,
+    pub provider: Provider,
     pub iters: usize,
     pub warmup: usize,
     pub seed: u64,
+    /// `--profile`: one more run with the GPU steps timed (CUDA only).
+    pub profile: bool,
+}
+
+/// Per kind of GPU step: count, device ms, FLOPs (one profiled run).
+#[derive(Debug, Default, Clone)]
+struct KindTime {
+    count: usize,
+    ms: f64,
+    flops: f64,
 }
 
 /// Latency summary of the timed runs, in milliseconds.
@@ -119,6 +131,12 @@ pub(crate) fn bench(
     if opt.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    let mut device: Option<String> = None;
+    let mut graphs: Option<String> = None;
+    let mut profile: Option<Vec<(&'static str, KindTime)>> = None;
+    if opt.profile && opt.provider == Provider::Cpu {
+        bail!("--profile times the GPU steps: it needs --provider cuda");
+    }
     let (arena_bytes, mut ms) = if is_mote(path) {
         if !dims.is_empty() {
             bail!("--dim does not apply to a compiled model");
@@ -127,6 +145,12 @@ pub(crate) fn bench(
             bail!(
                 "--threads {}: a compiled model runs on one thread",
                 opt.threads
+            );
+        }
+        if opt.provider != Provider::Cpu {
+            bail!(
+                "--provider {}: a compiled model runs on the CPU",
+                opt.provider
             );
         }
         let f = mote_std::compiled::MoteFile::open(path)?;
@@ -149,6 +173,7 @@ pub(crate) fn bench(
             &RunOptions {
                 seed: opt.seed,
                 threads: opt.threads,
+                provider: opt.provider,
                 max_memory: None,
                 public_key: None,
             },
@@ -157,10 +182,15 @@ pub(crate) fn bench(
         let (names, tensors): (Vec<String>, Vec<Tensor>) = feeds.into_iter().unzip();
         let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
         let arena = session.plan().arena_bytes();
+        device = session.device_name().map(String::from);
+        graphs = session.cuda_graphs().map(String::from);
         let ms = time_runs(opt, out.json, || {
             session.run(&args)?;
             Ok(())
         })?;
+        if opt.profile {
+            profile = Some(gpu_profile(&mut session, &args)?);
+        }
         (arena, ms)
     };
     let l = latency(&mut ms);
@@ -174,6 +204,9 @@ pub(crate) fn bench(
         out.line(
             json!({
                 "model": path.display().to_string(),
+                "provider": opt.provider.to_string(),
+                "device": device,
+                "cuda_graphs": graphs,
                 "threads": opt.threads,
                 "iters": opt.iters,
                 "warmup": opt.warmup,
@@ -184,11 +217,20 @@ pub(crate) fn bench(
                 "ips": num(ips),
                 "arena_bytes": arena_bytes,
                 "peak_rss_bytes": rss,
+                "profile": profile.as_ref().map(|p| profile_json(p)),
             })
             .to_string(),
         );
     } else {
         out.line(format!("model: {}", path.display()));
+        out.line(match &device {
+            Some(d) => format!(
+                "provider: {} ({d}), CUDA graphs {}",
+                opt.provider,
+                graphs.as_deref().unwrap_or("off")
+            ),
+            None => format!("provider: {}", opt.provider),
+        });
         out.line(format!(
             "threads {}, warmup {} runs, timed {} runs",
             opt.threads, opt.warmup, opt.iters
@@ -208,8 +250,67 @@ pub(crate) fn bench(
             ),
             None => "peak resident memory: n/a".to_string(),
         });
+        if let Some(p) = &profile {
+            out.line("GPU profile (one run, device time per kind of step):");
+            for (kind, t) in p {
+                let rate = if t.flops > 0.0 && t.ms > 0.0 {
+                    format!("  {:.2} TFLOP/s", t.flops / (t.ms * 1e-3) / 1e12)
+                } else {
+                    String::new()
+                };
+                out.line(format!(
+                    "  {kind:15} {:4} steps {:9.3} ms{rate}",
+                    t.count, t.ms
+                ));
+            }
+        }
     }
     Ok(())
+}
+
+/// One profiled GPU run, summed per kind of step (in first-seen order).
+#[cfg(feature = "cuda")]
+fn gpu_profile(
+    session: &mut mote_std::Session,
+    args: &[(&str, Tensor)],
+) -> Result<Vec<(&'static str, KindTime)>> {
+    let steps = session
+        .profile_gpu(args)?
+        .ok_or_else(|| anyhow::anyhow!("--profile: the session has no GPU steps"))?;
+    let mut kinds: Vec<(&'static str, KindTime)> = Vec::new();
+    for s in steps {
+        let i = match kinds.iter().position(|(k, _)| *k == s.kind) {
+            Some(i) => i,
+            None => {
+                kinds.push((s.kind, KindTime::default()));
+                kinds.len() - 1
+            }
+        };
+        let t = &mut kinds[i].1;
+        t.count += 1;
+        t.ms += f64::from(s.ms);
+        t.flops += s.flops;
+    }
+    Ok(kinds)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_profile(
+    _session: &mut mote_std::Session,
+    _args: &[(&str, Tensor)],
+) -> Result<Vec<(&'static str, KindTime)>> {
+    bail!("--profile: this build of mote has no CUDA support")
+}
+
+fn profile_json(p: &[(&'static str, KindTime)]) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (kind, t) in p {
+        m.insert(
+            (*kind).to_string(),
+            json!({"steps": t.count, "ms": num(t.ms), "flops": num(t.flops)}),
+        );
+    }
+    serde_json::Value::Object(m)
 }
 
 #[cfg(test)]

@@ -28,6 +28,11 @@ pub enum Error {
     /// A session option this build cannot honour (a thread count).
     #[error("{0}")]
     Config(String),
+    /// An execution provider this build or machine does not have (CUDA
+    /// without the `cuda` feature, no driver, no such device), a bad
+    /// provider name, or a provider failing at run time.
+    #[error("{0}")]
+    Provider(String),
 }
 
 /// Result with [`Error`].

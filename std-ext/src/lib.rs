@@ -19,6 +19,7 @@ pub mod cpu;
 mod error;
 pub mod external;
 mod npy;
+pub mod provider;
 pub mod quantize;
 mod session;
 mod tensor;
@@ -28,7 +29,10 @@ pub use error::{Error, Result};
 pub use external::ExternalData;
 pub use mote_core;
 pub use mote_core::{DType, IoInfo, Model, Plan, TensorView};
+#[cfg(feature = "cuda")]
+pub use mote_cuda;
 pub use npy::{read_npy, read_npy_bytes, write_npy};
+pub use provider::Provider;
 pub use session::{
     check_declared, explain, fmt_declared, load_model, load_model_with, Session, SessionBuilder,
 };

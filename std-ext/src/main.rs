@@ -9,8 +9,8 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
 use mote_std::{
-    check_declared, fmt_declared, fmt_shape, load_model, safe_name, DType, Model, Session,
-    SessionBuilder, Tensor,
+    check_declared, fmt_declared, fmt_shape, load_model, safe_name, DType, Model, Provider,
+    Session, SessionBuilder, Tensor,
 };
 use serde_json::{json, Value};
 
@@ -41,6 +41,11 @@ enum Cmd {
         /// pass changed.
         #[arg(long)]
         optimized: bool,
+        /// Also prints which steps this provider would run and which the
+        /// CPU would, with the copies between them (cuda: by its claim
+        /// rule, no GPU needed; needs a build with `--features cuda`).
+        #[arg(long, value_name = "cpu|cuda|cuda:N", default_value = "cpu", value_parser = parse_provider)]
+        provider: Provider,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -64,6 +69,11 @@ enum Cmd {
         /// Intra-op threads (rayon provider; results identical to 1 thread).
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Where to run: cpu, or cuda / cuda:N (device N; steps the GPU
+        /// does not support run on the CPU; needs a build with
+        /// `--features cuda` and an NVIDIA driver).
+        #[arg(long, value_name = "cpu|cuda|cuda:N", default_value = "cpu", value_parser = parse_provider)]
+        provider: Provider,
         /// Stores the f32 weights of Conv, ConvTranspose, MatMul and Gemm as
         /// f16 (`Model::weights_to_f16`): half the weight bytes.
         #[arg(long)]
@@ -89,6 +99,11 @@ enum Cmd {
         /// Intra-op threads (rayon provider; results identical to 1 thread).
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Where to run: cpu, or cuda / cuda:N (device N; steps the GPU
+        /// does not support run on the CPU; needs a build with
+        /// `--features cuda` and an NVIDIA driver).
+        #[arg(long, value_name = "cpu|cuda|cuda:N", default_value = "cpu", value_parser = parse_provider)]
+        provider: Provider,
         /// Timed runs.
         #[arg(long, default_value_t = 50)]
         iters: usize,
@@ -104,6 +119,10 @@ enum Cmd {
         /// Seed of the random data for inputs not given.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// One more run with every GPU step timed by CUDA events: device
+        /// time and TFLOP/s per kind of step (needs --provider cuda).
+        #[arg(long)]
+        profile: bool,
         /// One JSON object on stdout (and no progress bar).
         #[arg(long)]
         json: bool,
@@ -221,6 +240,10 @@ fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("'{s}' is not a byte count (like 65536, 64K, 16M, 1G)"))
 }
 
+fn parse_provider(s: &str) -> std::result::Result<Provider, String> {
+    s.parse::<Provider>().map_err(|e| e.to_string())
+}
+
 fn parse_input(s: &str) -> std::result::Result<(String, PathBuf), String> {
     let (n, f) = s
         .split_once('=')
@@ -298,10 +321,11 @@ fn main() {
             dims,
             int8_io,
             optimized,
+            provider,
             json,
         } => {
             out.json = json;
-            inspect(&model, &dims, int8_io, optimized, &mut out)
+            inspect(&model, &dims, int8_io, optimized, provider, &mut out)
         }
         Cmd::Run {
             model,
@@ -310,6 +334,7 @@ fn main() {
             output_dir,
             seed,
             threads,
+            provider,
             f16_weights,
             max_memory,
             public_key,
@@ -319,6 +344,7 @@ fn main() {
             let opt = RunOptions {
                 seed,
                 threads,
+                provider,
                 max_memory,
                 public_key,
             };
@@ -337,19 +363,23 @@ fn main() {
         Cmd::Bench {
             model,
             threads,
+            provider,
             iters,
             warmup,
             inputs,
             dims,
             seed,
             json,
+            profile,
         } => {
             out.json = json;
             let opt = bench::Options {
                 threads,
+                provider,
                 iters,
                 warmup,
                 seed,
+                profile,
             };
             bench::bench(&model, &inputs, &dims, &opt, &mut out)
         }
@@ -564,8 +594,10 @@ fn inspect(
     dims: &[(String, usize)],
     int8_io: bool,
     optimized: bool,
+    provider: Provider,
     out: &mut Out,
 ) -> Result<()> {
+    provider.check_compiled_in()?;
     let mut model = load_model(path)?;
     if int8_io {
         mote_std::mote_core::optimize::int8_io(&mut model);
@@ -603,6 +635,10 @@ fn inspect(
         }
     };
     let plan = session.as_ref().ok().map(|s| s.plan());
+    let partition = match plan {
+        Some(p) => mote_std::provider::partition_report(&model, p, provider)?,
+        None => None,
+    };
     if out.json {
         let mut v = json!({
             "producer": model.producer,
@@ -632,6 +668,9 @@ fn inspect(
         });
         if let Err(e) = &session {
             v["plan_error"] = json!(e.to_string());
+        }
+        if let Some(r) = &partition {
+            v["partition"] = r.to_json();
         }
         if optimized {
             v["graph"] = json!(g
@@ -758,6 +797,11 @@ fn inspect(
             ));
             for d in p.defaulted_dims() {
                 out.note(format!("note: dim '{d}' not bound, using 1 (--dim {d}=N)"));
+            }
+        }
+        if let Some(r) = &partition {
+            for l in r.lines() {
+                out.line(l);
             }
         }
         if optimized {
@@ -939,10 +983,33 @@ pub(crate) struct RunOptions {
     pub seed: u64,
     /// Intra-op threads.
     pub threads: usize,
+    /// `--provider`: where the session runs.
+    pub provider: Provider,
     /// `--max-memory`: budget of weights, folded constants and arena.
     pub max_memory: Option<usize>,
     /// `--public-key`: a .mote file must be signed by this key.
     pub public_key: Option<PathBuf>,
+}
+
+/// `provider cuda:0 (NVIDIA H200): 12 of 14 steps on the GPU`.
+fn provider_note(session: &Session) -> String {
+    let mut s = format!("provider {}", session.provider());
+    if let Some(d) = session.device_name() {
+        let _ = write!(s, " ({d})");
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(x) = session.cuda() {
+        let p = x.partition();
+        let _ = write!(
+            s,
+            ": {} of {} steps on the GPU, {} segment{}",
+            p.provider_steps(),
+            session.plan().num_steps(),
+            p.segments.len(),
+            if p.segments.len() == 1 { "" } else { "s" }
+        );
+    }
+    s
 }
 
 /// A planned session and its inputs (see [`plan_with_inputs`]).
@@ -976,7 +1043,9 @@ fn plan_with_inputs(
         check_declared(&model, name, t.dtype(), t.shape())?;
         feeds.push((name.clone(), t, file.display().to_string()));
     }
-    let mut b = SessionBuilder::from_model(model.clone()).threads(threads);
+    let mut b = SessionBuilder::from_model(model.clone())
+        .threads(threads)
+        .provider(opt.provider);
     if let Some(m) = opt.max_memory {
         b = b.max_memory(m);
     }
@@ -986,9 +1055,17 @@ fn plan_with_inputs(
     for (n, t, _) in &feeds {
         b = b.input_shape(n, t.shape());
     }
-    let session: Session = b
-        .build()
-        .with_context(|| format!("cannot plan {}", path.display()))?;
+    let session: Session = match b.build() {
+        Ok(s) => s,
+        // No CUDA in this build, no driver, no device: not the model's fault.
+        Err(e @ mote_std::Error::Provider(_)) => return Err(e.into()),
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!("cannot plan {}", path.display())))
+        }
+    };
+    if let Provider::Cuda { .. } = opt.provider {
+        out.note(provider_note(&session));
+    }
     for d in session.plan().defaulted_dims() {
         out.note(format!("note: dim '{d}' not bound, using 1 (--dim {d}=N)"));
     }
@@ -1041,6 +1118,12 @@ fn run(
         }
         if threads > 1 {
             bail!("--threads {threads}: a compiled model runs on one thread");
+        }
+        if opt.provider != Provider::Cpu {
+            bail!(
+                "--provider {}: a compiled model runs on the CPU",
+                opt.provider
+            );
         }
         return run_mote(path, given, output_dir, opt, out);
     }
@@ -1117,8 +1200,14 @@ fn run(
     }
     if out.json {
         out.line(
-            json!({"inputs": inputs_json, "outputs": outputs_json, "arena_bytes": session.plan().arena_bytes()})
-                .to_string(),
+            json!({
+                "inputs": inputs_json,
+                "outputs": outputs_json,
+                "arena_bytes": session.plan().arena_bytes(),
+                "provider": session.provider().to_string(),
+                "device": session.device_name(),
+            })
+            .to_string(),
         );
     } else {
         out.line(format!(

@@ -8,6 +8,7 @@ use mote_core::{DType, IoInfo, Model, Plan, TensorView};
 
 use crate::error::{Error, Result};
 use crate::external::ExternalData;
+use crate::provider::Provider;
 use crate::tensor::{fmt_shape, Tensor};
 use crate::threads::Pool;
 
@@ -142,10 +143,14 @@ pub struct Session {
     arena: Vec<u128>,
     threads: usize,
     pool: Pool,
+    provider: Provider,
+    /// The GPU side of a CUDA session: device arena, weights, kernels.
+    #[cfg(feature = "cuda")]
+    cuda: Option<mote_cuda::CudaExecutor>,
 }
 
 /// Options of a [`Session`]: symbolic dims, input shapes, memory budget,
-/// threads.
+/// threads, execution provider.
 #[derive(Debug, Clone)]
 pub struct SessionBuilder {
     source: Source,
@@ -156,6 +161,7 @@ pub struct SessionBuilder {
     max_loop: Option<u64>,
     external: ExternalData,
     threads: usize,
+    provider: Provider,
 }
 
 #[derive(Debug, Clone)]
@@ -176,6 +182,7 @@ impl SessionBuilder {
             max_loop: None,
             external: ExternalData::default(),
             threads: 1,
+            provider: Provider::Cpu,
         }
     }
     /// Binds a symbolic dimension such as `batch`.
@@ -224,9 +231,22 @@ impl SessionBuilder {
         self.threads = n;
         self
     }
-    /// Loads the model (if given by path) and plans it.
+    /// Where the session runs (default [`Provider::Cpu`]). With
+    /// [`Provider::Cuda`], [`SessionBuilder::build`] opens the device,
+    /// uploads the weights the GPU steps read and compiles the kernels;
+    /// the steps the GPU does not support run on the CPU (on the session's
+    /// threads). It errs, and never falls back to the CPU alone, when this
+    /// build has no CUDA support (feature `cuda`) or the machine has no
+    /// driver or no such device.
+    pub fn provider(mut self, provider: Provider) -> Self {
+        self.provider = provider;
+        self
+    }
+    /// Loads the model (if given by path) and plans it (and, for a CUDA
+    /// session, binds the plan to the device).
     pub fn build(self) -> Result<Session> {
         crate::threads::check(self.threads)?;
+        self.provider.check_compiled_in()?;
         crate::cpu::init();
         let model = match self.source {
             Source::Path(p) => Arc::new(load_model_with(&p, self.external)?),
@@ -268,13 +288,40 @@ impl SessionBuilder {
         })?;
         arena.resize(words, 0u128);
         let pool = Pool::new(self.threads)?;
+        #[cfg(feature = "cuda")]
+        let cuda = match self.provider {
+            Provider::Cpu => None,
+            Provider::Cuda { device } => Some(cuda_executor(&model, &plan, device)?),
+        };
         Ok(Session {
             model,
             plan,
             arena,
             threads: self.threads,
             pool,
+            provider: self.provider,
+            #[cfg(feature = "cuda")]
+            cuda,
         })
+    }
+}
+
+/// A CUDA provider on `device` and an executor of `plan` on it.
+#[cfg(feature = "cuda")]
+fn cuda_executor(model: &Model, plan: &Plan, device: usize) -> Result<mote_cuda::CudaExecutor> {
+    let provider = mote_cuda::CudaProvider::new(device)
+        .map_err(|e| Error::Provider(format!("provider cuda:{device}: {e}")))?;
+    mote_cuda::CudaExecutor::new(Arc::new(provider), model, plan)
+        .map_err(|e| cuda_error(model, device, e))
+}
+
+/// A mote-cuda error as a session error: core errors explained with the
+/// model's names, the others prefixed with the provider.
+#[cfg(feature = "cuda")]
+fn cuda_error(model: &Model, device: usize, e: mote_cuda::Error) -> Error {
+    match e {
+        mote_cuda::Error::Core(e) => explain(model, &e),
+        e => Error::Provider(format!("provider cuda:{device}: {e}")),
     }
 }
 
@@ -297,6 +344,33 @@ impl Session {
     /// Intra-op threads ([`SessionBuilder::threads`]).
     pub fn threads(&self) -> usize {
         self.threads
+    }
+    /// Where the session runs ([`SessionBuilder::provider`]).
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+    /// The GPU's name for a CUDA session (`NVIDIA H200`); `None` on the CPU.
+    pub fn device_name(&self) -> Option<&str> {
+        #[cfg(feature = "cuda")]
+        if let Some(x) = &self.cuda {
+            return Some(x.provider().device_name());
+        }
+        None
+    }
+    /// Whether a CUDA session's GPU segments run as CUDA graphs (`on`, or
+    /// `off (why)`); `None` on the CPU.
+    pub fn cuda_graphs(&self) -> Option<&str> {
+        #[cfg(feature = "cuda")]
+        if let Some(x) = &self.cuda {
+            return Some(x.graphs());
+        }
+        None
+    }
+    /// The CUDA executor of a CUDA session: its partition
+    /// ([`mote_cuda::CudaExecutor::partition`]) and device memory.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Option<&mote_cuda::CudaExecutor> {
+        self.cuda.as_ref()
     }
     /// The plan.
     pub fn plan(&self) -> &Plan {
@@ -353,6 +427,34 @@ impl Session {
         Ok(())
     }
 
+    /// Runs once on the GPU with CUDA events around every GPU step
+    /// ([`mote_cuda::CudaExecutor::invoke_profiled`]); `None` for a CPU
+    /// session.
+    #[cfg(feature = "cuda")]
+    pub fn profile_gpu(
+        &mut self,
+        inputs: &[(&str, Tensor)],
+    ) -> Result<Option<Vec<mote_cuda::StepTime>>> {
+        self.check_inputs(inputs)?;
+        let Some(x) = self.cuda.as_ref() else {
+            return Ok(None);
+        };
+        let device = match self.provider {
+            Provider::Cuda { device } => device,
+            Provider::Cpu => 0,
+        };
+        let views: Vec<(&str, TensorView<'_>)> =
+            inputs.iter().map(|(n, t)| (*n, t.view())).collect();
+        let model = &*self.model;
+        let arena: &mut [u8] = bytemuck::cast_slice_mut(&mut self.arena);
+        let mut s =
+            mote_core::Session::new(model, &self.plan, arena).map_err(|e| explain(model, &e))?;
+        s.feed(&views).map_err(|e| explain(model, &e))?;
+        x.invoke_profiled(&mut s)
+            .map(Some)
+            .map_err(|e| cuda_error(model, device, e))
+    }
+
     /// Runs once on owned inputs (by name); returns the outputs in the
     /// order of [`Session::outputs`].
     pub fn run(&mut self, inputs: &[(&str, Tensor)]) -> Result<Vec<Tensor>> {
@@ -362,9 +464,24 @@ impl Session {
         let model = &*self.model;
         let plan = &self.plan;
         let arena: &mut [u8] = bytemuck::cast_slice_mut(&mut self.arena);
+        #[cfg(feature = "cuda")]
+        let cuda = self.cuda.as_ref();
+        #[cfg(feature = "cuda")]
+        let device = match self.provider {
+            Provider::Cuda { device } => device,
+            Provider::Cpu => 0,
+        };
         self.pool.install(|| {
             let mut s =
                 mote_core::Session::new(model, plan, arena).map_err(|e| explain(model, &e))?;
+            #[cfg(feature = "cuda")]
+            if let Some(x) = cuda {
+                x.run(&mut s, &views)
+                    .map_err(|e| cuda_error(model, device, e))?;
+            } else {
+                s.run(&views).map_err(|e| explain(model, &e))?;
+            }
+            #[cfg(not(feature = "cuda"))]
             s.run(&views).map_err(|e| explain(model, &e))?;
             (0..plan.outputs().len())
                 .map(|i| {

@@ -139,3 +139,180 @@ fn missing_and_garbage_models() {
     let e = load_model(&p).unwrap_err().to_string();
     assert!(e.contains("not an ONNX model or truncated"), "{e}");
 }
+
+fn digits_mlp() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/digits_mlp.onnx")
+}
+
+#[test]
+fn provider_names_parse() {
+    assert_eq!("cpu".parse::<Provider>().unwrap(), Provider::Cpu);
+    assert_eq!(" CPU ".parse::<Provider>().unwrap(), Provider::Cpu);
+    assert_eq!(
+        "cuda".parse::<Provider>().unwrap(),
+        Provider::Cuda { device: 0 }
+    );
+    assert_eq!(
+        "cuda:3".parse::<Provider>().unwrap(),
+        Provider::Cuda { device: 3 }
+    );
+    assert_eq!(Provider::default(), Provider::Cpu);
+    for p in [Provider::Cpu, Provider::Cuda { device: 2 }] {
+        assert_eq!(p.to_string().parse::<Provider>().unwrap(), p);
+    }
+    let e = "gpu".parse::<Provider>().unwrap_err();
+    assert!(matches!(e, Error::Provider(_)), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "unknown provider 'gpu' (expected cpu, cuda or cuda:N)"
+    );
+    for bad in ["cuda:", "cuda:-1", "cuda:x", "cuda:1:2"] {
+        let e = bad.parse::<Provider>().unwrap_err().to_string();
+        assert!(
+            e.contains("is not a non-negative integer") && e.contains("cuda:N"),
+            "{bad}: {e}"
+        );
+    }
+    for bad in ["", "cuda0", "rocm:0", "cpu:0"] {
+        let e = bad.parse::<Provider>().unwrap_err().to_string();
+        assert!(e.starts_with("unknown provider"), "{bad}: {e}");
+    }
+    assert!(Provider::Cpu.compiled_in());
+    assert_eq!(
+        Provider::Cuda { device: 0 }.compiled_in(),
+        cfg!(feature = "cuda")
+    );
+}
+
+#[test]
+fn cpu_provider_has_no_partition() {
+    let s = Session::builder(digits_mlp())
+        .provider(Provider::Cpu)
+        .build()
+        .unwrap();
+    assert_eq!(s.provider(), Provider::Cpu);
+    assert_eq!(s.device_name(), None);
+    let r = provider::partition_report(s.model(), s.plan(), Provider::Cpu).unwrap();
+    assert_eq!(r, None);
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_without_the_feature_is_an_error() {
+    let e = Session::builder(digits_mlp())
+        .provider(Provider::Cuda { device: 0 })
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::Provider(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("this build of mote has no CUDA support")
+            && msg.contains("cargo build --release --features cuda"),
+        "{msg}"
+    );
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+    // inspect's partition report refuses the same way.
+    let s = Session::from_file(digits_mlp()).unwrap();
+    let e = provider::partition_report(s.model(), s.plan(), Provider::Cuda { device: 0 })
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, msg);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_session_errs_without_a_gpu_or_matches_the_cpu() {
+    let x = read_npy(digits_mlp().with_file_name("digits_sample.npy")).unwrap();
+    let built = Session::builder(digits_mlp())
+        .provider(Provider::Cuda { device: 0 })
+        .build();
+    let mut gpu = match built {
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(matches!(e, Error::Provider(_)), "{msg}");
+            assert!(msg.starts_with("provider cuda:0: "), "{msg}");
+            assert_eq!(msg.lines().count(), 1, "{msg}");
+            if !mote_cuda::driver_present() {
+                assert!(msg.contains("no CUDA driver found"), "{msg}");
+            }
+            eprintln!("skipped: no GPU ({msg})");
+            return;
+        }
+        Ok(s) => s,
+    };
+    eprintln!("GPU: {}", gpu.device_name().unwrap());
+    assert_eq!(gpu.provider(), Provider::Cuda { device: 0 });
+    let p = gpu.cuda().unwrap().partition();
+    assert!(p.provider_steps() > 0, "{p:?}");
+    let mut cpu = Session::from_file(digits_mlp()).unwrap();
+    let want = cpu.run(&[("input", x.clone())]).unwrap();
+    let got = gpu.run(&[("input", x.clone())]).unwrap();
+    assert_eq!(want.len(), got.len());
+    for (w, g) in want.iter().zip(&got) {
+        assert_eq!(w.shape(), g.shape());
+        for (a, b) in w.to_f32_vec().iter().zip(g.to_f32_vec()) {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{a} vs {b}");
+        }
+    }
+    // Again: the executor and its device arena are reused.
+    let again = gpu.run(&[("input", x.clone())]).unwrap();
+    assert_eq!(again, got);
+    // From another thread than the one that built it (the device's
+    // context is not current there).
+    let (gpu, moved) = std::thread::spawn({
+        let x = x.clone();
+        move || {
+            let r = gpu.run(&[("input", x)]).unwrap();
+            (gpu, r)
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(moved, got);
+    drop(gpu);
+    // On a pool of threads: the run happens on a pool thread.
+    if cfg!(feature = "rayon") {
+        let mut pooled = Session::builder(digits_mlp())
+            .provider(Provider::Cuda { device: 0 })
+            .threads(3)
+            .build()
+            .unwrap();
+        assert_eq!(pooled.run(&[("input", x)]).unwrap(), got);
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_partition_report_of_digits_mlp() {
+    let s = Session::from_file(digits_mlp()).unwrap();
+    let r = provider::partition_report(s.model(), s.plan(), Provider::Cuda { device: 0 })
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.steps, s.plan().num_steps());
+    assert!(r.provider_steps > 0);
+    let lines = r.lines();
+    let text = lines.join("\n");
+    assert!(
+        lines[0].starts_with(&format!(
+            "provider cuda: {} of {} steps on the GPU, ",
+            r.provider_steps, r.steps
+        )),
+        "{text}"
+    );
+    assert!(lines[0].contains("copies host->device 1 (256 B)"), "{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("  [gpu] steps 0..") && l.contains("Gemm")),
+        "{text}"
+    );
+    assert!(text.contains("(copies in: 'input' 256 B)"), "{text}");
+    assert_eq!(
+        lines.len(),
+        1 + r.segments.len() + usize::from(!r.final_copies.is_empty())
+    );
+    let v = r.to_json();
+    assert_eq!(v["provider"], "cuda");
+    assert_eq!(v["segments"][0]["on"], "gpu");
+    assert_eq!(v["segments"][0]["copies_in"][0]["tensor"], "input");
+}

@@ -347,3 +347,95 @@ fn run_refuses_a_model_over_its_memory_budget() {
     assert_ne!(rc, 0);
     assert!(err.contains("not a byte count"), "{err}");
 }
+
+#[test]
+fn provider_flag() {
+    let m = digits_mlp();
+    // Bad names: clap's one-line error.
+    for cmd in ["run", "bench", "inspect"] {
+        let (rc, _, err) = mote(&[cmd, &m, "--provider", "gpu"]);
+        assert_eq!(rc, 1, "{err}");
+        assert!(
+            err.starts_with("error: ")
+                && err.contains("unknown provider 'gpu' (expected cpu, cuda or cuda:N)")
+                && err.lines().count() == 1,
+            "{err}"
+        );
+    }
+    let (rc, cpu, err) = mote(&["run", &m, "--json", "--provider", "cpu"]);
+    assert_eq!(rc, 0, "{err}");
+    let cpu: serde_json::Value = serde_json::from_str(&cpu).unwrap();
+    assert_eq!(cpu["provider"], "cpu");
+    assert_eq!(cpu["device"], serde_json::Value::Null);
+    let (rc, out, err) = mote(&["bench", &m, "--iters", "2", "--json"]);
+    assert_eq!(rc, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&v["provider"], &v["device"]),
+        (&"cpu".into(), &serde_json::Value::Null)
+    );
+
+    let (rc, out, err) = mote(&["inspect", &m, "--provider", "cuda"]);
+    if cfg!(feature = "cuda") {
+        // The claim rule needs no GPU.
+        assert_eq!(rc, 0, "{err}");
+        assert!(
+            out.contains("provider cuda: 3 of 3 steps on the GPU"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  [gpu] steps 0..3: Gemm, Relu, Gemm"),
+            "{out}"
+        );
+        let (rc, out, err) = mote(&["inspect", &m, "--provider", "cuda", "--json"]);
+        assert_eq!(rc, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["partition"]["provider_steps"], 3, "{v}");
+    } else {
+        assert_eq!(rc, 1, "{out}");
+        assert!(
+            err.starts_with("error: provider cuda:0: this build of mote has no CUDA support")
+                && err.lines().count() == 1,
+            "{err}"
+        );
+    }
+
+    let gpu = mote(&["run", &m, "--json", "--provider", "cuda"]);
+    let bench = mote(&["bench", &m, "--json", "--iters", "2", "--provider", "cuda"]);
+    for (rc, out, err) in [&gpu, &bench] {
+        if *rc == 0 {
+            continue;
+        }
+        assert_eq!(*rc, 1, "{out}");
+        assert!(
+            err.starts_with("error: provider cuda:0: ") && err.lines().count() == 1,
+            "{err}"
+        );
+        if cfg!(feature = "cuda") {
+            eprintln!("skipped: no GPU ({})", err.trim());
+        } else {
+            assert!(err.contains("no CUDA support"), "{err}");
+        }
+    }
+    // A GPU machine, with the feature (without it, the loop above failed).
+    if gpu.0 == 0 {
+        let v: serde_json::Value = serde_json::from_str(&gpu.1).unwrap();
+        assert_eq!(v["provider"], "cuda:0");
+        assert!(v["device"].is_string(), "{v}");
+        assert_eq!(
+            v["outputs"][0]["top5"][0][0],
+            cpu["outputs"][0]["top5"][0][0]
+        );
+        assert!(gpu.2.contains("steps on the GPU"), "{}", gpu.2);
+        let v: serde_json::Value = serde_json::from_str(&bench.1).unwrap();
+        assert_eq!(v["provider"], "cuda:0");
+        assert!(v["device"].is_string(), "{v}");
+        if cfg!(feature = "rayon") {
+            // CPU segments on the pool; the GPU calls from a pool thread.
+            let (rc, out, err) =
+                mote(&["run", &m, "--json", "--provider", "cuda", "--threads", "2"]);
+            assert_eq!(rc, 0, "{err}");
+            assert_eq!(out, gpu.1);
+        }
+    }
+}
