@@ -119,6 +119,13 @@ def main():
         # The same without CUDA graphs (one launch per kernel).
         r = subprocess.run(bench, capture_output=True, text=True, env=dict(os.environ, MOTE_CUDA_GRAPHS="0"))
         nograph_ms = json.loads(r.stdout)["median_ms"] if r.returncode == 0 else None
+        # Batch > 1: the same with every Conv per image (no wide-N GEMM).
+        per_image_ms = wide_ms = None
+        if batch > 1:
+            r = subprocess.run(bench, capture_output=True, text=True, env=dict(os.environ, MOTE_CUDA_WIDE_P="0"))
+            per_image_ms = json.loads(r.stdout)["median_ms"] if r.returncode == 0 else None
+            r = subprocess.run(bench, capture_output=True, text=True, env=dict(os.environ, MOTE_CUDA_WIDE_P="100000000"))
+            wide_ms = json.loads(r.stdout)["median_ms"] if r.returncode == 0 else None
         prof = mb.get("profile") or {}
         g_ms = sum(prof[k]["ms"] for k in ("conv", "gemm") if k in prof)
         g_flops = sum(prof[k]["flops"] for k in ("conv", "gemm") if k in prof)
@@ -149,7 +156,8 @@ def main():
         row = {"model": name, "batch": batch, "mote_ms": mb["median_ms"], "peer": peer, "peer_ms": ort_ms,
                "ratio": mb["median_ms"] / ort_ms, "gflop": flops / 1e9, "mote_tflops": tflops,
                "cublas_tflops": peak, "of_cublas": tflops / peak if peak else None, "rel_err_vs_ort": err,
-               "device": mb.get("device"), "cuda_graphs": mb.get("cuda_graphs"), "no_graphs_ms": nograph_ms,
+               "device": mb.get("device"), "cuda_graphs": mb.get("cuda_graphs"), "no_graphs_ms": nograph_ms, "conv_per_image_ms": per_image_ms, "conv_all_wide_ms": wide_ms,
+               "profile_steps": mb.get("profile_steps"),
                "profile": prof, "gpu_steps_ms": gpu_ms, "gemm_layers_tflops": gemm_tflops,
                "gemm_layers_of_cublas": gemm_tflops / peak if (peak and gemm_tflops) else None}
         rows.append(row)
@@ -160,7 +168,14 @@ def main():
               + (f"  conv+gemm steps {gemm_tflops:6.2f} TFLOP/s" if gemm_tflops else "")
               + (f" ({100*gemm_tflops/peak:4.1f}%)" if (peak and gemm_tflops) else "")
               + (f"  max rel err vs ORT {err:.1e}" if err is not None else "  (mote run failed)"), flush=True)
-        print("           profile: " + ", ".join(f"{k} {v['ms']:.3f} ms/{v['steps']}" for k, v in prof.items()), flush=True)
+        print("           profile: " + ", ".join(f"{k} {v['ms']:.3f} ms/{v['steps']}" for k, v in prof.items())
+              + (f"; convs per image instead: {per_image_ms:.3f} ms" if per_image_ms else "")
+              + (f"; all convs wide-N: {wide_ms:.3f} ms" if wide_ms else ""), flush=True)
+        if batch > 1:
+            top = sorted(mb.get("profile_steps") or [], key=lambda t: -t["ms"])[:8]
+            for t in top:
+                rate = t["flops"] / (t["ms"] / 1e3) / 1e12 if t["ms"] > 0 and t["flops"] else 0
+                print(f"             step {t['step']:3d} {t['op'] or '?':10s} {t['kind']:14s} {t['ms']:7.3f} ms  {rate:6.2f} TFLOP/s", flush=True)
     with open(args.out, "w") as f:
         json.dump({"cublas_sgemm_tflops": peak, "onnxruntime": ort.__version__, "rows": rows}, f, indent=1)
 

@@ -88,6 +88,13 @@ MOTE_GPU_MODELS="$MODELS" "$BIN/gpu-tests" --test-threads 1 --nocapture 2>&1 | t
 tests_ok=0
 grep -q "test result: ok" "$OUT/gpu-tests.log" && tests_ok=1
 
+echo "== CLI: the shipped model on the CPU, the GPU, and the GPU with 4 CPU threads"
+for a in "" "--provider cuda" "--provider cuda --threads 4"; do
+    # shellcheck disable=SC2086
+    "$BIN/mote" run models/digits_mlp.onnx --input input=models/digits_sample.npy $a | tail -n 2
+done
+"$BIN/mote" inspect --provider cuda "$MODELS/mbv2.onnx" | tail -n 3
+
 echo "== bench"
 python3 cuda-ext/device-bench.py --mote "$BIN/mote" --models "$MODELS" --out "$OUT/bench.json"
 if [[ $tests_ok != 1 ]]; then

@@ -1,12 +1,19 @@
 // mote-cuda's own kernels, compiled at run time by NVRTC (once per
 // process and device). f32, NCHW, one thread per output element unless a
-// kernel says otherwise. Indices are 64-bit: batch-32 activations exceed
-// 2^31 elements in some layers' im2col buffers.
+// kernel says otherwise.
+//
+// Index arithmetic is 32-bit: a 64-bit division is a long emulated
+// sequence on the GPU, and the im2col of a batch-32 ResNet does hundreds of
+// millions of them. Per-image kernels take the image from blockIdx.y and
+// index within it in 32 bits; the host guarantees every per-image (or, for
+// the flat kernels, total) count is at most 2^30 and a grid stride at most
+// 2^29, so `int` never overflows (lower.rs claims nothing larger), and
+// offsets that can exceed it are formed in 64 bits by multiplication only.
 
 typedef long long i64;
 
 #define GRID_LOOP(i, n) \
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
 
 __device__ __forceinline__ float act(float v, int op, float a, float b) {
     switch (op) {
@@ -35,24 +42,24 @@ __device__ __forceinline__ float act(float v, int op, float a, float b) {
     }
 }
 
-extern "C" __global__ void unary(const float* x, float* y, i64 n, int op, float a, float b) {
+extern "C" __global__ void unary(const float* x, float* y, int n, int op, float a, float b) {
     GRID_LOOP(i, n) { y[i] = act(x[i], op, a, b); }
 }
 
 // meta: rank, dims[rank] (output), astr[rank], bstr[rank] (0 on broadcast axes).
 // meta == 0: a and b have the output's shape; bscalar: b is one value.
-extern "C" __global__ void binary(const float* A, const float* B, float* y, i64 n, int op,
-                                  const i64* meta) {
+extern "C" __global__ void binary(const float* A, const float* B, float* y, int n, int op,
+                                  const int* meta) {
     GRID_LOOP(i, n) {
-        i64 ia = i, ib = i;
+        int ia = i, ib = i;
         if (meta) {
-            int rank = (int)meta[0];
-            i64 rem = i;
+            int rank = meta[0];
+            int rem = i;
             ia = 0;
             ib = 0;
             for (int d = rank - 1; d >= 0; --d) {
-                i64 dim = meta[1 + d];
-                i64 k = rem % dim;
+                int dim = meta[1 + d];
+                int k = rem % dim;
                 rem /= dim;
                 ia += k * meta[1 + rank + d];
                 ib += k * meta[1 + 2 * rank + d];
@@ -75,13 +82,13 @@ extern "C" __global__ void binary(const float* A, const float* B, float* y, i64 
 }
 
 // y[i] = beta * c[broadcast index of i]; meta as in `binary` (a strides unused).
-extern "C" __global__ void bcast_copy(const float* c, float* y, i64 n, float beta, const i64* meta) {
+extern "C" __global__ void bcast_copy(const float* c, float* y, int n, float beta, const int* meta) {
     GRID_LOOP(i, n) {
-        int rank = (int)meta[0];
-        i64 rem = i, ic = 0;
+        int rank = meta[0];
+        int rem = i, ic = 0;
         for (int d = rank - 1; d >= 0; --d) {
-            i64 dim = meta[1 + d];
-            i64 k = rem % dim;
+            int dim = meta[1 + d];
+            int k = rem % dim;
             rem /= dim;
             ic += k * meta[1 + 2 * rank + d];
         }
@@ -89,63 +96,65 @@ extern "C" __global__ void bcast_copy(const float* c, float* y, i64 n, float bet
     }
 }
 
-// y[i] = act(y[i] + bias[(i / inner) % channels]); bias may be null.
-extern "C" __global__ void bias_act(float* y, const float* bias, i64 n, i64 channels, i64 inner,
+// Per image (blockIdx.y): y[c][p] = act(y[c][p] + bias[c]) over channels x inner; bias may be null.
+extern "C" __global__ void bias_act(float* y, const float* bias, int channels, int inner,
                                     int op, float a, float b) {
-    GRID_LOOP(i, n) {
-        float v = y[i];
-        if (bias) v += bias[(i / inner) % channels];
-        y[i] = act(v, op, a, b);
+    float* yp = y + (i64)blockIdx.y * channels * inner;
+    GRID_LOOP(i, channels * inner) {
+        float v = yp[i];
+        if (bias) v += bias[i / inner];
+        yp[i] = act(v, op, a, b);
     }
 }
 
 // y[i] = x[i] * scale[c] + shift[c], c = (i / inner) % channels (BatchNormalization).
 extern "C" __global__ void scale_shift(const float* x, float* y, const float* scale, const float* shift,
-                                       i64 n, i64 channels, i64 inner) {
+                                       int n, int channels, int inner) {
     GRID_LOOP(i, n) {
-        i64 c = (i / inner) % channels;
+        int c = (i / inner) % channels;
         y[i] = x[i] * scale[c] + shift[c];
     }
 }
 
-// col[img][(c*kh + i)*kw + j][oy*ow + ox] = x[img][c][oy*sh - ph + i*dh][ox*sw - pw + j*dw] or 0.
-// x points at the group's first channel; ximg = elements per image of x.
-extern "C" __global__ void im2col(const float* x, float* col, int nimg, int C, int H, int W, int kh, int kw,
+// Per image (blockIdx.y): col[img][(c*kh + i)*kw + j][oy*ow + ox] =
+// x[img][c][oy*sh - ph + i*dh][ox*sw - pw + j*dw] or 0. x points at the
+// group's first channel; ximg = elements per image of x.
+extern "C" __global__ void im2col(const float* x, float* col, int C, int H, int W, int kh, int kw,
                                   int sh, int sw, int ph, int pw, int dh, int dw, int oh, int ow, i64 ximg) {
-    i64 P = (i64)oh * ow;
-    i64 K = (i64)C * kh * kw;
-    i64 n = (i64)nimg * K * P;
-    GRID_LOOP(t, n) {
-        i64 p = t % P;
-        i64 r = t / P;
-        i64 k = r % K;
-        i64 img = r / K;
-        int j = (int)(k % kw);
-        int i = (int)((k / kw) % kh);
-        int c = (int)(k / ((i64)kw * kh));
-        int oy = (int)(p / ow), ox = (int)(p % ow);
+    int P = oh * ow;
+    int K = C * kh * kw;
+    const float* xp = x + (i64)blockIdx.y * ximg;
+    float* cp = col + (i64)blockIdx.y * K * P;
+    GRID_LOOP(t, K * P) {
+        int p = t % P;
+        int k = t / P;
+        int j = k % kw;
+        int i = (k / kw) % kh;
+        int c = k / (kw * kh);
+        int oy = p / ow, ox = p % ow;
         int iy = oy * sh - ph + i * dh, ix = ox * sw - pw + j * dw;
         float v = 0.f;
-        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = x[img * ximg + ((i64)c * H + iy) * W + ix];
-        col[t] = v;
+        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = xp[(c * H + iy) * W + ix];
+        cp[t] = v;
     }
 }
 
 // Grouped convolution with one input channel per group (depthwise, with a
 // channel multiplier M / C), direct: one thread per output element.
-extern "C" __global__ void dwconv(const float* x, const float* w, const float* bias, float* y, int N, int C,
+extern "C" __global__ void dwconv(const float* x, const float* w, const float* bias, float* y, int C,
                                   int H, int W, int M, int kh, int kw, int sh, int sw, int ph, int pw, int dh,
                                   int dw, int oh, int ow, int op, float a, float b) {
-    i64 n = (i64)N * M * oh * ow;
+    // Per image (blockIdx.y).
     int mult = M / C;
-    GRID_LOOP(t, n) {
-        int ox = (int)(t % ow);
-        int oy = (int)((t / ow) % oh);
-        int m = (int)((t / ((i64)ow * oh)) % M);
-        i64 img = t / ((i64)ow * oh * M);
+    const float* xi = x + (i64)blockIdx.y * C * H * W;
+    float* yi = y + (i64)blockIdx.y * M * oh * ow;
+    GRID_LOOP(t, M * oh * ow) {
+        int ox = t % ow;
+        int oy = (t / ow) % oh;
+        int m = t / (ow * oh);
         int c = m / mult;
-        const float* xp = x + (img * C + c) * (i64)H * W;
-        const float* wp = w + (i64)m * kh * kw;
+        const float* xp = xi + c * H * W;
+        const float* wp = w + m * kh * kw;
         float s = bias ? bias[m] : 0.f;
         for (int i = 0; i < kh; ++i) {
             int iy = oy * sh - ph + i * dh;
@@ -153,23 +162,24 @@ extern "C" __global__ void dwconv(const float* x, const float* w, const float* b
             for (int j = 0; j < kw; ++j) {
                 int ix = ox * sw - pw + j * dw;
                 if (ix < 0 || ix >= W) continue;
-                s += xp[(i64)iy * W + ix] * wp[i * kw + j];
+                s += xp[iy * W + ix] * wp[i * kw + j];
             }
         }
-        y[t] = act(s, op, a, b);
+        yi[t] = act(s, op, a, b);
     }
 }
 
-// MaxPool / AveragePool over NC planes.
-extern "C" __global__ void pool2d(const float* x, float* y, i64 planes, int H, int W, int oh, int ow, int kh,
+// MaxPool / AveragePool; per image (blockIdx.y) of C planes.
+extern "C" __global__ void pool2d(const float* x, float* y, int C, int H, int W, int oh, int ow, int kh,
                                   int kw, int sh, int sw, int ph, int pw, int dh, int dw, int is_max,
                                   int count_pad) {
-    i64 n = planes * oh * ow;
-    GRID_LOOP(t, n) {
-        int ox = (int)(t % ow);
-        int oy = (int)((t / ow) % oh);
-        i64 pl = t / ((i64)ow * oh);
-        const float* xp = x + pl * (i64)H * W;
+    const float* xi = x + (i64)blockIdx.y * C * H * W;
+    float* yi = y + (i64)blockIdx.y * C * oh * ow;
+    GRID_LOOP(t, C * oh * ow) {
+        int ox = t % ow;
+        int oy = (t / ow) % oh;
+        int pl = t / (ow * oh);
+        const float* xp = xi + pl * H * W;
         float acc = is_max ? -__int_as_float(0x7f800000) : 0.f;
         int cnt = 0;
         for (int i = 0; i < kh; ++i) {
@@ -178,7 +188,7 @@ extern "C" __global__ void pool2d(const float* x, float* y, i64 planes, int H, i
                 int ix = ox * sw - pw + j * dw;
                 bool in = iy >= 0 && iy < H && ix >= 0 && ix < W;
                 if (in) {
-                    float v = xp[(i64)iy * W + ix];
+                    float v = xp[iy * W + ix];
                     acc = is_max ? fmaxf(acc, v) : acc + v;
                     cnt++;
                 } else if (count_pad && iy < H + ph && ix < W + pw) {
@@ -186,7 +196,7 @@ extern "C" __global__ void pool2d(const float* x, float* y, i64 planes, int H, i
                 }
             }
         }
-        y[t] = is_max ? acc : (cnt > 0 ? acc / (float)cnt : 0.f);
+        yi[t] = is_max ? acc : (cnt > 0 ? acc / (float)cnt : 0.f);
     }
 }
 
@@ -210,8 +220,8 @@ extern "C" __global__ void row_reduce(const float* x, float* y, i64 rows, i64 le
 }
 
 // Softmax / LogSoftmax over the middle axis of [outer, axis, inner]: one thread per (outer, inner).
-extern "C" __global__ void softmax(const float* x, float* y, i64 outer, i64 axis, i64 inner, int is_log) {
-    i64 n = outer * inner;
+extern "C" __global__ void softmax(const float* x, float* y, int outer, int axis, int inner, int is_log) {
+    int n = outer * inner;
     GRID_LOOP(t, n) {
         i64 o = t / inner, in = t % inner;
         const float* xp = x + o * axis * inner + in;
@@ -231,25 +241,65 @@ extern "C" __global__ void softmax(const float* x, float* y, i64 outer, i64 axis
 }
 
 // Concat piece: y[o][off + k] = x[o][k] for k < inner_in; y rows are inner_out long. Any 4-byte type.
-extern "C" __global__ void concat_piece(const float* x, float* y, i64 outer, i64 inner_in, i64 inner_out,
-                                        i64 off) {
-    i64 n = outer * inner_in;
+extern "C" __global__ void concat_piece(const float* x, float* y, int outer, int inner_in, int inner_out,
+                                        int off) {
+    int n = outer * inner_in;
     GRID_LOOP(t, n) {
-        i64 o = t / inner_in, k = t % inner_in;
+        int o = t / inner_in, k = t % inner_in;
         y[o * inner_out + off + k] = x[t];
     }
 }
 
 // Transpose (any 4-byte type): meta = rank, out dims[rank], in strides of each out axis[rank].
-extern "C" __global__ void transpose(const float* x, float* y, i64 n, const i64* meta) {
+extern "C" __global__ void transpose(const float* x, float* y, int n, const int* meta) {
     GRID_LOOP(i, n) {
-        int rank = (int)meta[0];
-        i64 rem = i, ix = 0;
+        int rank = meta[0];
+        int rem = i, ix = 0;
         for (int d = rank - 1; d >= 0; --d) {
-            i64 dim = meta[1 + d];
+            int dim = meta[1 + d];
             ix += (rem % dim) * meta[1 + rank + d];
             rem /= dim;
         }
         y[i] = x[ix];
+    }
+}
+
+// im2col for the whole batch side by side: col[k][img * P + p], so that one
+// GEMM with N = images x P covers the batch (small late-layer P stays
+// efficient). Per image (blockIdx.y); nimg = gridDim.y. Same taps as `im2col`.
+extern "C" __global__ void im2col_nb(const float* x, float* col, int C, int H, int W, int kh, int kw,
+                                     int sh, int sw, int ph, int pw, int dh, int dw, int oh, int ow, i64 ximg) {
+    int P = oh * ow;
+    int K = C * kh * kw;
+    i64 NP = (i64)gridDim.y * P;
+    const float* xp = x + (i64)blockIdx.y * ximg;
+    float* cp = col + (i64)blockIdx.y * P;
+    GRID_LOOP(t, K * P) {
+        int p = t % P;
+        int k = t / P;
+        int j = k % kw;
+        int i = (k / kw) % kh;
+        int c = k / (kw * kh);
+        int oy = p / ow, ox = p % ow;
+        int iy = oy * sh - ph + i * dh, ix = ox * sw - pw + j * dw;
+        float v = 0.f;
+        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = xp[(c * H + iy) * W + ix];
+        cp[k * NP + p] = v;
+    }
+}
+
+// Back to NCHW with the epilogue, per image (blockIdx.y; nimg = gridDim.y):
+// y[img][c0 + m][p] = act(t[m][img * P + p] + bias[c0 + m]).
+extern "C" __global__ void from_mnp(const float* tmp, float* y, const float* bias, int Mg, int M, int c0,
+                                    int P, int op, float a, float b) {
+    i64 NP = (i64)gridDim.y * P;
+    const float* tp = tmp + (i64)blockIdx.y * P;
+    float* yp = y + ((i64)blockIdx.y * M + c0) * P;
+    GRID_LOOP(t, Mg * P) {
+        int p = t % P;
+        int m = t / P;
+        float v = tp[m * NP + p];
+        if (bias) v += bias[c0 + m];
+        yp[t] = act(v, op, a, b);
     }
 }

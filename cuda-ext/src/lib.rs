@@ -99,7 +99,9 @@ pub fn driver_present() -> bool {
 const KERNELS: &str = include_str!("kernels.cu");
 /// cuBLAS workspace bytes (what cuBLAS asks for on Hopper is 32 MiB).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
-const FUNCTIONS: [&str; 12] = [
+const FUNCTIONS: [&str; 14] = [
+    "im2col_nb",
+    "from_mnp",
     "unary",
     "binary",
     "bcast_copy",
@@ -273,10 +275,20 @@ pub struct CudaExecutor {
     const_bytes: usize,
     /// One CUDA graph per GPU segment (`None`: launched step by step).
     graphs: Vec<Option<Graph>>,
+    /// [`ConvPath::WideN`] threshold this executor was built with.
+    wide_p: i64,
     /// Why graphs are off, if they are.
     graph_note: Option<String>,
     /// One run at a time: runs share the device arena.
     lock: Mutex<()>,
+    /// Host memory pinned by [`CudaExecutor::register_host`] (address, bytes).
+    pinned: Option<(usize, usize)>,
+}
+
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        self.unregister_host();
+    }
 }
 
 /// A captured segment.
@@ -303,25 +315,82 @@ fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<(CudaSlice<u8>, u64)
     Ok((s, p))
 }
 
-fn i64_bytes(v: &[i64]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// A kernel's shape table as the `int` array kernels.cu reads.
+fn i32_bytes(v: &[i64]) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for &x in v {
+        let x = i32::try_from(x).map_err(|_| Error::Internal("shape table entry over i32"))?;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    Ok(out)
+}
+
+/// A count the kernels index in 32 bits (lower.rs claims nothing larger).
+fn i32c(v: i64) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Internal("count over i32"))
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Scratch elements (f32) a GPU op needs: the im2col buffer of a Conv that
-/// is not 1×1 / stride 1 / unpadded.
-fn scratch_elems(op: &GpuOp) -> usize {
-    match op {
-        GpuOp::Conv {
-            n, c, group, win, ..
-        } if !direct(*c / *group, win) && !pointwise(win) => {
-            let k = (*c / *group) as usize * win.kh as usize * win.kw as usize;
-            *n as usize * k * win.oh as usize * win.ow as usize
-        }
-        _ => 0,
+/// How a Conv runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConvPath {
+    /// One input channel per group: the direct depthwise kernel.
+    Direct,
+    /// Per image and group, `Y = W · col` batched over images, written in
+    /// place; `col` is the input itself for a pointwise conv.
+    PerImage,
+    /// Batch > 1 with small output planes: the whole batch's im2col side
+    /// by side, one GEMM with N = images × plane per group, then the
+    /// epilogue scatters back to NCHW.
+    WideN,
+}
+
+/// Output planes below this many pixels take [`ConvPath::WideN`] when the
+/// batch is over 1 (`MOTE_CUDA_WIDE_P` overrides, for tuning).
+const WIDE_N_MAX_P: i64 = 1024;
+
+fn wide_n_max_p() -> i64 {
+    std::env::var("MOTE_CUDA_WIDE_P")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(WIDE_N_MAX_P)
+}
+
+fn conv_path(n: i64, c: i64, group: i64, win: &Window, wide_p: i64) -> ConvPath {
+    if direct(c / group, win) {
+        ConvPath::Direct
+    } else if n > 1 && (win.oh as i64 * win.ow as i64) < wide_p {
+        ConvPath::WideN
+    } else {
+        ConvPath::PerImage
+    }
+}
+
+/// Scratch elements (f32) a GPU op needs: the im2col buffer (and for
+/// [`ConvPath::WideN`] the GEMM's output before the scatter).
+fn scratch_elems(op: &GpuOp, wide_p: i64) -> usize {
+    let GpuOp::Conv {
+        n,
+        c,
+        m,
+        group,
+        win,
+        ..
+    } = op
+    else {
+        return 0;
+    };
+    let k = (*c / *group) as usize * win.kh as usize * win.kw as usize;
+    let p = win.oh as usize * win.ow as usize;
+    let n = *n as usize;
+    match conv_path(n as i64, *c, *group, win, wide_p) {
+        ConvPath::Direct => 0,
+        ConvPath::PerImage if pointwise(win) => 0,
+        ConvPath::PerImage => n * k * p,
+        ConvPath::WideN => n * k * p + (*m / *group) as usize * n * p,
     }
 }
 
@@ -449,6 +518,7 @@ impl CudaExecutor {
         let mut steps = Vec::with_capacity(plan.num_steps());
         let mut scratch = 0usize;
         let mut const_bytes = 0usize;
+        let wide_p = wide_n_max_p();
         let on_gpu: Vec<bool> = {
             let mut v = vec![false; plan.num_steps()];
             for s in partition.segments.iter().filter(|s| s.on_provider) {
@@ -477,11 +547,11 @@ impl CudaExecutor {
                 }
             }
             let table_bytes: Vec<Vec<u8>> = match &op {
-                GpuOp::Binary { meta: Some(m), .. } => vec![i64_bytes(m)],
+                GpuOp::Binary { meta: Some(m), .. } => vec![i32_bytes(m)?],
                 GpuOp::Gemm {
                     c: Some((_, m)), ..
-                } => vec![i64_bytes(m)],
-                GpuOp::Transpose { meta, .. } => vec![i64_bytes(meta)],
+                } => vec![i32_bytes(m)?],
+                GpuOp::Transpose { meta, .. } => vec![i32_bytes(meta)?],
                 GpuOp::ScaleShift { scale, shift, .. } => vec![f32_bytes(scale), f32_bytes(shift)],
                 _ => vec![],
             };
@@ -491,7 +561,7 @@ impl CudaExecutor {
                 tables.push(s);
                 ptrs.push(p);
             }
-            scratch = scratch.max(scratch_elems(&op));
+            scratch = scratch.max(scratch_elems(&op, wide_p));
             steps.push(Some(Ready { op, tables: ptrs }));
         }
         fuse_activations(model, plan, &mut steps)?;
@@ -514,8 +584,10 @@ impl CudaExecutor {
             steps,
             const_bytes,
             graphs: Vec::new(),
+            wide_p,
             graph_note: None,
             lock: Mutex::new(()),
+            pinned: None,
         };
         if std::env::var("MOTE_CUDA_GRAPHS").is_ok_and(|v| v == "0") {
             exec.graph_note = Some("off (MOTE_CUDA_GRAPHS=0)".into());
@@ -561,6 +633,48 @@ impl CudaExecutor {
         }
         self.graph_note = Some("on".into());
         self.graphs = graphs;
+    }
+
+    /// Page-locks the host arena `[ptr, ptr + len)` (`cuMemHostRegister`), so
+    /// that boundary copies are DMA at full bus speed instead of staged
+    /// through the driver (the input of a batch-32 ImageNet model is 19 MB).
+    /// Returns whether it could (some systems refuse: copies then stay
+    /// pageable, which is only slower).
+    ///
+    /// # Safety
+    /// The memory must stay allocated, at that address, until this executor
+    /// is dropped or [`CudaExecutor::unregister_host`] is called.
+    pub unsafe fn register_host(&mut self, ptr: *mut u8, len: usize) -> bool {
+        self.unregister_host();
+        if len == 0 || self.provider.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        // SAFETY: the caller keeps `ptr..ptr + len` allocated and in place
+        // until it is unregistered (in `unregister_host` or on drop).
+        let r = unsafe {
+            drv_sys::cuMemHostRegister_v2(ptr.cast(), len, drv_sys::CU_MEMHOSTREGISTER_PORTABLE)
+                .result()
+        };
+        if r.is_ok() {
+            self.pinned = Some((ptr as usize, len));
+        }
+        r.is_ok()
+    }
+
+    /// Undoes [`CudaExecutor::register_host`] (nothing if none).
+    pub fn unregister_host(&mut self) {
+        if let Some((p, _)) = self.pinned.take() {
+            if self.provider.ctx.bind_to_thread().is_ok() {
+                // SAFETY: `p` was registered by `register_host` and is still
+                // allocated (its contract).
+                let _ = unsafe { drv_sys::cuMemHostUnregister(p as *mut std::ffi::c_void) };
+            }
+        }
+    }
+
+    /// Bytes of host memory pinned for copies (0 if none).
+    pub fn pinned_bytes(&self) -> usize {
+        self.pinned.map_or(0, |(_, l)| l)
     }
 
     /// Whether GPU segments run as CUDA graphs, and why not.
@@ -711,9 +825,15 @@ impl CudaExecutor {
     }
 
     fn grid(n: i64) -> LaunchConfig {
-        let blocks = ((n.max(1) + 255) / 256).min(65535 * 8) as u32;
+        Self::grid2(n, 1)
+    }
+
+    /// `images` rows of blocks (blockIdx.y = image), each covering `per`
+    /// elements with a grid-stride loop.
+    fn grid2(per: i64, images: i64) -> LaunchConfig {
+        let blocks = ((per.max(1) + 255) / 256).min(65535 * 32) as u32;
         LaunchConfig {
-            grid_dim: (blocks, 1, 1),
+            grid_dim: (blocks, images.clamp(1, 65535) as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         }
@@ -735,7 +855,7 @@ impl CudaExecutor {
                         .launch_builder(p.func("unary")?)
                         .arg(&x)
                         .arg(&y)
-                        .arg(n)
+                        .arg(&i32c(*n)?)
                         .arg(&act.op)
                         .arg(&act.a)
                         .arg(&act.b)
@@ -756,7 +876,7 @@ impl CudaExecutor {
                         .arg(&a)
                         .arg(&b)
                         .arg(&y)
-                        .arg(n)
+                        .arg(&i32c(*n)?)
                         .arg(op)
                         .arg(&m)
                         .launch(Self::grid(*n))?;
@@ -787,7 +907,7 @@ impl CudaExecutor {
                             .launch_builder(p.func("bcast_copy")?)
                             .arg(&c)
                             .arg(&y)
-                            .arg(&total)
+                            .arg(&i32c(total)?)
                             .arg(beta)
                             .arg(&meta)
                             .launch(Self::grid(total))?;
@@ -813,18 +933,19 @@ impl CudaExecutor {
                 GpuOp::Pool {
                     x,
                     y,
-                    planes,
+                    n,
+                    c,
                     win,
                     is_max,
                     count_pad,
                 } => {
                     let (x, y) = (self.addr(*x)?, self.addr(*y)?);
-                    let total = planes * win.oh as i64 * win.ow as i64;
+                    let per = c * win.oh as i64 * win.ow as i64;
                     stream
                         .launch_builder(p.func("pool2d")?)
                         .arg(&x)
                         .arg(&y)
-                        .arg(planes)
+                        .arg(&i32c(*c)?)
                         .arg(&win.h)
                         .arg(&win.w)
                         .arg(&win.oh)
@@ -839,7 +960,7 @@ impl CudaExecutor {
                         .arg(&win.dw)
                         .arg(&(*is_max as i32))
                         .arg(&(*count_pad as i32))
-                        .launch(Self::grid(total))?;
+                        .launch(Self::grid2(per, *n))?;
                 }
                 GpuOp::RowReduce {
                     x,
@@ -876,9 +997,9 @@ impl CudaExecutor {
                         .launch_builder(p.func("softmax")?)
                         .arg(&x)
                         .arg(&y)
-                        .arg(outer)
-                        .arg(axis)
-                        .arg(inner)
+                        .arg(&i32c(*outer)?)
+                        .arg(&i32c(*axis)?)
+                        .arg(&i32c(*inner)?)
                         .arg(&(*log as i32))
                         .launch(Self::grid(outer * inner))?;
                 }
@@ -898,9 +1019,9 @@ impl CudaExecutor {
                         .arg(&y)
                         .arg(&s)
                         .arg(&b)
-                        .arg(n)
-                        .arg(channels)
-                        .arg(inner)
+                        .arg(&i32c(*n)?)
+                        .arg(&i32c(*channels)?)
+                        .arg(&i32c(*inner)?)
                         .launch(Self::grid(*n))?;
                 }
                 GpuOp::Concat {
@@ -915,10 +1036,10 @@ impl CudaExecutor {
                             .launch_builder(p.func("concat_piece")?)
                             .arg(&x)
                             .arg(&y)
-                            .arg(outer)
-                            .arg(inner_in)
-                            .arg(inner_out)
-                            .arg(off)
+                            .arg(&i32c(*outer)?)
+                            .arg(&i32c(*inner_in)?)
+                            .arg(&i32c(*inner_out)?)
+                            .arg(&i32c(*off)?)
                             .launch(Self::grid(outer * inner_in))?;
                     }
                 }
@@ -929,7 +1050,7 @@ impl CudaExecutor {
                         .launch_builder(p.func("transpose")?)
                         .arg(&x)
                         .arg(&y)
-                        .arg(n)
+                        .arg(&i32c(*n)?)
                         .arg(&meta)
                         .launch(Self::grid(*n))?;
                 }
@@ -1041,8 +1162,11 @@ impl CudaExecutor {
         let hw_in = win.h as i64 * win.w as i64;
         let hw_out = win.oh as i64 * win.ow as i64;
         let kk = cg * win.kh as i64 * win.kw as i64;
-        let total = n * m * hw_out;
-        if direct(cg, win) {
+        let path = conv_path(n, c, group, win, self.wide_p);
+        if path == ConvPath::WideN {
+            return self.conv_wide(x, w, bias, y, n, c, m, group, win, act);
+        }
+        if path == ConvPath::Direct {
             // SAFETY: as in `launch`.
             unsafe {
                 stream
@@ -1051,7 +1175,6 @@ impl CudaExecutor {
                     .arg(&w)
                     .arg(&bias)
                     .arg(&y)
-                    .arg(&(n as i32))
                     .arg(&(c as i32))
                     .arg(&win.h)
                     .arg(&win.w)
@@ -1069,7 +1192,7 @@ impl CudaExecutor {
                     .arg(&act.op)
                     .arg(&act.a)
                     .arg(&act.b)
-                    .launch(Self::grid(total))?;
+                    .launch(Self::grid2(m * hw_out, n))?;
             }
             return Ok(());
         }
@@ -1082,7 +1205,6 @@ impl CudaExecutor {
                 (xg, c * hw_in)
             } else {
                 let col = self.scratch_ptr;
-                let cnt = n * kk * hw_out;
                 // SAFETY: as in `launch`; the scratch holds n·kk·hw_out f32
                 // (sized from this op at build).
                 unsafe {
@@ -1090,7 +1212,6 @@ impl CudaExecutor {
                         .launch_builder(p.func("im2col")?)
                         .arg(&xg)
                         .arg(&col)
-                        .arg(&(n as i32))
                         .arg(&(cg as i32))
                         .arg(&win.h)
                         .arg(&win.w)
@@ -1105,7 +1226,7 @@ impl CudaExecutor {
                         .arg(&win.oh)
                         .arg(&win.ow)
                         .arg(&(c * hw_in))
-                        .launch(Self::grid(cnt))?;
+                        .launch(Self::grid2(kk * hw_out, n))?;
                 }
                 (col, kk * hw_out)
             };
@@ -1135,13 +1256,86 @@ impl CudaExecutor {
                 .launch_builder(p.func("bias_act")?)
                 .arg(&y)
                 .arg(&bias)
-                .arg(&total)
-                .arg(&m)
-                .arg(&hw_out)
+                .arg(&(m as i32))
+                .arg(&(hw_out as i32))
                 .arg(&act.op)
                 .arg(&act.a)
                 .arg(&act.b)
-                .launch(Self::grid(total))?;
+                .launch(Self::grid2(m * hw_out, n))?;
+        }
+        Ok(())
+    }
+
+    /// [`ConvPath::WideN`]: per group, im2col of every image side by side
+    /// (`kk × n·P`), one GEMM `T (mg × n·P) = W_g · col`, then `from_mnp`
+    /// scatters `T` into NCHW with bias and activation.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_wide(
+        &self,
+        x: u64,
+        w: u64,
+        bias: u64,
+        y: u64,
+        n: i64,
+        c: i64,
+        m: i64,
+        group: i64,
+        win: &Window,
+        act: &Act,
+    ) -> Result<()> {
+        let p = &*self.provider;
+        let stream = &p.stream;
+        let (cg, mg) = (c / group, m / group);
+        let hw_in = win.h as i64 * win.w as i64;
+        let pp = win.oh as i64 * win.ow as i64;
+        let kk = cg * win.kh as i64 * win.kw as i64;
+        let col = self.scratch_ptr;
+        let tmp = col + (n * kk * pp) as u64 * 4;
+        for g in 0..group {
+            let xg = x + (g * cg * hw_in) as u64 * 4;
+            let wg = w + (g * mg * kk) as u64 * 4;
+            // SAFETY: as in `launch`; the scratch holds n·kk·P + mg·n·P f32
+            // (sized from this op at build).
+            unsafe {
+                stream
+                    .launch_builder(p.func("im2col_nb")?)
+                    .arg(&xg)
+                    .arg(&col)
+                    .arg(&(cg as i32))
+                    .arg(&win.h)
+                    .arg(&win.w)
+                    .arg(&win.kh)
+                    .arg(&win.kw)
+                    .arg(&win.sh)
+                    .arg(&win.sw)
+                    .arg(&win.ph)
+                    .arg(&win.pw)
+                    .arg(&win.dh)
+                    .arg(&win.dw)
+                    .arg(&win.oh)
+                    .arg(&win.ow)
+                    .arg(&(c * hw_in))
+                    .launch(Self::grid2(kk * pp, n))?;
+            }
+            // Column-major T' (n·P × mg) = col' (n·P × kk) · W_g' (kk × mg).
+            self.gemm_cm(n * pp, mg, kk, col, n * pp, 0, wg, kk, tmp, n * pp, 0, 1)?;
+            let c0 = (g * mg) as i32;
+            // SAFETY: as in `launch`.
+            unsafe {
+                stream
+                    .launch_builder(p.func("from_mnp")?)
+                    .arg(&tmp)
+                    .arg(&y)
+                    .arg(&bias)
+                    .arg(&(mg as i32))
+                    .arg(&(m as i32))
+                    .arg(&c0)
+                    .arg(&(pp as i32))
+                    .arg(&act.op)
+                    .arg(&act.a)
+                    .arg(&act.b)
+                    .launch(Self::grid2(mg * pp, n))?;
+            }
         }
         Ok(())
     }

@@ -118,7 +118,8 @@ pub enum GpuOp {
     Pool {
         x: Operand,
         y: Operand,
-        planes: i64,
+        n: i64,
+        c: i64,
         win: Window,
         is_max: bool,
         count_pad: bool,
@@ -392,8 +393,35 @@ fn window(node: &Node, x: &[usize], y: &[usize], kernel: &[usize]) -> Option<Win
     })
 }
 
+/// Largest element count a kernel indexes in 32 bits (see kernels.cu):
+/// 2^30, so that a grid-stride step (at most 2^29) cannot overflow `int`.
+const MAX_ELEMS: usize = 1 << 30;
+/// Most images a per-image kernel launches (grid y).
+const MAX_IMAGES: i64 = 65_535;
+
 /// How the GPU runs step `st`, or `None` when it does not (the CPU does).
 pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
+    // Every tensor the kernels index must fit 32-bit arithmetic.
+    for &t in st.inputs.iter().chain(st.outputs).flatten() {
+        let (_, shape, _) = plan.place(model, t)?;
+        if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))? > MAX_ELEMS {
+            return None;
+        }
+    }
+    let op = lower_op(model, plan, st)?;
+    match &op {
+        GpuOp::Conv {
+            n, c, group, win, ..
+        } => {
+            let col = (c / group) * win.kh as i64 * win.kw as i64 * win.oh as i64 * win.ow as i64;
+            (*n <= MAX_IMAGES && col <= MAX_ELEMS as i64).then_some(op)
+        }
+        GpuOp::Pool { n, .. } => (*n <= MAX_IMAGES).then_some(op),
+        _ => Some(op),
+    }
+}
+
+fn lower_op(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
     let node = st.node;
     if st.dynamic || !node.domain.is_empty() {
         return None;
@@ -601,7 +629,8 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
             Some(GpuOp::Pool {
                 x,
                 y,
-                planes: numel(&xs[..2])?,
+                n: xs[0] as i64,
+                c: xs[1] as i64,
                 win,
                 is_max: op == "MaxPool",
                 count_pad: int(node, "count_include_pad", 0)? != 0,

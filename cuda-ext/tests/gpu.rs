@@ -203,9 +203,17 @@ fn max_rel(cpu: &[Vec<f32>], gpu: &[Vec<f32>]) -> f32 {
 }
 
 /// Checks the claim (steps on the GPU) everywhere, values on a GPU.
-fn check(name: &str, (m, feeds): (Model, Feeds), gpu_steps: usize) {
-    let plan = m
-        .session_builder()
+fn check(name: &str, model: (Model, Feeds), gpu_steps: usize) {
+    check_dims(name, model, gpu_steps, &[]);
+}
+
+/// [`check`] with symbolic dims bound.
+fn check_dims(name: &str, (m, feeds): (Model, Feeds), gpu_steps: usize, dims: &[(&str, usize)]) {
+    let mut b = m.session_builder();
+    for (n, v) in dims {
+        b = b.dim(n, *v);
+    }
+    let plan = b
         .plan()
         .unwrap_or_else(|e| panic!("{name}: {}", m.explain(&e)));
     let p = partition(&m, &plan, &CudaCapability).unwrap();
@@ -430,6 +438,30 @@ fn conv() {
         ),
         ("1x1", vec![2, 16, 5, 5], vec![8, 16, 1, 1], 1, true, vec![]),
         (
+            "1x1 batch 1",
+            vec![1, 16, 5, 5],
+            vec![8, 16, 1, 1],
+            1,
+            true,
+            vec![],
+        ),
+        (
+            "3x3 batch 2 large plane",
+            vec![2, 3, 40, 40],
+            vec![5, 3, 3, 3],
+            1,
+            true,
+            vec![("pads", ints(&[1, 1, 1, 1]))],
+        ),
+        (
+            "1x1 batch 2 large plane",
+            vec![2, 8, 33, 33],
+            vec![4, 8, 1, 1],
+            1,
+            false,
+            vec![],
+        ),
+        (
             "dilation 2",
             vec![1, 3, 12, 12],
             vec![4, 3, 3, 3],
@@ -590,40 +622,55 @@ fn models() {
         let bytes = std::fs::read(&f).unwrap();
         let proto = mote_proto::decode_model(mote_proto::bytes::Bytes::from(bytes)).unwrap();
         let m = Model::from_proto(proto).unwrap();
-        let mut b = m.session_builder();
-        for n in ["batch", "N", "batch_size"] {
-            b = b.dim(n, 1);
+        for batch in [1, 2] {
+            let dims: Vec<(&str, usize)> = ["batch", "N", "batch_size"]
+                .iter()
+                .map(|&n| (n, batch))
+                .collect();
+            let mut b = m.session_builder();
+            for (n, v) in &dims {
+                b = b.dim(n, *v);
+            }
+            let Ok(plan) = b.plan() else {
+                eprintln!("{}: cannot plan with batch {batch}, skipped", f.display());
+                continue;
+            };
+            let symbolic = m.graph.inputs.iter().any(|&i| {
+                m.graph.tensors[i as usize]
+                    .shape
+                    .as_ref()
+                    .is_some_and(|s| s.iter().any(|d| !matches!(d, Dim::Fixed(_))))
+            });
+            if batch > 1 && !symbolic {
+                continue;
+            }
+            let feeds: Feeds = plan
+                .inputs()
+                .iter()
+                .filter(|i| i.dtype == DType::F32)
+                .enumerate()
+                .map(|(k, i)| {
+                    (
+                        i.name.clone(),
+                        i.shape.clone(),
+                        rnd(i.shape.iter().product(), k as u64 + 3, -1.0, 1.0),
+                    )
+                })
+                .collect();
+            if feeds.len() != plan.inputs().len() {
+                eprintln!("{}: non-f32 inputs, skipped", f.display());
+                continue;
+            }
+            let p = partition(&m, &plan, &CudaCapability).unwrap();
+            let name = format!("{} batch {batch}", f.file_name().unwrap().to_string_lossy());
+            eprintln!(
+                "{name}: {} of {} steps claimed, {} segments",
+                p.provider_steps(),
+                plan.num_steps(),
+                p.segments.len()
+            );
+            drop(plan);
+            check_dims(&name, (m.clone(), feeds), p.provider_steps(), &dims);
         }
-        let Ok(plan) = b.plan() else {
-            eprintln!("{}: cannot plan with batch 1, skipped", f.display());
-            continue;
-        };
-        let feeds: Feeds = plan
-            .inputs()
-            .iter()
-            .filter(|i| i.dtype == DType::F32)
-            .enumerate()
-            .map(|(k, i)| {
-                (
-                    i.name.clone(),
-                    i.shape.clone(),
-                    rnd(i.shape.iter().product(), k as u64 + 3, -1.0, 1.0),
-                )
-            })
-            .collect();
-        if feeds.len() != plan.inputs().len() {
-            eprintln!("{}: non-f32 inputs, skipped", f.display());
-            continue;
-        }
-        let p = partition(&m, &plan, &CudaCapability).unwrap();
-        let name = f.file_name().unwrap().to_string_lossy().to_string();
-        eprintln!(
-            "{name}: {} of {} steps claimed, {} segments",
-            p.provider_steps(),
-            plan.num_steps(),
-            p.segments.len()
-        );
-        drop(plan);
-        check(&name, (m.clone(), feeds), p.provider_steps());
     }
 }

@@ -29,6 +29,9 @@ pub(crate) struct Options {
     pub profile: bool,
 }
 
+/// A profiled run: per kind of step, and each step as JSON.
+type Profile = (Vec<(&'static str, KindTime)>, Vec<serde_json::Value>);
+
 /// Per kind of GPU step: count, device ms, FLOPs (one profiled run).
 #[derive(Debug, Default, Clone)]
 struct KindTime {
@@ -134,6 +137,7 @@ pub(crate) fn bench(
     let mut device: Option<String> = None;
     let mut graphs: Option<String> = None;
     let mut profile: Option<Vec<(&'static str, KindTime)>> = None;
+    let mut profile_steps: Vec<serde_json::Value> = Vec::new();
     if opt.profile && opt.provider == Provider::Cpu {
         bail!("--profile times the GPU steps: it needs --provider cuda");
     }
@@ -189,7 +193,9 @@ pub(crate) fn bench(
             Ok(())
         })?;
         if opt.profile {
-            profile = Some(gpu_profile(&mut session, &args)?);
+            let (kinds, steps) = gpu_profile(&mut session, &args)?;
+            profile = Some(kinds);
+            profile_steps = steps;
         }
         (arena, ms)
     };
@@ -218,6 +224,7 @@ pub(crate) fn bench(
                 "arena_bytes": arena_bytes,
                 "peak_rss_bytes": rss,
                 "profile": profile.as_ref().map(|p| profile_json(p)),
+                "profile_steps": profile_steps,
             })
             .to_string(),
         );
@@ -273,10 +280,25 @@ pub(crate) fn bench(
 fn gpu_profile(
     session: &mut mote_std::Session,
     args: &[(&str, Tensor)],
-) -> Result<Vec<(&'static str, KindTime)>> {
+) -> Result<Profile> {
     let steps = session
         .profile_gpu(args)?
         .ok_or_else(|| anyhow::anyhow!("--profile: the session has no GPU steps"))?;
+    let model = session.model().clone();
+    let per_step = steps
+        .iter()
+        .map(|s| {
+            let node = session.plan().step(&model, s.step).ok().map(|st| st.node);
+            json!({
+                "step": s.step,
+                "node": node.map(|n| n.name.as_str()),
+                "op": node.map(|n| n.op_type.as_str()),
+                "kind": s.kind,
+                "ms": s.ms,
+                "flops": s.flops,
+            })
+        })
+        .collect();
     let mut kinds: Vec<(&'static str, KindTime)> = Vec::new();
     for s in steps {
         let i = match kinds.iter().position(|(k, _)| *k == s.kind) {
@@ -291,14 +313,14 @@ fn gpu_profile(
         t.ms += f64::from(s.ms);
         t.flops += s.flops;
     }
-    Ok(kinds)
+    Ok((kinds, per_step))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn gpu_profile(
     _session: &mut mote_std::Session,
     _args: &[(&str, Tensor)],
-) -> Result<Vec<(&'static str, KindTime)>> {
+) -> Result<Profile> {
     bail!("--profile: this build of mote has no CUDA support")
 }
 

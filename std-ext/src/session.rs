@@ -291,7 +291,15 @@ impl SessionBuilder {
         #[cfg(feature = "cuda")]
         let cuda = match self.provider {
             Provider::Cpu => None,
-            Provider::Cuda { device } => Some(cuda_executor(&model, &plan, device)?),
+            Provider::Cuda { device } => {
+                let mut x = cuda_executor(&model, &plan, device)?;
+                let bytes = std::mem::size_of_val(&arena[..]);
+                // SAFETY: the arena's buffer is never reallocated (no push
+                // or resize after this) and the Session drops the executor
+                // (which unregisters it) before the arena (see its Drop).
+                unsafe { x.register_host(arena.as_mut_ptr().cast(), bytes) };
+                Some(x)
+            }
         };
         Ok(Session {
             model,
@@ -322,6 +330,14 @@ fn cuda_error(model: &Model, device: usize, e: mote_cuda::Error) -> Error {
     match e {
         mote_cuda::Error::Core(e) => explain(model, &e),
         e => Error::Provider(format!("provider cuda:{device}: {e}")),
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The executor unpins the arena: it must go first.
+        #[cfg(feature = "cuda")]
+        drop(self.cuda.take());
     }
 }
 
