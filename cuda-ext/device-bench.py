@@ -96,6 +96,7 @@ def main():
     print(f"cuBLAS SGEMM 8192^3 (no TF32): {peak:.1f} TFLOP/s" if peak else "cuBLAS peak: torch/CUDA unavailable")
     cases = [(m, 1) for m in ["mlp", "kws", "resnet8", "mbv1", "mbv2", "resnet18"]] + [("mbv2", 32), ("resnet18", 32)]
     rows = []
+    shown = False
     for name, batch in cases:
         path = os.path.join(args.models, f"{name}.onnx")
         if not os.path.exists(path):
@@ -116,6 +117,12 @@ def main():
             rows.append({"model": name, "batch": batch, "error": r.stderr.strip()})
             continue
         mb = json.loads(r.stdout)
+        if not shown:
+            print(f"mote: {mb.get('device')}: {mb.get('cuda')}", flush=True)
+            shown = True
+        # The same with mote's own convolutions (no cuDNN).
+        r = subprocess.run(bench, capture_output=True, text=True, env=dict(os.environ, MOTE_CUDA_CUDNN="0"))
+        own_conv_ms = json.loads(r.stdout)["median_ms"] if r.returncode == 0 else None
         # The same without CUDA graphs (one launch per kernel).
         r = subprocess.run(bench, capture_output=True, text=True, env=dict(os.environ, MOTE_CUDA_GRAPHS="0"))
         nograph_ms = json.loads(r.stdout)["median_ms"] if r.returncode == 0 else None
@@ -156,12 +163,13 @@ def main():
         row = {"model": name, "batch": batch, "mote_ms": mb["median_ms"], "peer": peer, "peer_ms": ort_ms,
                "ratio": mb["median_ms"] / ort_ms, "gflop": flops / 1e9, "mote_tflops": tflops,
                "cublas_tflops": peak, "of_cublas": tflops / peak if peak else None, "rel_err_vs_ort": err,
-               "device": mb.get("device"), "cuda_graphs": mb.get("cuda_graphs"), "no_graphs_ms": nograph_ms, "conv_per_image_ms": per_image_ms, "conv_all_wide_ms": wide_ms,
+               "device": mb.get("device"), "cuda": mb.get("cuda"), "no_graphs_ms": nograph_ms, "no_cudnn_ms": own_conv_ms, "conv_per_image_ms": per_image_ms, "conv_all_wide_ms": wide_ms,
                "profile_steps": mb.get("profile_steps"),
                "profile": prof, "gpu_steps_ms": gpu_ms, "gemm_layers_tflops": gemm_tflops,
                "gemm_layers_of_cublas": gemm_tflops / peak if (peak and gemm_tflops) else None}
         rows.append(row)
-        print(f"{name:9s} b{batch:<3d} mote {mb['median_ms']:8.3f} ms (no graphs {nograph_ms or float('nan'):8.3f})  "
+        print(f"{name:9s} b{batch:<3d} mote {mb['median_ms']:8.3f} ms (no graphs {nograph_ms or float('nan'):8.3f}, "
+              f"no cuDNN {own_conv_ms or float('nan'):8.3f})  "
               f"{peer} {ort_ms:8.3f} ms  ratio {row['ratio']:6.2f}  "
               f"{flops/1e9:7.2f} GFLOP  {tflops:6.2f} TFLOP/s"
               + (f" ({100*tflops/peak:4.1f}% of cuBLAS)" if peak else "")
@@ -171,6 +179,7 @@ def main():
         print("           profile: " + ", ".join(f"{k} {v['ms']:.3f} ms/{v['steps']}" for k, v in prof.items())
               + (f"; convs per image instead: {per_image_ms:.3f} ms" if per_image_ms else "")
               + (f"; all convs wide-N: {wide_ms:.3f} ms" if wide_ms else ""), flush=True)
+        print(f"           {mb.get('cuda')}", flush=True)
         if batch > 1:
             top = sorted(mb.get("profile_steps") or [], key=lambda t: -t["ms"])[:8]
             for t in top:

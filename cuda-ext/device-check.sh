@@ -53,7 +53,7 @@ DIRS=(/usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib /usr/lib/x86_64-linux-
 for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
     DIRS+=("$sp"/nvidia/*/lib "$sp"/nvidia/cu13/lib)
 done
-for lib in nvrtc cublas cublasLt; do
+for lib in nvrtc cublas cublasLt cudnn; do
     for d in "${DIRS[@]}"; do
         f="$(ls "$d"/lib$lib.so* 2>/dev/null | head -1 || true)"
         if [[ -n "$f" ]]; then
@@ -82,11 +82,13 @@ for name in ["mbv2", "resnet18"]:
 PY
 fi
 
-echo "== GPU tests"
-MOTE_GPU_MODELS="$MODELS" "$BIN/gpu-tests" --test-threads 1 --nocapture 2>&1 | tee "$OUT/gpu-tests.log" \
-    | grep -E "max rel|skipped|claimed|test result|panicked|FAILED" || true
-tests_ok=0
-grep -q "test result: ok" "$OUT/gpu-tests.log" && tests_ok=1
+echo "== GPU tests (cuDNN convolutions where it loads, then mote's own: MOTE_CUDA_CUDNN=0)"
+tests_ok=1
+for cudnn in 1 0; do
+    MOTE_CUDA_CUDNN=$cudnn MOTE_GPU_MODELS="$MODELS" "$BIN/gpu-tests" --test-threads 1 --nocapture 2>&1 \
+        | tee "$OUT/gpu-tests-cudnn$cudnn.log" | grep -E "max rel|skipped|claimed|test result|panicked|FAILED" || true
+    grep -q "test result: ok" "$OUT/gpu-tests-cudnn$cudnn.log" || tests_ok=0
+done
 
 echo "== CLI: the shipped model on the CPU, the GPU, and the GPU with 4 CPU threads"
 for a in "" "--provider cuda" "--provider cuda --threads 4"; do
@@ -98,7 +100,7 @@ done
 echo "== bench"
 python3 cuda-ext/device-bench.py --mote "$BIN/mote" --models "$MODELS" --out "$OUT/bench.json"
 if [[ $tests_ok != 1 ]]; then
-    echo "device-check: GPU tests FAILED (see $OUT/gpu-tests.log)"
+    echo "device-check: GPU tests FAILED (see $OUT/gpu-tests-cudnn*.log)"
     exit 1
 fi
 echo "device-check: GPU tests passed"

@@ -34,6 +34,7 @@ use cudarc::driver::{CudaGraph, LaunchConfig, PushKernelArg};
 use mote_core::provider::{self, ExecutionProvider, Partition, Place, StepInfo};
 use mote_core::{Model, Plan, TensorId, TensorView};
 
+mod dnn;
 pub mod lower;
 use lower::{Act, GpuOp, Operand, Window};
 
@@ -66,6 +67,9 @@ pub enum Error {
     /// NVRTC could not compile mote's kernels.
     #[error("NVRTC: {0}")]
     Nvrtc(String),
+    /// A cuDNN call failed at run time.
+    #[error("{0}")]
+    Cudnn(String),
     /// mote-core refused (planning, a CPU step, ...).
     #[error("{0}")]
     Core(mote_core::Error),
@@ -124,6 +128,8 @@ pub struct CudaProvider {
     _workspace: CudaSlice<u8>,
     _module: Arc<CudaModule>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// cuDNN on the same stream, or why not.
+    dnn: std::result::Result<dnn::Dnn, String>,
     name: String,
     cc: (i32, i32),
 }
@@ -195,10 +201,12 @@ impl CudaProvider {
             )
             .result()?;
         }
+        let dnn = dnn::Dnn::new(stream.cu_stream());
         Ok(CudaProvider {
             ctx,
             stream,
             blas,
+            dnn,
             _workspace: workspace,
             _module: module,
             funcs,
@@ -258,6 +266,8 @@ struct Ready {
     op: GpuOp,
     /// Device addresses of the op's host-built tables (meta, scale/shift).
     tables: Vec<u64>,
+    /// A Conv that cuDNN runs (else mote's own kernels).
+    dnn: Option<dnn::ConvPlan>,
 }
 
 /// A plan bound to a device: the device arena, the weights the GPU steps
@@ -277,6 +287,8 @@ pub struct CudaExecutor {
     graphs: Vec<Option<Graph>>,
     /// [`ConvPath::WideN`] threshold this executor was built with.
     wide_p: i64,
+    /// Which Conv steps cuDNN runs, or why none.
+    cudnn_note: String,
     /// Why graphs are off, if they are.
     graph_note: Option<String>,
     /// One run at a time: runs share the device arena.
@@ -519,6 +531,8 @@ impl CudaExecutor {
         let mut scratch = 0usize;
         let mut const_bytes = 0usize;
         let wide_p = wide_n_max_p();
+        // (Conv steps on the GPU, of which cuDNN runs)
+        let mut convs = (0usize, 0usize);
         let on_gpu: Vec<bool> = {
             let mut v = vec![false; plan.num_steps()];
             for s in partition.segments.iter().filter(|s| s.on_provider) {
@@ -561,10 +575,39 @@ impl CudaExecutor {
                 tables.push(s);
                 ptrs.push(p);
             }
+            let conv_dnn = match (&op, &provider.dnn) {
+                (
+                    GpuOp::Conv {
+                        n,
+                        c,
+                        m,
+                        group,
+                        win,
+                        ..
+                    },
+                    Ok(d),
+                ) if conv_path(*n, *c, *group, win, wide_p) != ConvPath::Direct => {
+                    d.plan_conv(*n, *c, *m, *group, win)
+                }
+                _ => None,
+            };
+            // Room for either path: the choice is made by timing both.
             scratch = scratch.max(scratch_elems(&op, wide_p));
-            steps.push(Some(Ready { op, tables: ptrs }));
+            if let Some(p) = &conv_dnn {
+                scratch = scratch.max(p.workspace.div_ceil(4));
+                convs.1 += 1;
+            }
+            if matches!(op, GpuOp::Conv { .. }) {
+                convs.0 += 1;
+            }
+            steps.push(Some(Ready {
+                op,
+                tables: ptrs,
+                dnn: conv_dnn,
+            }));
         }
         fuse_activations(model, plan, &mut steps)?;
+        let provider_dnn_note = provider.dnn.as_ref().err().cloned();
         let scratch_buf = if scratch > 0 {
             Some(stream.alloc_zeros::<f32>(scratch)?)
         } else {
@@ -585,16 +628,77 @@ impl CudaExecutor {
             const_bytes,
             graphs: Vec::new(),
             wide_p,
+            cudnn_note: match &provider_dnn_note {
+                Some(why) => format!("cuDNN {why}"),
+                None => format!("cuDNN on {} of {} Conv steps", convs.1, convs.0),
+            },
             graph_note: None,
             lock: Mutex::new(()),
             pinned: None,
         };
+        exec.choose_conv_kernels()?;
         if std::env::var("MOTE_CUDA_GRAPHS").is_ok_and(|v| v == "0") {
             exec.graph_note = Some("off (MOTE_CUDA_GRAPHS=0)".into());
         } else {
             exec.capture();
         }
         Ok(exec)
+    }
+
+    /// For each Conv that cuDNN can run, times it both ways (cuDNN, and
+    /// mote's im2col + cuBLAS or direct kernels) on the device arena and
+    /// keeps the faster, as onnxruntime's cuDNN algorithm search does:
+    /// neither wins everywhere (cuDNN's FMA kernels lose on pointwise and
+    /// batch-1 convolutions here, win on batch-32 3×3 ones).
+    fn choose_conv_kernels(&mut self) -> Result<()> {
+        let stream = self.provider.stream.clone();
+        let timing = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let time = |exec: &CudaExecutor, r: &Ready| -> Result<f32> {
+            exec.launch(r)?; // warm-up (cuDNN loads its kernels lazily)
+            let (a, b) = (
+                exec.provider.ctx.new_event(timing)?,
+                exec.provider.ctx.new_event(timing)?,
+            );
+            a.record(&stream)?;
+            for _ in 0..3 {
+                exec.launch(r)?;
+            }
+            b.record(&stream)?;
+            Ok(a.elapsed_ms(&b)?)
+        };
+        let (mut kept, mut total) = (0usize, 0usize);
+        for i in 0..self.steps.len() {
+            let Some(Some(r)) = self.steps.get(i) else {
+                continue;
+            };
+            if r.dnn.is_none() {
+                continue;
+            }
+            total += 1;
+            let with = time(self, r);
+            let own_ready = Ready {
+                op: r.op.clone(),
+                tables: r.tables.clone(),
+                dnn: None,
+            };
+            let own = time(self, &own_ready);
+            let keep = match (with, own) {
+                (Ok(d), Ok(o)) => d < o,
+                (Ok(_), Err(_)) => true,
+                _ => false,
+            };
+            if keep {
+                kept += 1;
+            } else if let Some(Some(r)) = self.steps.get_mut(i) {
+                r.dnn = None;
+            }
+        }
+        stream.synchronize()?;
+        if total > 0 {
+            self.cudnn_note =
+                format!("cuDNN faster on {kept} of {total} Conv steps it can run (timed at build)");
+        }
+        Ok(())
     }
 
     /// Captures every GPU segment into a CUDA graph (one launch per segment
@@ -680,6 +784,20 @@ impl CudaExecutor {
     /// Whether GPU segments run as CUDA graphs, and why not.
     pub fn graphs(&self) -> &str {
         self.graph_note.as_deref().unwrap_or("off")
+    }
+
+    /// How the executor runs: CUDA graphs, cuDNN, pinned copies (one line).
+    pub fn summary(&self) -> String {
+        format!(
+            "CUDA graphs {}, {}, host arena {}",
+            self.graphs(),
+            self.cudnn_note,
+            if self.pinned.is_some() {
+                "page-locked"
+            } else {
+                "pageable"
+            }
+        )
     }
 
     /// How the plan is split, with the boundary copies.
@@ -917,6 +1035,41 @@ impl CudaExecutor {
                         *trans_a, *trans_b, *m, *n, *k, *alpha, a, b, beta_run, y, *batch,
                         *stride_a, *stride_b,
                     )?;
+                }
+                GpuOp::Conv {
+                    x,
+                    w,
+                    bias,
+                    y,
+                    n,
+                    m,
+                    win,
+                    act,
+                    ..
+                } if r.dnn.is_some() => {
+                    let (Some(plan), Ok(d)) = (&r.dnn, &p.dnn) else {
+                        return Err(Error::Internal("cuDNN plan without handle"));
+                    };
+                    let (xa, wa, ya) = (self.addr(*x)?, self.addr(*w)?, self.addr(*y)?);
+                    d.run_conv(plan, xa, wa, ya, self.scratch_ptr)
+                        .map_err(Error::Cudnn)?;
+                    let b = match bias {
+                        Some(b) => self.addr(*b)?,
+                        None => 0,
+                    };
+                    if b != 0 || act.op != 0 {
+                        let hw = win.oh as i64 * win.ow as i64;
+                        stream
+                            .launch_builder(p.func("bias_act")?)
+                            .arg(&ya)
+                            .arg(&b)
+                            .arg(&i32c(*m)?)
+                            .arg(&i32c(hw)?)
+                            .arg(&act.op)
+                            .arg(&act.a)
+                            .arg(&act.b)
+                            .launch(Self::grid2(m * hw, *n))?;
+                    }
                 }
                 GpuOp::Conv {
                     x,

@@ -237,8 +237,8 @@ fn check_dims(name: &str, (m, feeds): (Model, Feeds), gpu_steps: usize, dims: &[
     let again = run(&m, &plan, &feeds, Some(&exec));
     let rel = max_rel(&cpu, &gpu);
     eprintln!(
-        "{name}: {gpu_steps} GPU steps, max rel diff {rel:.2e}, graphs {}",
-        exec.graphs()
+        "{name}: {gpu_steps} GPU steps, max rel diff {rel:.2e} ({})",
+        exec.summary()
     );
     assert!(
         rel <= 1e-4,

@@ -187,7 +187,7 @@ pub(crate) fn bench(
         let args: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
         let arena = session.plan().arena_bytes();
         device = session.device_name().map(String::from);
-        graphs = session.cuda_graphs().map(String::from);
+        graphs = session.cuda_summary();
         let ms = time_runs(opt, out.json, || {
             session.run(&args)?;
             Ok(())
@@ -212,7 +212,7 @@ pub(crate) fn bench(
                 "model": path.display().to_string(),
                 "provider": opt.provider.to_string(),
                 "device": device,
-                "cuda_graphs": graphs,
+                "cuda": graphs,
                 "threads": opt.threads,
                 "iters": opt.iters,
                 "warmup": opt.warmup,
@@ -232,9 +232,9 @@ pub(crate) fn bench(
         out.line(format!("model: {}", path.display()));
         out.line(match &device {
             Some(d) => format!(
-                "provider: {} ({d}), CUDA graphs {}",
+                "provider: {} ({d}): {}",
                 opt.provider,
-                graphs.as_deref().unwrap_or("off")
+                graphs.as_deref().unwrap_or("")
             ),
             None => format!("provider: {}", opt.provider),
         });
@@ -277,10 +277,7 @@ pub(crate) fn bench(
 
 /// One profiled GPU run, summed per kind of step (in first-seen order).
 #[cfg(feature = "cuda")]
-fn gpu_profile(
-    session: &mut mote_std::Session,
-    args: &[(&str, Tensor)],
-) -> Result<Profile> {
+fn gpu_profile(session: &mut mote_std::Session, args: &[(&str, Tensor)]) -> Result<Profile> {
     let steps = session
         .profile_gpu(args)?
         .ok_or_else(|| anyhow::anyhow!("--profile: the session has no GPU steps"))?;
@@ -317,10 +314,7 @@ fn gpu_profile(
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu_profile(
-    _session: &mut mote_std::Session,
-    _args: &[(&str, Tensor)],
-) -> Result<Profile> {
+fn gpu_profile(_session: &mut mote_std::Session, _args: &[(&str, Tensor)]) -> Result<Profile> {
     bail!("--profile: this build of mote has no CUDA support")
 }
 

@@ -373,12 +373,12 @@ impl Session {
         }
         None
     }
-    /// Whether a CUDA session's GPU segments run as CUDA graphs (`on`, or
-    /// `off (why)`); `None` on the CPU.
-    pub fn cuda_graphs(&self) -> Option<&str> {
+    /// How a CUDA session runs (CUDA graphs, cuDNN, page-locked copies:
+    /// [`mote_cuda::CudaExecutor::summary`]); `None` on the CPU.
+    pub fn cuda_summary(&self) -> Option<String> {
         #[cfg(feature = "cuda")]
         if let Some(x) = &self.cuda {
-            return Some(x.graphs());
+            return Some(x.summary());
         }
         None
     }
