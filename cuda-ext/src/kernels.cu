@@ -116,8 +116,19 @@ extern "C" __global__ void scale_shift(const float* x, float* y, const float* sc
     }
 }
 
-// Per image (blockIdx.y): col[img][(c*kh + i)*kw + j][oy*ow + ox] =
-// x[img][c][oy*sh - ph + i*dh][ox*sw - pw + j*dw] or 0. x points at the
+// The im2col value of row k = (c*kh + i)*kw + j, column p = oy*ow + ox of
+// one image: x[c][oy*sh - ph + i*dh][ox*sw - pw + j*dw], or 0 in padding.
+__device__ __forceinline__ float im2col_tap(const float* xp, int k, int p, int H, int W, int kh, int kw,
+                                            int sh, int sw, int ph, int pw, int dh, int dw, int ow) {
+    int j = k % kw;
+    int i = (k / kw) % kh;
+    int c = k / (kw * kh);
+    int oy = p / ow, ox = p % ow;
+    int iy = oy * sh - ph + i * dh, ix = ox * sw - pw + j * dw;
+    return (iy >= 0 && iy < H && ix >= 0 && ix < W) ? xp[(c * H + iy) * W + ix] : 0.f;
+}
+
+// Per image (blockIdx.y): col[img][k][p] (see im2col_tap). x points at the
 // group's first channel; ximg = elements per image of x.
 extern "C" __global__ void im2col(const float* x, float* col, int C, int H, int W, int kh, int kw,
                                   int sh, int sw, int ph, int pw, int dh, int dw, int oh, int ow, i64 ximg) {
@@ -125,18 +136,7 @@ extern "C" __global__ void im2col(const float* x, float* col, int C, int H, int 
     int K = C * kh * kw;
     const float* xp = x + (i64)blockIdx.y * ximg;
     float* cp = col + (i64)blockIdx.y * K * P;
-    GRID_LOOP(t, K * P) {
-        int p = t % P;
-        int k = t / P;
-        int j = k % kw;
-        int i = (k / kw) % kh;
-        int c = k / (kw * kh);
-        int oy = p / ow, ox = p % ow;
-        int iy = oy * sh - ph + i * dh, ix = ox * sw - pw + j * dw;
-        float v = 0.f;
-        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = xp[(c * H + iy) * W + ix];
-        cp[t] = v;
-    }
+    GRID_LOOP(t, K * P) { cp[t] = im2col_tap(xp, t / P, t % P, H, W, kh, kw, sh, sw, ph, pw, dh, dw, ow); }
 }
 
 // Grouped convolution with one input channel per group (depthwise, with a
@@ -275,16 +275,8 @@ extern "C" __global__ void im2col_nb(const float* x, float* col, int C, int H, i
     const float* xp = x + (i64)blockIdx.y * ximg;
     float* cp = col + (i64)blockIdx.y * P;
     GRID_LOOP(t, K * P) {
-        int p = t % P;
-        int k = t / P;
-        int j = k % kw;
-        int i = (k / kw) % kh;
-        int c = k / (kw * kh);
-        int oy = p / ow, ox = p % ow;
-        int iy = oy * sh - ph + i * dh, ix = ox * sw - pw + j * dw;
-        float v = 0.f;
-        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = xp[(c * H + iy) * W + ix];
-        cp[k * NP + p] = v;
+        int k = t / P, p = t % P;
+        cp[k * NP + p] = im2col_tap(xp, k, p, H, W, kh, kw, sh, sw, ph, pw, dh, dw, ow);
     }
 }
 

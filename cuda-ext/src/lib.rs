@@ -1358,29 +1358,7 @@ impl CudaExecutor {
                 (xg, c * hw_in)
             } else {
                 let col = self.scratch_ptr;
-                // SAFETY: as in `launch`; the scratch holds n·kk·hw_out f32
-                // (sized from this op at build).
-                unsafe {
-                    stream
-                        .launch_builder(p.func("im2col")?)
-                        .arg(&xg)
-                        .arg(&col)
-                        .arg(&(cg as i32))
-                        .arg(&win.h)
-                        .arg(&win.w)
-                        .arg(&win.kh)
-                        .arg(&win.kw)
-                        .arg(&win.sh)
-                        .arg(&win.sw)
-                        .arg(&win.ph)
-                        .arg(&win.pw)
-                        .arg(&win.dh)
-                        .arg(&win.dw)
-                        .arg(&win.oh)
-                        .arg(&win.ow)
-                        .arg(&(c * hw_in))
-                        .launch(Self::grid2(kk * hw_out, n))?;
-                }
+                self.im2col("im2col", xg, col, cg, c * hw_in, n, win)?;
                 (col, kk * hw_out)
             };
             // Per image: Y_g (mg × P) = W_g (mg × kk) · col (kk × P); in
@@ -1447,29 +1425,7 @@ impl CudaExecutor {
         for g in 0..group {
             let xg = x + (g * cg * hw_in) as u64 * 4;
             let wg = w + (g * mg * kk) as u64 * 4;
-            // SAFETY: as in `launch`; the scratch holds n·kk·P + mg·n·P f32
-            // (sized from this op at build).
-            unsafe {
-                stream
-                    .launch_builder(p.func("im2col_nb")?)
-                    .arg(&xg)
-                    .arg(&col)
-                    .arg(&(cg as i32))
-                    .arg(&win.h)
-                    .arg(&win.w)
-                    .arg(&win.kh)
-                    .arg(&win.kw)
-                    .arg(&win.sh)
-                    .arg(&win.sw)
-                    .arg(&win.ph)
-                    .arg(&win.pw)
-                    .arg(&win.dh)
-                    .arg(&win.dw)
-                    .arg(&win.oh)
-                    .arg(&win.ow)
-                    .arg(&(c * hw_in))
-                    .launch(Self::grid2(kk * pp, n))?;
-            }
+            self.im2col("im2col_nb", xg, col, cg, c * hw_in, n, win)?;
             // Column-major T' (n·P × mg) = col' (n·P × kk) · W_g' (kk × mg).
             self.gemm_cm(n * pp, mg, kk, col, n * pp, 0, wg, kk, tmp, n * pp, 0, 1)?;
             let c0 = (g * mg) as i32;
@@ -1489,6 +1445,48 @@ impl CudaExecutor {
                     .arg(&act.b)
                     .launch(Self::grid2(mg * pp, n))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Launches `kernel` (`im2col`, or `im2col_nb` for the batch side by
+    /// side) over `n` images of `cg` channels from `x` (`ximg` elements per
+    /// image) into `col`, the scratch (sized at build for this op's path).
+    #[allow(clippy::too_many_arguments)]
+    fn im2col(
+        &self,
+        kernel: &'static str,
+        x: u64,
+        col: u64,
+        cg: i64,
+        ximg: i64,
+        n: i64,
+        win: &Window,
+    ) -> Result<()> {
+        let p = &*self.provider;
+        let kk = cg * win.kh as i64 * win.kw as i64;
+        let pp = win.oh as i64 * win.ow as i64;
+        // SAFETY: as in `launch`; `col` holds n·kk·P f32 for this op.
+        unsafe {
+            p.stream
+                .launch_builder(p.func(kernel)?)
+                .arg(&x)
+                .arg(&col)
+                .arg(&i32c(cg)?)
+                .arg(&win.h)
+                .arg(&win.w)
+                .arg(&win.kh)
+                .arg(&win.kw)
+                .arg(&win.sh)
+                .arg(&win.sw)
+                .arg(&win.ph)
+                .arg(&win.pw)
+                .arg(&win.dh)
+                .arg(&win.dw)
+                .arg(&win.oh)
+                .arg(&win.ow)
+                .arg(&ximg)
+                .launch(Self::grid2(kk * pp, n))?;
         }
         Ok(())
     }
