@@ -37,3 +37,6 @@ if [ ! -f "$MOTE_QUANT_MODELS/manifest.json" ]; then
 fi
 
 cargo test --workspace "$@"
+# mote-std with its `cuda` feature: --provider parsing and the errors with no
+# GPU (mote-cuda's own tests ran above; their GPU checks skip without one).
+cargo test -p mote-std --features cuda "$@"
