@@ -12,11 +12,13 @@
 //! so this crate builds and its tests run on machines with no toolkit and
 //! no driver; there [`CudaProvider::new`] returns [`Error::NoDriver`] and
 //! the GPU tests say they were skipped. Kernels: cuBLAS SGEMM for
-//! MatMul/Gemm and for convolution (im2col, batched over images), and the
-//! element-wise, pooling, softmax, concat and transpose kernels of
+//! MatMul/Gemm; convolution by im2col + SGEMM, a direct depthwise kernel,
+//! or cuDNN (where it loads and was faster when both were timed at build);
+//! the element-wise, pooling, softmax, concat and transpose kernels of
 //! `kernels.cu`, compiled once per process with NVRTC for the device's
 //! compute capability. All arithmetic is f32 (no TF32): results match the
-//! CPU provider to rounding.
+//! CPU provider to rounding. Every GPU segment is captured once into a CUDA
+//! graph (all addresses are fixed at build) and replayed per run.
 //!
 //! What runs where is decided by [`lower::lower`], without a GPU, and
 //! reported by [`CudaExecutor::partition`] (`mote inspect --provider cuda`).
@@ -120,6 +122,27 @@ const FUNCTIONS: [&str; 14] = [
     "transpose",
 ];
 
+/// mote's kernels as PTX for compute capability `cc`: compiled by NVRTC on
+/// first use, then cached for the process (every session on a device of
+/// that capability loads the same PTX).
+fn kernels_ptx(cc: (i32, i32)) -> Result<cudarc::nvrtc::Ptx> {
+    static CACHE: Mutex<Vec<((i32, i32), cudarc::nvrtc::Ptx)>> = Mutex::new(Vec::new());
+    let mut cache = CACHE
+        .lock()
+        .map_err(|_| Error::Internal("PTX cache poisoned"))?;
+    if let Some((_, ptx)) = cache.iter().find(|(c, _)| *c == cc) {
+        return Ok(ptx.clone());
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
+        .map_err(|e| Error::Nvrtc(format!("{e:?}")))?;
+    cache.push((cc, ptx.clone()));
+    Ok(ptx)
+}
+
 /// A CUDA device with mote's kernels loaded: context, stream, cuBLAS.
 pub struct CudaProvider {
     ctx: Arc<CudaContext>,
@@ -145,7 +168,8 @@ impl std::fmt::Debug for CudaProvider {
 }
 
 impl CudaProvider {
-    /// Opens device `ordinal`, compiles the kernels (NVRTC) and creates a
+    /// Opens device `ordinal`, loads the kernels (compiled by NVRTC once
+    /// per process and compute capability) and creates a
     /// stream and a cuBLAS handle. Errs, never panics, where there is no
     /// driver, no such device, or no NVRTC / cuBLAS library.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -172,13 +196,7 @@ impl CudaProvider {
         unsafe { ctx.disable_event_tracking() };
         let name = ctx.name()?;
         let cc = ctx.compute_capability()?;
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
-            .map_err(|e| Error::Nvrtc(format!("{e:?}")))?;
-        let module = ctx.load_module(ptx)?;
+        let module = ctx.load_module(kernels_ptx(cc)?)?;
         let mut funcs = HashMap::new();
         for f in FUNCTIONS {
             funcs.insert(f, module.load_function(f)?);
