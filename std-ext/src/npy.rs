@@ -207,7 +207,51 @@ fn read_header(r: &mut impl Read, len: u64) -> std::result::Result<Vec<u8>, Head
             _ => {}
         }
     }
+    if shape_overflows(head.get(fixed as usize..).unwrap_or(&[])) {
+        // npyz multiplies the dims unchecked (an overflow panic under
+        // overflow checks, found by the `npy` fuzz target).
+        return Err(HeaderError::Bad(
+            "the shape's element count overflows 64 bits".to_string(),
+        ));
+    }
     Ok(head)
+}
+
+/// Whether the product of the integers in the tuple after a `shape` key of
+/// an npy header dict overflows `u64` (anything unparsable is left to npyz).
+fn shape_overflows(dict: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(k) = dict
+        .get(at..)
+        .and_then(|d| d.windows(5).position(|w| w == b"shape"))
+    {
+        let after = &dict[at + k + 5..];
+        at += k + 5;
+        let Some(open) = after.iter().position(|&c| c == b'(') else {
+            continue;
+        };
+        // Only `'shape': (` — quote, colon and spaces in between.
+        if !after[..open]
+            .iter()
+            .all(|c| matches!(c, b'\'' | b'"' | b':' | b' '))
+        {
+            continue;
+        }
+        let body = &after[open + 1..];
+        let body = &body[..body.iter().position(|&c| c == b')').unwrap_or(body.len())];
+        let mut product: u64 = 1;
+        for part in body.split(|&c| c == b',') {
+            let t = String::from_utf8_lossy(part);
+            let Ok(d) = t.trim().parse::<u64>() else {
+                continue;
+            };
+            match product.checked_mul(d) {
+                Some(p) => product = p,
+                None => return true,
+            }
+        }
+    }
+    false
 }
 
 /// Reads until `buf` is full or the stream ends; the bytes read.

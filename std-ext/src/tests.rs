@@ -80,6 +80,14 @@ fn fuzz_npy_headers() {
     let e = read_npy_bytes("nested.npy", &nested).unwrap_err();
     assert!(e.to_string().contains("nests brackets"), "{e}");
     assert!(t.elapsed().as_secs() < 1);
+    // A shape whose element count overflows u64 (npyz multiplies the dims
+    // unchecked: a panic under overflow checks; found by the fuzzer).
+    let mut over = b"\x93NUMPY\x01\x00".to_vec();
+    let dict = "{'descr': '<f2', 'fortran_order': False, 'shape': (8, 44444444448, 444444444441, 1, 49), }";
+    over.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    over.extend_from_slice(dict.as_bytes());
+    let e = read_npy_bytes("over.npy", &over).unwrap_err();
+    assert!(e.to_string().contains("overflows"), "{e}");
     // Brackets inside quoted strings do not count; a normal header reads.
     let good = tmp("bytes.npy");
     write_npy(
