@@ -1075,19 +1075,7 @@ impl CudaExecutor {
                         Some(b) => self.addr(*b)?,
                         None => 0,
                     };
-                    if b != 0 || act.op != 0 {
-                        let hw = win.oh as i64 * win.ow as i64;
-                        stream
-                            .launch_builder(p.func("bias_act")?)
-                            .arg(&ya)
-                            .arg(&b)
-                            .arg(&i32c(*m)?)
-                            .arg(&i32c(hw)?)
-                            .arg(&act.op)
-                            .arg(&act.a)
-                            .arg(&act.b)
-                            .launch(Self::grid2(m * hw, *n))?;
-                    }
+                    self.bias_act(ya, b, *m, win.oh as i64 * win.ow as i64, *n, act)?;
                 }
                 GpuOp::Conv {
                     x,
@@ -1396,21 +1384,30 @@ impl CudaExecutor {
                 n,
             )?;
         }
+        self.bias_act(y, bias, m, hw_out, n, act)
+    }
+
+    /// The Conv epilogue on `n` images of `m` planes of `hw` values in
+    /// place: `y = act(y + bias[channel])`; nothing when there is neither a
+    /// bias (`bias == 0`) nor an activation.
+    fn bias_act(&self, y: u64, bias: u64, m: i64, hw: i64, n: i64, act: &Act) -> Result<()> {
         if bias == 0 && act.op == 0 {
             return Ok(());
         }
-        // SAFETY: as in `launch`.
+        let p = &*self.provider;
+        // SAFETY: as in `launch`: `y` holds n·m·hw f32 and `bias` (if not
+        // 0) m f32, from the plan's shapes.
         unsafe {
-            stream
+            p.stream
                 .launch_builder(p.func("bias_act")?)
                 .arg(&y)
                 .arg(&bias)
-                .arg(&(m as i32))
-                .arg(&(hw_out as i32))
+                .arg(&i32c(m)?)
+                .arg(&i32c(hw)?)
                 .arg(&act.op)
                 .arg(&act.a)
                 .arg(&act.b)
-                .launch(Self::grid2(m * hw_out, n))?;
+                .launch(Self::grid2(m * hw, n))?;
         }
         Ok(())
     }
