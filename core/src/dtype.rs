@@ -334,6 +334,10 @@ impl DType {
     }
 
     /// Value of a minifloat (or E8M0) byte (`NaN` for other dtypes).
+    #[allow(
+        clippy::arithmetic_side_effects,
+        reason = "8-bit codes, and exponents within ±1100: nothing overflows"
+    )]
     pub fn minifloat_to_f64(self, code: u8) -> f64 {
         if self == DType::F8E8M0 {
             return if code == 0xFF {
@@ -364,6 +368,10 @@ impl DType {
 /// only the f32 exponent survives; `round` decides how the mantissa bumps
 /// it, and `saturate` keeps the largest exponent from rounding into NaN.
 #[cfg(feature = "alloc")]
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "8-bit codes, and exponents within ±1100: nothing overflows"
+)]
 pub(crate) fn e8m0_from_f32(x: f32, saturate: bool, round: E8M0Round) -> u8 {
     let bits = x.to_bits();
     let e = (bits >> 23) & 0xFF;
@@ -408,6 +416,10 @@ struct MiniFloat {
     sign: u8,
 }
 
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "8-bit codes, and exponents within ±1100 (`encode` returns before `e` leaves the format's range): nothing overflows"
+)]
 impl MiniFloat {
     fn decode(&self, code: u8) -> f64 {
         let neg = code & self.sign != 0;
@@ -492,6 +504,10 @@ impl MiniFloat {
 }
 
 /// 2^e for the small exponents minifloats need (exact).
+#[allow(
+    clippy::arithmetic_side_effects,
+    reason = "8-bit codes, and exponents within ±1100: nothing overflows"
+)]
 fn pow2(e: i32) -> f64 {
     f64::from_bits(((e + 1023) as u64) << 52)
 }

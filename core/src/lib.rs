@@ -32,30 +32,47 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
+// Integer arithmetic: outside the operators and kernels (`ops`, `kern`),
+// every `+ - * / %` on integers is checked, saturating or wrapping by
+// name (clippy `arithmetic_side_effects`, denied per module below); an
+// overflow of a size there is an `Err`, never a wrap or a debug panic.
+
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod compiled;
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 mod dtype;
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 mod error;
 mod kern;
 pub use kern::cpu;
 pub use kern::par;
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod math;
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod tensor;
 
 #[cfg(feature = "alloc")]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod model;
 #[cfg(feature = "alloc")]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod onnx;
 #[cfg(feature = "alloc")]
 pub mod ops;
 #[cfg(feature = "alloc")]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod optimize;
 #[cfg(feature = "alloc")]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod plan;
 #[cfg(feature = "alloc")]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod planner;
 #[cfg(feature = "alloc")]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod provider;
 #[cfg(feature = "alloc")]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 mod session;
 
 pub use compiled::{CompiledModel, CompiledSession};

@@ -298,10 +298,10 @@ impl Graph {
 
     /// Bytes of the constants that slice a shared model buffer.
     pub fn shared_const_bytes(&mut self) -> usize {
-        let mut n = 0;
+        let mut n = 0usize;
         let _ = self.for_each_const_mut(&mut |c| {
             if let ConstData::Shared(b) = &c.data {
-                n += b.len();
+                n = n.saturating_add(b.len());
             }
             Ok(())
         });
@@ -422,7 +422,7 @@ impl Graph {
                             return Err(Error::new(ErrorKind::Cycle).at_node(p).at_tensor(i));
                         }
                         if let Some(c) = pending.get_mut(ni) {
-                            *c += 1;
+                            *c = c.saturating_add(1);
                         }
                         if let Some(c) = consumers.get_mut(p as usize) {
                             c.push(ni as NodeId);
@@ -451,7 +451,7 @@ impl Graph {
             if let Some(cs) = consumers.get(n as usize) {
                 for &c in cs {
                     if let Some(p) = pending.get_mut(c as usize) {
-                        *p -= 1;
+                        *p = p.saturating_sub(1);
                         if *p == 0 {
                             ready.push(core::cmp::Reverse(c));
                         }

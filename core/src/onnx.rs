@@ -210,7 +210,7 @@ impl Builder {
             value: None,
             onnx_type: 0,
         });
-        (self.graph.tensors.len() - 1) as TensorId
+        self.graph.tensors.len().saturating_sub(1) as TensorId
     }
 }
 
@@ -490,14 +490,17 @@ fn import_attr(
             import_graph(
                 a.g.ok_or(attr_err("GRAPH attribute without graph"))?,
                 opsets,
-                depth + 1,
+                depth.saturating_add(1),
             )
             .map_err(|e| Error::new(e.kind))?,
         )),
         T::Graphs => {
             let mut v = Vec::new();
             for g in a.graphs {
-                v.push(import_graph(g, opsets, depth + 1).map_err(|e| Error::new(e.kind))?);
+                v.push(
+                    import_graph(g, opsets, depth.saturating_add(1))
+                        .map_err(|e| Error::new(e.kind))?,
+                );
             }
             AttrValue::Graphs(v)
         }
@@ -629,7 +632,15 @@ fn unpack_sub_byte(
     raw: Option<Bytes>,
     int32: &[i32],
 ) -> Result<Const> {
-    let per = (8 / bits) as usize;
+    let (per, mask): (usize, u8) = match bits {
+        2 => (4, 0x03),
+        4 => (2, 0x0F),
+        _ => {
+            return Err(Error::new(ErrorKind::Internal(
+                "sub-byte unpack: 2 or 4 bits",
+            )))
+        }
+    };
     let packed = n.div_ceil(per);
     let got = match &raw {
         Some(r) => r.len(),
@@ -648,10 +659,12 @@ fn unpack_sub_byte(
         }
     };
     let mut data = ConstData::zeroed(n)?;
-    let mask = (1u8 << bits) - 1;
-    for (i, o) in data.bytes_mut().iter_mut().enumerate() {
-        let code = (byte(i / per) >> ((i % per) as u32 * bits)) & mask;
-        *o = dtype.unpack_code(code);
+    for (k, chunk) in data.bytes_mut().chunks_mut(per).enumerate() {
+        let mut b = byte(k);
+        for o in chunk {
+            *o = dtype.unpack_code(b & mask);
+            b = b.checked_shr(bits).unwrap_or(0);
+        }
     }
     Ok(Const { dtype, shape, data })
 }

@@ -138,7 +138,7 @@ impl<'g> Ctx<'g> {
             }
             for t in n.inputs.iter().flatten() {
                 if let Some(u) = uses.get_mut(*t as usize) {
-                    *u += 1;
+                    *u = u.saturating_add(1);
                 }
             }
         }
@@ -393,7 +393,11 @@ fn plan_linear(c: &Ctx<'_>, n: &Node) -> Result<Rewrite, &'static str> {
     }
     if !c.per_tensor(&w) {
         let want = if conv || trans_b { 0 } else { 1 };
-        let axis = if w.axis < 0 { w.axis + rank } else { w.axis };
+        let axis = if w.axis < 0 {
+            w.axis.saturating_add(rank)
+        } else {
+            w.axis
+        };
         if axis != want {
             return Err("weight scale is not per output channel");
         }
@@ -742,11 +746,9 @@ pub fn fuse_qdq(g: &mut Graph) -> Vec<Fusion> {
     }
     // Drop the fused Q / activation nodes, then DequantizeLinear nodes
     // nobody reads any more.
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        k += 1;
-        !removed.get(k - 1).copied().unwrap_or(false)
-    });
+    let mut removed = removed.iter();
+    g.nodes
+        .retain(|_| !removed.next().copied().unwrap_or(false));
     loop {
         let c = Ctx::new(g);
         let dead: Vec<bool> = g

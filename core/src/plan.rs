@@ -228,7 +228,7 @@ impl Plan {
     }
     /// Arena bytes to allocate when the buffer may not be aligned.
     pub fn arena_bytes_unaligned(&self) -> usize {
-        self.arena_bytes + ALIGN - 1
+        self.arena_bytes.saturating_add(ALIGN - 1)
     }
     /// Lower bound: the most bytes alive at any one step (tensors and
     /// scratch, aligned). No placement of these buffers can use less.
@@ -261,7 +261,10 @@ impl Plan {
     }
     /// Bytes of constants computed at build time.
     pub fn folded_bytes(&self) -> usize {
-        self.folded.iter().map(|c| c.byte_len()).sum()
+        self.folded
+            .iter()
+            .map(Const::byte_len)
+            .fold(0, usize::saturating_add)
     }
     /// Bytes of a graph input fixed by [`SessionBuilder::input_value`].
     pub(crate) fn bound_value(&self, id: TensorId) -> Option<&[u8]> {
@@ -379,7 +382,10 @@ fn read_record(bytes: &[u8], at: usize) -> Result<Vec<usize>> {
     const W: usize = core::mem::size_of::<usize>();
     let word = |k: usize| -> Result<usize> {
         let b = bytes
-            .get(at + k * W..at + (k + 1) * W)
+            .get(
+                at.saturating_add(k.saturating_mul(W))
+                    ..at.saturating_add(k.saturating_add(1).saturating_mul(W)),
+            )
             .ok_or(Error::new(ErrorKind::Internal("shape record")))?;
         let mut a = [0u8; W];
         a.copy_from_slice(b);
@@ -421,7 +427,7 @@ pub(crate) fn eval_const_within(
     let ctx = PrepareCtx::new(node, opset, &infos).with_limits(*limits);
     let prep = (def.prepare)(&ctx)?;
     if let Some(v) = prep.values {
-        limits.take_heap(v.iter().map(Const::byte_len).sum())?;
+        limits.take_heap(v.iter().map(Const::byte_len).fold(0, usize::saturating_add))?;
         return Ok(v);
     }
     let mut slots: Vec<Slot> = Vec::new();
@@ -434,9 +440,9 @@ pub(crate) fn eval_const_within(
                 slots.push(Slot {
                     dtype: c.dtype,
                     shape: c.shape.clone(),
-                    loc: Loc::Folded((folded.len() - 1) as u32),
+                    loc: Loc::Folded(folded.len().saturating_sub(1) as u32),
                 });
-                ins.push(Some((slots.len() - 1) as TensorId));
+                ins.push(Some(slots.len().saturating_sub(1) as TensorId));
             }
             None => ins.push(None),
         }
@@ -473,7 +479,7 @@ pub(crate) fn eval_const_within(
                 loc: Loc::Arena { offset: off, len },
                 ..s
             });
-            outs.push(Some((slots.len() - 1) as TensorId));
+            outs.push(Some(slots.len().saturating_sub(1) as TensorId));
             off = planner::align_up(
                 off.checked_add(len)
                     .ok_or(Error::new(ErrorKind::Overflow))?,
@@ -489,10 +495,15 @@ pub(crate) fn eval_const_within(
             .ok_or(Error::new(ErrorKind::Overflow))?,
     )
     .ok_or(Error::new(ErrorKind::Overflow))?;
-    let rec_len = ops::SHAPE_RECORD * core::mem::size_of::<usize>();
+    let rec_len = ops::SHAPE_RECORD_BYTES;
     let total = if prep.dynamic {
         rec_at
-            .checked_add(prep.outputs.len() * rec_len)
+            .checked_add(
+                prep.outputs
+                    .len()
+                    .checked_mul(rec_len)
+                    .ok_or(Error::new(ErrorKind::Overflow))?,
+            )
             .ok_or(Error::new(ErrorKind::Overflow))?
     } else {
         off.checked_add(prep.scratch)
@@ -534,7 +545,10 @@ pub(crate) fn eval_const_within(
                 let mut shape = info.shape.clone();
                 let mut len = len;
                 if prep.dynamic {
-                    shape = read_record(buf.bytes(), rec_at + i * rec_len)?;
+                    shape = read_record(
+                        buf.bytes(),
+                        rec_at.saturating_add(i.saturating_mul(rec_len)),
+                    )?;
                     len = checked_numel(&shape)?
                         .checked_mul(info.dtype.size())
                         .filter(|&l| l <= len)
@@ -542,7 +556,7 @@ pub(crate) fn eval_const_within(
                 }
                 let b = buf
                     .bytes()
-                    .get(offset..offset + len)
+                    .get(offset..offset.saturating_add(len))
                     .ok_or(Error::new(ErrorKind::Internal("fold range")))?;
                 result.push(Const {
                     dtype: info.dtype,
@@ -637,7 +651,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 shape: s.shape.clone(),
                 data: ConstData::from_bytes(bytes).map_err(|e| e.at_tensor(i))?,
             });
-            s.loc = Loc::Folded((folded.len() - 1) as u32);
+            s.loc = Loc::Folded(folded.len().saturating_sub(1) as u32);
         }
         *at_mut(&mut slots, i as usize)? = s;
         *at_mut(&mut known, i as usize)? = true;
@@ -700,7 +714,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                 .outputs
                 .iter()
                 .rposition(|o| o.is_some())
-                .map_or(0, |p| p + 1)
+                .map_or(0, |p| p.saturating_add(1))
         {
             return Err(Error::new(ErrorKind::Invalid(
                 "node has more outputs than the op defines",
@@ -714,7 +728,12 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         if let Some(values) = prep.values {
             // Known from shapes alone (Shape, Size).
             limits
-                .take_heap(values.iter().map(Const::byte_len).sum())
+                .take_heap(
+                    values
+                        .iter()
+                        .map(Const::byte_len)
+                        .fold(0, usize::saturating_add),
+                )
                 .map_err(|e| e.at_node(ni))?;
             for (o, v) in node.outputs.iter().zip(values) {
                 if let Some(o) = o {
@@ -725,7 +744,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                     *at_mut(&mut slots, *o as usize)? = Slot {
                         dtype: c.dtype,
                         shape: c.shape.clone(),
-                        loc: Loc::Folded((folded.len() - 1) as u32),
+                        loc: Loc::Folded(folded.len().saturating_sub(1) as u32),
                     };
                     *at_mut(&mut known, *o as usize)? = true;
                 }
@@ -807,7 +826,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
                     *at_mut(&mut slots, *o as usize)? = Slot {
                         dtype: c.dtype,
                         shape: c.shape.clone(),
-                        loc: Loc::Folded((folded.len() - 1) as u32),
+                        loc: Loc::Folded(folded.len().saturating_sub(1) as u32),
                     };
                     *at_mut(&mut known, *o as usize)? = true;
                 }
@@ -849,10 +868,10 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
 
     // Root buffer of each tensor through alias chains.
     let root = |mut t: TensorId, alias_of: &[Option<TensorId>]| {
-        let mut guard = 0;
+        let mut guard = 0usize;
         while let Some(Some(s)) = alias_of.get(t as usize) {
             t = *s;
-            guard += 1;
+            guard = guard.saturating_add(1);
             if guard > alias_of.len() {
                 break;
             }
@@ -1033,13 +1052,13 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             });
         }
     }
-    let record_bytes = ops::SHAPE_RECORD * core::mem::size_of::<usize>();
+    let record_bytes = ops::SHAPE_RECORD_BYTES;
     let mut shapes_buf = alloc::vec![usize::MAX; n_steps];
     for ((si, st), sb) in steps.iter().enumerate().zip(shapes_buf.iter_mut()) {
         if st.shapes.is_some() {
             *sb = bufs.len();
             bufs.push(Buffer {
-                size: st.outputs.len().max(1) * record_bytes,
+                size: st.outputs.len().max(1).saturating_mul(record_bytes),
                 first: si,
                 last: n_steps.saturating_sub(1),
             });
@@ -1062,7 +1081,10 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         }
     }
     if let Some(budget) = opts.max_memory {
-        let folded_bytes: usize = folded.iter().map(Const::byte_len).sum();
+        let folded_bytes: usize = folded
+            .iter()
+            .map(Const::byte_len)
+            .fold(0, usize::saturating_add);
         let needed = weights
             .saturating_add(folded_bytes)
             .saturating_add(arena_bytes);
@@ -1106,7 +1128,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             for (k, o) in st.outputs.iter().enumerate() {
                 for (rec, go) in records.iter_mut().zip(&g.outputs) {
                     if *o == Some(*go) {
-                        *rec = Some(at + k * record_bytes);
+                        *rec = Some(at.saturating_add(k.saturating_mul(record_bytes)));
                     }
                 }
             }

@@ -119,10 +119,10 @@ fn place_in_order(buffers: &[Buffer], order: &[usize]) -> Result<Vec<usize>> {
         let mut best: Option<(usize, usize)> = None; // (waste, offset)
         let mut cursor = 0usize;
         for &(s, e) in &live {
-            if s > cursor {
-                let gap = s - cursor;
-                if gap >= size && best.is_none_or(|(w, _)| gap - size < w) {
-                    best = Some((gap - size, cursor));
+            let gap = s.checked_sub(cursor).filter(|&gap| gap > 0);
+            if let Some(waste) = gap.and_then(|gap| gap.checked_sub(size)) {
+                if best.is_none_or(|(w, _)| waste < w) {
+                    best = Some((waste, cursor));
                 }
             }
             cursor = cursor.max(e);
@@ -157,7 +157,7 @@ pub fn arena_size(buffers: &[Buffer], offsets: &[usize]) -> Result<usize> {
 /// Maximum over steps of the (aligned) bytes alive at that step.
 pub fn lower_bound(buffers: &[Buffer]) -> Result<usize> {
     // Sweep over step boundaries: +size at first, -size after last.
-    let mut events: Vec<(usize, bool, usize)> = Vec::with_capacity(buffers.len() * 2);
+    let mut events: Vec<(usize, bool, usize)> = Vec::with_capacity(buffers.len().saturating_mul(2));
     for b in buffers {
         let s = align_up(b.size).ok_or(Error::new(ErrorKind::Overflow))?;
         events.push((b.first, true, s));
@@ -184,7 +184,7 @@ pub fn check_no_overlap(buffers: &[Buffer], offsets: &[usize]) -> bool {
     }
     let placed = || buffers.iter().zip(offsets.iter().copied());
     for (i, (a, oa)) in placed().enumerate() {
-        for (b, ob) in placed().skip(i + 1) {
+        for (b, ob) in placed().skip(i.saturating_add(1)) {
             if a.size == 0 || b.size == 0 || !a.overlaps_in_time(b) {
                 continue;
             }

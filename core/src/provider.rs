@@ -146,23 +146,23 @@ impl Partition {
             .iter()
             .filter(|s| s.on_provider)
             .map(|s| s.steps.len())
-            .sum()
+            .fold(0, usize::saturating_add)
     }
     /// Boundary copies and the bytes they move: (host → device, device →
     /// host), each as (count, bytes).
     pub fn copy_totals(&self) -> ((usize, usize), (usize, usize)) {
-        let mut up = (0, 0);
-        let mut down = (0, 0);
+        let mut up = (0usize, 0usize);
+        let mut down = (0usize, 0usize);
         for s in &self.segments {
             let t = if s.on_provider { &mut up } else { &mut down };
             for &(_, _, len) in &s.copies {
-                t.0 += 1;
-                t.1 += len;
+                t.0 = t.0.saturating_add(1);
+                t.1 = t.1.saturating_add(len);
             }
         }
         for &(_, _, len) in &self.final_copies {
-            down.0 += 1;
-            down.1 += len;
+            down.0 = down.0.saturating_add(1);
+            down.1 = down.1.saturating_add(len);
         }
         (up, down)
     }
@@ -237,7 +237,7 @@ pub fn partition(
         let seg = segments
             .last_mut()
             .ok_or(Error::new(ErrorKind::Internal("partition segment")))?;
-        seg.steps.end = i + 1;
+        seg.steps.end = i.saturating_add(1);
         for &t in st.inputs.iter().flatten() {
             let Some((_, _, Place::Arena { offset, len })) = plan.place(model, t) else {
                 continue;

@@ -257,12 +257,12 @@ impl<'a> Session<'a> {
 
     /// The shape record at arena byte `at`, as a slice of words.
     fn record(&self, at: usize) -> Result<&[usize]> {
-        let words = SHAPE_RECORD * core::mem::size_of::<usize>();
+        let words = crate::ops::SHAPE_RECORD_BYTES;
         let (p, _) = self.arena_slice(Loc::Arena {
             offset: at,
             len: words,
         })?;
-        if (p as usize) % core::mem::align_of::<usize>() != 0 {
+        if (p as usize).checked_rem(core::mem::align_of::<usize>()) != Some(0) {
             return Err(Error::new(ErrorKind::Internal("shape record alignment")));
         }
         // SAFETY: in bounds (checked by arena_slice), aligned (checked), and
@@ -273,7 +273,7 @@ impl<'a> Session<'a> {
     /// Writes the planned (upper bound) shapes into a dynamic step's
     /// records, so they are valid even if the kernel fails midway.
     fn prefill_records(&mut self, at: usize, outputs: &[Option<crate::TensorId>]) -> Result<()> {
-        let words = SHAPE_RECORD * core::mem::size_of::<usize>();
+        let words = crate::ops::SHAPE_RECORD_BYTES;
         for (k, o) in outputs.iter().enumerate() {
             let Some(o) = o else { continue };
             let shape = &self
@@ -283,10 +283,13 @@ impl<'a> Session<'a> {
                 .ok_or(Error::new(ErrorKind::Internal("slot")))?
                 .shape;
             let (p, _) = self.arena_slice(Loc::Arena {
-                offset: at + k * words,
+                offset: k
+                    .checked_mul(words)
+                    .and_then(|o| o.checked_add(at))
+                    .ok_or(Error::new(ErrorKind::Overflow))?,
                 len: words,
             })?;
-            if (p as usize) % core::mem::align_of::<usize>() != 0 {
+            if (p as usize).checked_rem(core::mem::align_of::<usize>()) != Some(0) {
                 return Err(Error::new(ErrorKind::Internal("shape record alignment")));
             }
             // SAFETY: in bounds and aligned (checked); `&mut self` makes it
@@ -341,7 +344,7 @@ impl<'a> Session<'a> {
                 .first()
                 .ok_or(Error::new(ErrorKind::Internal("shape record rank")))?;
             let shape = rec
-                .get(1..1 + rank)
+                .get(1..rank.saturating_add(1))
                 .ok_or(Error::new(ErrorKind::Internal("shape record rank")))?;
             let len = crate::error::checked_numel(shape)?
                 .checked_mul(slot.dtype.size())

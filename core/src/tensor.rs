@@ -95,7 +95,7 @@ impl<'a> TensorView<'a> {
     }
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.data.len() / self.dtype.size()
+        self.data.len().checked_div(self.dtype.size()).unwrap_or(0)
     }
     /// Raw bytes.
     pub fn bytes(&self) -> &'a [u8] {
@@ -112,7 +112,9 @@ impl<'a> TensorView<'a> {
     /// Reads an integer tensor (any int width) as i64 values, one by one.
     pub fn int_at(&self, i: usize) -> Option<i64> {
         let s = self.dtype.size();
-        let b = self.data.get(i * s..(i + 1) * s)?;
+        let b = self
+            .data
+            .get(i.checked_mul(s)?..i.checked_add(1)?.checked_mul(s)?)?;
         Some(match self.dtype {
             DType::I8 => i8::from_le_bytes(b.try_into().ok()?) as i64,
             DType::U8 | DType::Bool => u8::from_le_bytes(b.try_into().ok()?) as i64,
@@ -127,7 +129,9 @@ impl<'a> TensorView<'a> {
     /// Reads element `i` of any numeric dtype as f64.
     pub fn f64_at(&self, i: usize) -> Option<f64> {
         let s = self.dtype.size();
-        let b = self.data.get(i * s..(i + 1) * s)?;
+        let b = self
+            .data
+            .get(i.checked_mul(s)?..i.checked_add(1)?.checked_mul(s)?)?;
         Some(match self.dtype {
             DType::F32 => f32::from_le_bytes(b.try_into().ok()?) as f64,
             DType::F64 => f64::from_le_bytes(b.try_into().ok()?),
@@ -177,7 +181,7 @@ impl<'a> TensorMut<'a> {
     }
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.data.len() / self.dtype.size()
+        self.data.len().checked_div(self.dtype.size()).unwrap_or(0)
     }
     /// Raw bytes.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
@@ -242,7 +246,7 @@ pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> [usize; MAX_RA
     let off = r.saturating_sub(shape.len());
     let mut acc = 1usize;
     for (i, &d) in shape.iter().enumerate().rev() {
-        if let Some(si) = s.get_mut(i + off) {
+        if let Some(si) = s.get_mut(i.saturating_add(off)) {
             *si = if d == 1 { 0 } else { acc };
         }
         acc = acc.saturating_mul(d);
@@ -271,7 +275,10 @@ impl<const N: usize> StridedIter<N> {
         for (d, &s) in sh.iter_mut().zip(shape) {
             *d = s;
         }
-        let remaining = sh.iter().take(rank).product();
+        let remaining = sh
+            .iter()
+            .take(rank)
+            .fold(1usize, |a, &d| a.saturating_mul(d));
         let mut by_axis = [[0usize; N]; MAX_RANK];
         for (k, operand) in strides.iter().enumerate() {
             for (axis, &st) in by_axis.iter_mut().zip(operand) {
@@ -298,7 +305,7 @@ impl<const N: usize> Iterator for StridedIter<N> {
         if self.remaining == 0 {
             return None;
         }
-        self.remaining -= 1;
+        self.remaining = self.remaining.saturating_sub(1);
         let cur = self.offs;
         // Advance the odometer, last axis first.
         let axes = self
@@ -309,7 +316,8 @@ impl<const N: usize> Iterator for StridedIter<N> {
             .take(self.rank)
             .rev();
         for ((i, &n), st) in axes {
-            *i += 1;
+            // `*i < n` held before this step, so this cannot saturate.
+            *i = i.saturating_add(1);
             for (o, &s) in self.offs.iter_mut().zip(st) {
                 *o = o.wrapping_add(s);
             }

@@ -213,7 +213,7 @@ impl IoDesc<'_> {
     /// Dequantizes an 8-bit value of this output; `None` if not quantized.
     pub fn dequantize(&self, q: i32) -> Option<f32> {
         let (s, z) = self.quant?;
-        Some((q - z) as f32 * s)
+        Some(q.saturating_sub(z) as f32 * s)
     }
 }
 
@@ -278,7 +278,7 @@ impl<'m> CompiledModel<'m> {
         if crc32(bytes.get(16..).unwrap_or_default()) != rd32(bytes, 12)? {
             return Err(bad("checksum mismatch (corrupt file)"));
         }
-        let h = |i: usize| rdu(bytes, 16 + 4 * i);
+        let h = |i: usize| rdu(bytes, i.saturating_mul(4).saturating_add(16));
         let arena_bytes = h(0)?;
         let lower_bound = h(1)?;
         let counts = [h(2)?, h(3)?, h(4)?, h(5)?];
@@ -291,7 +291,11 @@ impl<'m> CompiledModel<'m> {
             counts,
             tensors: table(h(6)?, counts[0], TENSOR_REC)?,
             steps: table(h(7)?, counts[1], STEP_REC)?,
-            io: table(h(8)?, counts[2] + counts[3], IO_REC)?,
+            io: table(
+                h(8)?,
+                counts[2].checked_add(counts[3]).ok_or(bad("io count"))?,
+                IO_REC,
+            )?,
             params: section(bytes, h(9)?, h(10)?)?,
             strings: section(bytes, h(11)?, h(12)?)?,
             data: section(bytes, h(13)?, h(14)?)?,
@@ -371,7 +375,7 @@ impl<'m> CompiledModel<'m> {
         let at = i.checked_mul(TENSOR_REC).ok_or(bad("tensor index"))?;
         let r = self
             .tensors
-            .get(at..at + TENSOR_REC)
+            .get(at..at.saturating_add(TENSOR_REC))
             .ok_or(Error::new(ErrorKind::UnknownName))?;
         let &[code, rank, kind, ..] = r else {
             return Err(bad("truncated tensor record"));
@@ -388,7 +392,7 @@ impl<'m> CompiledModel<'m> {
         };
         let mut dims = [0usize; MAX_RANK];
         for (k, d) in dims.iter_mut().enumerate().take(rank) {
-            *d = rdu(r, 16 + 4 * k)?;
+            *d = rdu(r, k.saturating_mul(4).saturating_add(16))?;
         }
         Ok(TensorDesc {
             dtype,
@@ -402,7 +406,10 @@ impl<'m> CompiledModel<'m> {
 
     fn step(&self, i: usize) -> Result<StepRec> {
         let at = i.checked_mul(STEP_REC).ok_or(bad("step index"))?;
-        let r = self.steps.get(at..at + STEP_REC).ok_or(bad("step index"))?;
+        let r = self
+            .steps
+            .get(at..at.saturating_add(STEP_REC))
+            .ok_or(bad("step index"))?;
         Ok(StepRec {
             kid: rd32(r, 0)?,
             ins: [rd32(r, 4)?, rd32(r, 8)?],
@@ -420,7 +427,7 @@ impl<'m> CompiledModel<'m> {
         let at = i.checked_mul(IO_REC).ok_or(bad("io index"))?;
         let r = self
             .io
-            .get(at..at + IO_REC)
+            .get(at..at.saturating_add(IO_REC))
             .ok_or(Error::new(ErrorKind::UnknownName))?;
         let tensor = self.tensor(rdu(r, 0)?)?;
         let name = section(self.strings, rdu(r, 4)?, rdu(r, 8)?)?;
@@ -450,7 +457,7 @@ impl<'m> CompiledModel<'m> {
         if i >= self.counts[3] {
             return Err(Error::new(ErrorKind::UnknownName));
         }
-        self.io_desc(self.counts[2] + i)
+        self.io_desc(self.counts[2].saturating_add(i))
     }
 
     /// The bytes of a constant tensor.
@@ -489,7 +496,7 @@ impl<'m> CompiledModel<'m> {
         for i in 0..self.counts[1] {
             self.validate_step(i).map_err(|e| e.at_node(i as u32))?;
         }
-        for i in 0..self.counts[2] + self.counts[3] {
+        for i in 0..self.counts[2].saturating_add(self.counts[3]) {
             let d = self.io_desc(i)?;
             if d.tensor.storage != Storage::Arena {
                 return Err(bad("graph inputs and outputs must be in the arena"));

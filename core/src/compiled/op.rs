@@ -270,12 +270,12 @@ impl OpView<'_> {
                 zp_ok(&[q.out.zy], dt[2])?;
                 let p = &q.p;
                 geom_consistent(&p.g)?;
-                if p.group == 0 || p.c % p.group != 0 || p.m % p.group != 0 {
+                if p.c.checked_rem(p.group) != Some(0) || p.m.checked_rem(p.group) != Some(0) {
                     return Err(bad("QConv: channels must divide into groups"));
                 }
                 let (ins, outs, ks) = sizes(&p.g)?;
                 mul(&[p.batch, p.c, ins])?;
-                mul(&[p.m, p.c / p.group, ks])?;
+                mul(&[p.m, p.c.checked_div(p.group).unwrap_or(0), ks])?;
                 mul(&[p.batch, p.m, outs])?;
                 Ok(())
             }
@@ -387,9 +387,9 @@ impl<'a> Words<'a> {
     fn u32(&mut self) -> Result<u32> {
         let b = self
             .w
-            .get(self.at..self.at + 4)
+            .get(self.at..self.at.saturating_add(4))
             .ok_or(bad("kernel parameters truncated"))?;
-        self.at += 4;
+        self.at = self.at.saturating_add(4);
         Ok(u32::from_le_bytes(
             b.try_into()
                 .map_err(|_| bad("kernel parameters truncated"))?,

@@ -221,7 +221,7 @@ pub fn compile(model: &Model, plan: &Plan) -> Result<Vec<u8>> {
             in1,
             out,
             u32_of(off)?,
-            u32_of(e.words.len() * 4)?,
+            u32_of(e.words.len().saturating_mul(4))?,
         ] {
             steps.extend_from_slice(&w.to_le_bytes());
         }
@@ -268,8 +268,14 @@ pub fn compile(model: &Model, plan: &Plan) -> Result<Vec<u8>> {
         }
         strings.extend_from_slice(info.name.as_bytes());
     }
-    debug_assert_eq!(steps.len(), plan.steps.len() * STEP_REC);
-    debug_assert_eq!(io.len(), (plan.inputs.len() + plan.outputs.len()) * IO_REC);
+    let io_count = plan.inputs.len().saturating_add(plan.outputs.len());
+    if Some(steps.len()) != plan.steps.len().checked_mul(STEP_REC)
+        || Some(io.len()) != io_count.checked_mul(IO_REC)
+    {
+        return Err(Error::new(ErrorKind::Internal(
+            "compiled writer: record sizes",
+        )));
+    }
 
     // Layout: header, tensors, steps, io, params, strings, data.
     let mut f = alloc::vec![0u8; HEADER];
@@ -310,7 +316,11 @@ pub fn compile(model: &Model, plan: &Plan) -> Result<Vec<u8>> {
     put(&mut f, 0, b"MOTE")?;
     put(&mut f, 4, &FORMAT_VERSION.to_le_bytes())?;
     for (k, w) in words.iter().enumerate() {
-        put(&mut f, 8 + 4 * k, &w.to_le_bytes())?;
+        put(
+            &mut f,
+            k.saturating_mul(4).saturating_add(8),
+            &w.to_le_bytes(),
+        )?;
     }
     let crc = crc32(f.get(16..).ok_or(header_err())?);
     put(&mut f, 12, &crc.to_le_bytes())?;
@@ -332,7 +342,7 @@ fn header_err() -> Error {
 
 /// Writes `bytes` at `at` of the file being built.
 fn put(f: &mut [u8], at: usize, bytes: &[u8]) -> Result<()> {
-    f.get_mut(at..at + bytes.len())
+    f.get_mut(at..at.saturating_add(bytes.len()))
         .ok_or(header_err())?
         .copy_from_slice(bytes);
     Ok(())

@@ -522,6 +522,8 @@ pub struct KernelIo<'a> {
 
 /// Words of one run-time shape record in the arena: rank, then dims.
 pub(crate) const SHAPE_RECORD: usize = 1 + MAX_RANK;
+/// Bytes of one shape record.
+pub(crate) const SHAPE_RECORD_BYTES: usize = SHAPE_RECORD * core::mem::size_of::<usize>();
 
 /// Writes `shape` into a shape record: rank first, then the dims, the rest
 /// zero (dims past the record's room are not written).
@@ -640,9 +642,11 @@ impl<'a> KernelIo<'a> {
                 "run-time shape exceeds the planned upper bound",
             )));
         }
-        let words = core::mem::size_of::<usize>();
-        let off = at + i * SHAPE_RECORD * words;
-        let p = self.arena_range(off, SHAPE_RECORD * words)?;
+        let off = i
+            .checked_mul(SHAPE_RECORD_BYTES)
+            .and_then(|o| o.checked_add(at))
+            .ok_or(Error::new(ErrorKind::Overflow))?;
+        let p = self.arena_range(off, SHAPE_RECORD_BYTES)?;
         // SAFETY: in the arena (checked), aligned (records start on an
         // ALIGN boundary, each is a whole number of words), and the shape
         // records of a step are its own exclusive buffer.

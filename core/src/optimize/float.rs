@@ -92,10 +92,10 @@ pub fn run(g: &mut Graph) -> Vec<Rewrite> {
     ];
     // Every rewrite removes a node or moves a Transpose one producer up;
     // the bound only guards against a pattern that would undo another.
-    let mut budget = 4 * g.nodes.len() + 16;
+    let mut budget = g.nodes.len().saturating_mul(4).saturating_add(16);
     // Constants the edits freed (count, bytes), reported with the others
     // that `compact` drops.
-    let mut freed = (0, 0);
+    let mut freed = (0usize, 0usize);
     'outer: loop {
         let mut changed = false;
         for pass in local {
@@ -106,12 +106,12 @@ pub fn run(g: &mut Graph) -> Vec<Rewrite> {
                 let ix = Ix::new(g);
                 let found = (0..g.nodes.len()).find_map(|i| find(g, &ix, pass, i));
                 let Some(edit) = found else { break };
-                budget -= 1;
+                budget = budget.saturating_sub(1);
                 changed = true;
                 notes.push(edit.note.clone());
                 let (n, b) = apply(g, edit);
-                freed.0 += n;
-                freed.1 += b;
+                freed.0 = freed.0.saturating_add(n);
+                freed.1 = freed.1.saturating_add(b);
             }
         }
         if !changed {
@@ -256,14 +256,14 @@ fn apply(g: &mut Graph, e: Edit) -> (usize, usize) {
             g.nodes.remove(i);
         }
     }
-    let mut freed = (0, 0);
+    let mut freed = (0usize, 0usize);
     if !old.is_empty() {
         let ix = Ix::new(g);
         for t in old {
             if ix.unused(t) {
                 if let Some(c) = g.tensors.get_mut(t as usize).and_then(|i| i.value.take()) {
-                    freed.0 += 1;
-                    freed.1 += c.byte_len();
+                    freed.0 = freed.0.saturating_add(1);
+                    freed.1 = freed.1.saturating_add(c.byte_len());
                 }
             }
         }
@@ -348,9 +348,9 @@ fn new_const(
     v: &[f32],
 ) -> Option<TensorInfo> {
     let mut name = alloc::format!("{base}/mote_{what}");
-    let mut k = 1;
+    let mut k = 1usize;
     while g.tensor_id(&name).is_some() || pending.iter().any(|t| t.name == name) {
-        k += 1;
+        k = k.saturating_add(1);
         name = alloc::format!("{base}/mote_{what}{k}");
     }
     Some(TensorInfo {
@@ -375,7 +375,7 @@ fn feed_const(
     shape: &[usize],
     v: &[f32],
 ) -> Option<()> {
-    let id = TensorId::try_from(g.tensors.len() + pending.len()).ok()?;
+    let id = TensorId::try_from(g.tensors.len().checked_add(pending.len())?).ok()?;
     let t = new_const(g, pending, base, what, shape, v)?;
     pending.push(t);
     if let Some(s) = node.inputs.get_mut(slot) {
@@ -601,9 +601,16 @@ fn batchnorm(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
     // Output channel of each weight element.
     let group = usize::try_from(attr_i(conv, "group", 1)).ok()?.max(1);
     let (d0, d1) = (*w_shape.first()?, *w_shape.get(1)?);
-    let per: usize = w_shape.iter().skip(2).product();
-    let out_channels = if transposed { d1 * group } else { d0 };
-    if out_channels != m || (transposed && d0 % group != 0) || per == 0 {
+    let per = w_shape
+        .iter()
+        .skip(2)
+        .try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    let out_channels = if transposed {
+        d1.checked_mul(group)?
+    } else {
+        d0
+    };
+    if out_channels != m || (transposed && d0.checked_rem(group) != Some(0)) || per == 0 {
         return None;
     }
     let b = match input(conv, 2) {
@@ -622,18 +629,24 @@ fn batchnorm(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
         .zip(var)
         .map(|(&g, &v)| f64::from(g) / libm::sqrt(f64::from(v) + eps))
         .collect();
-    let channel = |k: usize| -> usize {
+    let row = d1.checked_mul(per)?;
+    let per_group = d0.checked_div(group)?;
+    let channel = |k: usize| -> Option<usize> {
+        let c = k.checked_div(row)?;
         if transposed {
-            let (c, j) = (k / (d1 * per), (k / per) % d1);
-            (c / (d0 / group)) * d1 + j
+            let j = k.checked_div(per)?.checked_rem(d1)?;
+            c.checked_div(per_group)?.checked_mul(d1)?.checked_add(j)
         } else {
-            k / (d1 * per)
+            Some(c)
         }
     };
     let w2: Vec<f32> = w
         .iter()
         .enumerate()
-        .map(|(k, &v)| (f64::from(v) * s.get(channel(k)).copied().unwrap_or(1.0)) as f32)
+        .map(|(k, &v)| {
+            let sc = channel(k).and_then(|c| s.get(c)).copied().unwrap_or(1.0);
+            (f64::from(v) * sc) as f32
+        })
         .collect();
     let b2: Vec<f32> = (0..m)
         .map(|c| {
@@ -657,7 +670,7 @@ fn batchnorm(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
         *s = Some(nt);
     }
     if let Some(s) = c2.inputs.get_mut(2) {
-        *s = Some(nt + 1);
+        *s = Some(nt.checked_add(1)?);
     }
     c2.outputs = alloc::vec![Some(y)];
     let mut e = Edit::new(
@@ -705,10 +718,10 @@ fn per_channel(shape: &[usize], v: &[f32], rank: usize, axis: usize, m: usize) -
     if shape.len() > rank || v.is_empty() {
         return None;
     }
-    let pad = rank - shape.len();
+    let pad = rank.checked_sub(shape.len())?;
     let mut along = 1;
     for (k, &d) in shape.iter().enumerate() {
-        if k + pad == axis {
+        if k.checked_add(pad) == Some(axis) {
             if d != 1 && d != m {
                 return None;
             }
@@ -768,11 +781,17 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
             feed_const(g, &mut tensors, &mut p2, 2, base, "bias", &[m], &b2)?;
             detail = alloc::format!("{what} '{}' folded into the bias", label(n, i));
         } else {
-            let per = w.len() / m.max(1);
+            let per = w.len().checked_div(m).filter(|&p| p > 0)?;
             let w2: Vec<f32> = w
                 .iter()
                 .enumerate()
-                .map(|(k, &x)| x * v.get(k / per.max(1)).copied().unwrap_or(1.0))
+                .map(|(k, &x)| {
+                    x * k
+                        .checked_div(per)
+                        .and_then(|c| v.get(c))
+                        .copied()
+                        .unwrap_or(1.0)
+                })
                 .collect();
             feed_const(g, &mut tensors, &mut p2, 1, base, "folded", w_shape, &w2)?;
             if let Some(b) = b {
@@ -826,11 +845,11 @@ fn bias(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
                 .map(|(k, &x)| {
                     // B is [N, K] under transB, else [K, N].
                     let j = if trans_b {
-                        k / kk.max(1)
+                        k.checked_div(kk)
                     } else {
-                        k % nn.max(1)
+                        k.checked_rem(nn)
                     };
-                    x * v.get(j).copied().unwrap_or(1.0)
+                    x * j.and_then(|j| v.get(j)).copied().unwrap_or(1.0)
                 })
                 .collect();
             feed_const(g, &mut tensors, &mut p2, 1, base, "folded", w_shape, &w2)?;
@@ -874,7 +893,7 @@ fn known_rank(g: &Graph, ix: &Ix, t: TensorId, depth: usize) -> Option<usize> {
         "Reshape" => value(g, input(p, 1)?).map(|c| c.view().numel()),
         "Relu" | "LeakyRelu" | "Sigmoid" | "Tanh" | "Clip" | "HardSigmoid" | "HardSwish"
         | "Elu" | "Selu" | "Gelu" | "Softmax" | "Identity" | "Dropout" | "Neg" | "Abs" | "Exp"
-        | "Erf" | "Sqrt" | "Cast" => known_rank(g, ix, input(p, 0)?, depth - 1),
+        | "Erf" | "Sqrt" | "Cast" => known_rank(g, ix, input(p, 0)?, depth.checked_sub(1)?),
         _ => None,
     }
 }
@@ -936,11 +955,8 @@ fn dead_nodes(g: &mut Graph, notes: &mut Vec<Rewrite>) {
                 });
             }
         }
-        let mut k = 0;
-        g.nodes.retain(|_| {
-            k += 1;
-            !dead.get(k - 1).copied().unwrap_or(false)
-        });
+        let mut dead = dead.iter();
+        g.nodes.retain(|_| !dead.next().copied().unwrap_or(false));
     }
 }
 
@@ -972,8 +988,8 @@ fn compact(g: &mut Graph, notes: &mut Vec<Rewrite>, freed: (usize, usize)) {
             }
             g.tensors.push(t);
         } else if let Some(c) = &t.value {
-            consts += 1;
-            bytes += c.byte_len();
+            consts = consts.saturating_add(1);
+            bytes = bytes.saturating_add(c.byte_len());
         }
     }
     let remap = |t: &mut TensorId| {
