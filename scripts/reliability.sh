@@ -5,13 +5,17 @@
 #      32 bits must be errors there, not wrapped;
 #   2. the kernels' unsafe code under Miri (a fast subset of the kernel
 #      tests: every unsafe path, small cases);
-#   3. every fuzz target for FUZZ_SECONDS (default 60) each.
+#   3. every fuzz target for FUZZ_SECONDS (default 60) each;
+#   4. panic sites: the on-device ONNX firmware (import, optimizer, planner,
+#      every operator) built as a size-optimized LTO release must keep no
+#      panic call on a mote-core source line (boards/onnx-an386/panic-sites.sh;
+#      needs the model that tests/tests/onnx_on_device.rs writes).
 # Each step installs what it needs when missing.
-#   bash scripts/reliability.sh [i686] [miri] [fuzz]     (default: all three)
+#   bash scripts/reliability.sh [i686] [miri] [fuzz] [panics]   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(i686 miri fuzz)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(i686 miri fuzz panics)
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 
@@ -59,8 +63,15 @@ for step in "${STEPS[@]}"; do
     fuzz)
       bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
       ;;
+    panics)
+      echo "== panic call sites in the on-device ONNX path"
+      if ! command -v llvm-objdump >/dev/null || ! command -v llvm-symbolizer >/dev/null; then
+        $SUDO apt-get update && $SUDO apt-get install -y llvm
+      fi
+      bash boards/onnx-an386/panic-sites.sh --max-core 0
+      ;;
     *)
-      echo "unknown step '$step' (i686, miri, fuzz)" >&2
+      echo "unknown step '$step' (i686, miri, fuzz, panics)" >&2
       exit 2
       ;;
   esac

@@ -52,7 +52,7 @@ impl ConstData {
     /// Copies bytes into aligned storage.
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
         let mut c = Self::zeroed(b.len())?;
-        c.bytes_mut().copy_from_slice(b);
+        crate::tensor::copy_exact(c.bytes_mut(), b)?;
         Ok(c)
     }
     /// Keeps a shared buffer if it is aligned, else copies it once.

@@ -13,6 +13,7 @@ use mote_proto::{tensor_shape_proto::dimension, type_proto, Message};
 
 use crate::error::{Error, ErrorKind, Result, TensorId};
 use crate::model::{Attr, AttrValue, Const, ConstData, Dim, Graph, Model, Node, TensorInfo};
+use crate::tensor::{copy_exact, ChunksOf as _};
 use crate::DType;
 
 /// Oldest default-domain opset mote accepts.
@@ -594,28 +595,33 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
     let mut data = ConstData::zeroed(bytes)?;
     let out = data.bytes_mut();
     let sz = dtype.size();
-    for (i, chunk) in out.chunks_exact_mut(sz).enumerate() {
+    for (i, chunk) in out.chunks_of_mut(sz).enumerate() {
         match dtype {
-            DType::F32 => {
-                chunk.copy_from_slice(&t.float_data.get(i).copied().unwrap_or(0.0).to_le_bytes())
-            }
-            DType::F64 => {
-                chunk.copy_from_slice(&t.double_data.get(i).copied().unwrap_or(0.0).to_le_bytes())
-            }
-            DType::I64 => {
-                chunk.copy_from_slice(&t.int64_data.get(i).copied().unwrap_or(0).to_le_bytes())
-            }
-            DType::U64 => {
-                chunk.copy_from_slice(&t.uint64_data.get(i).copied().unwrap_or(0).to_le_bytes())
-            }
-            DType::U32 => chunk.copy_from_slice(
+            DType::F32 => copy_exact(
+                chunk,
+                &t.float_data.get(i).copied().unwrap_or(0.0).to_le_bytes(),
+            )?,
+            DType::F64 => copy_exact(
+                chunk,
+                &t.double_data.get(i).copied().unwrap_or(0.0).to_le_bytes(),
+            )?,
+            DType::I64 => copy_exact(
+                chunk,
+                &t.int64_data.get(i).copied().unwrap_or(0).to_le_bytes(),
+            )?,
+            DType::U64 => copy_exact(
+                chunk,
+                &t.uint64_data.get(i).copied().unwrap_or(0).to_le_bytes(),
+            )?,
+            DType::U32 => copy_exact(
+                chunk,
                 &(t.uint64_data.get(i).copied().unwrap_or(0) as u32).to_le_bytes(),
-            ),
+            )?,
             _ => {
                 // int32_data carries every type of 32 bits or less (f16/bf16
                 // as their bit patterns), low bytes first.
                 let v = t.int32_data.get(i).copied().unwrap_or(0).to_le_bytes();
-                chunk.copy_from_slice(v.get(..sz).unwrap_or(&[]));
+                copy_exact(chunk, v.get(..sz).unwrap_or(&[]))?;
             }
         }
     }

@@ -388,7 +388,7 @@ fn read_record(bytes: &[u8], at: usize) -> Result<Vec<usize>> {
             )
             .ok_or(Error::new(ErrorKind::Internal("shape record")))?;
         let mut a = [0u8; W];
-        a.copy_from_slice(b);
+        crate::tensor::copy_exact(&mut a, b)?;
         Ok(usize::from_ne_bytes(a))
     };
     let rank = word(0)?;

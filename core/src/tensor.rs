@@ -238,6 +238,64 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize], out: &mut [usize; MAX_RANK]) -
     Ok(r)
 }
 
+/// `dst.copy_from_slice(src)`, an `Err` (not a panic) when the lengths
+/// differ.
+#[inline]
+pub(crate) fn copy_exact<T: Copy>(dst: &mut [T], src: &[T]) -> Result<()> {
+    if dst.len() != src.len() {
+        return Err(Error::new(ErrorKind::Internal(
+            "copy between unequal lengths",
+        )));
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+/// `Iterator::step_by` that yields nothing for a step of 0 instead of
+/// panicking (its `assert!(step != 0)` is kept by the optimizer whenever
+/// it cannot see the step).
+pub(crate) trait StepOf: Iterator + Sized {
+    /// [`Iterator::step_by`], none for `n == 0`.
+    #[inline]
+    fn step_of(self, n: usize) -> core::iter::StepBy<core::iter::Take<Self>> {
+        match core::num::NonZeroUsize::new(n) {
+            Some(n) => self.take(usize::MAX).step_by(n.get()),
+            None => self.take(0).step_by(1),
+        }
+    }
+}
+
+impl<I: Iterator> StepOf for I {}
+
+/// `chunks_exact` / `chunks_exact_mut` that yield no chunk for a chunk size
+/// of 0 instead of panicking. A zero chunk size only comes with an empty
+/// slice in a consistent layout, so no chunk is the right answer; and the
+/// standard methods' `assert!(size != 0)` is a panic path the optimizer
+/// keeps whenever it cannot see the size (see `boards/onnx-an386/panic-sites.sh`).
+pub(crate) trait ChunksOf<T> {
+    /// [`slice::chunks_exact`], none for `n == 0`.
+    fn chunks_of(&self, n: usize) -> core::slice::ChunksExact<'_, T>;
+    /// [`slice::chunks_exact_mut`], none for `n == 0`.
+    fn chunks_of_mut(&mut self, n: usize) -> core::slice::ChunksExactMut<'_, T>;
+}
+
+impl<T> ChunksOf<T> for [T] {
+    #[inline]
+    fn chunks_of(&self, n: usize) -> core::slice::ChunksExact<'_, T> {
+        match core::num::NonZeroUsize::new(n) {
+            Some(n) => self.chunks_exact(n.get()),
+            None => <&[T]>::default().chunks_exact(1),
+        }
+    }
+    #[inline]
+    fn chunks_of_mut(&mut self, n: usize) -> core::slice::ChunksExactMut<'_, T> {
+        match core::num::NonZeroUsize::new(n) {
+            Some(n) => self.chunks_exact_mut(n.get()),
+            None => <&mut [T]>::default().chunks_exact_mut(1),
+        }
+    }
+}
+
 /// Strides (in elements) that read an input of shape `shape` as if
 /// broadcast to `out_shape`: broadcast axes get stride 0.
 pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> [usize; MAX_RANK] {

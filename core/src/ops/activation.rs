@@ -6,6 +6,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::elementwise::{binary, unary_float, unsupported_dtype, with_type, Bcast, Num};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::{DType, Element};
 
 /// Operators of this family.
@@ -403,7 +404,7 @@ fn hardmax_kernel<T: Num>(shape: &[usize], outer: usize, len: usize, inner: usiz
             // One plane of `len * inner` elements per outer index; lane `i`
             // of a plane is every `inner`-th element from `i`.
             let plane = len * inner;
-            for (xp, yp) in x.chunks_exact(plane).zip(y.chunks_exact_mut(plane)) {
+            for (xp, yp) in x.chunks_of(plane).zip(y.chunks_of_mut(plane)) {
                 for i in 0..inner {
                     let mut lane = xp.iter().skip(i).step_by(inner);
                     let Some(&first) = lane.next() else {

@@ -11,7 +11,9 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
+use crate::ops::util::{div, divides};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::copy_exact;
 use crate::{DType, Element};
 use alloc::vec;
 use alloc::vec::Vec;
@@ -228,14 +230,14 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
         hq = qh as usize;
         hkv = kh as usize;
-        if q_hid % hq != 0 || k_hid % hkv != 0 || v_hid % hkv != 0 {
+        if !divides(q_hid, hq) || !divides(k_hid, hkv) || !divides(v_hid, hkv) {
             return Err(shape_err("Attention: hidden size not divisible by heads"));
         }
         sq = q_s;
         skv = k_s;
-        dq = q_hid / hq;
-        dk = k_hid / hkv;
-        dv = v_hid / hkv;
+        dq = div(q_hid, hq, "Attention: heads")?;
+        dk = div(k_hid, hkv, "Attention: heads")?;
+        dv = div(v_hid, hkv, "Attention: heads")?;
         if v_s != skv {
             return Err(shape_err("Attention: K and V lengths differ"));
         }
@@ -265,7 +267,7 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if dq != dk {
         return Err(shape_err("Attention: Q and K head sizes differ"));
     }
-    if hkv == 0 || hq % hkv != 0 {
+    if !divides(hq, hkv) {
         return Err(shape_err(
             "Attention: q heads must be a multiple of kv heads",
         ));
@@ -577,8 +579,8 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
                         src.value(a, b, h, j)?
                     };
                     out.get_mut(o..o + d)
-                        .ok_or(Error::internal("Attention: present size"))?
-                        .copy_from_slice(row);
+                        .ok_or(Error::internal("Attention: present size"))
+                        .and_then(|o| copy_exact(o, row))?;
                     o += d;
                 }
             }
@@ -612,10 +614,10 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
     let y = out.into_slice::<T>()?;
     need(y, a.batch * a.y.b)?;
     let sc = as_f32(scratch, 2 * l + a.dk.max(a.dv))?;
-    let group = a.hq / a.hkv;
+    let group = div(a.hq, a.hkv, "Attention: kv heads")?;
     for b in 0..a.batch {
         for h in 0..a.hq {
-            let kvh = h / group;
+            let kvh = div(h, group, "Attention: head group")?;
             for i in 0..a.sq {
                 row_scores(a, &src, b, h, i, sc, Stage::Probs)?;
                 // The query slot of the scratch is free now: accumulate the
@@ -667,7 +669,11 @@ fn row_scores<T: Fl>(
     let (s, rest) = sc.split_at_mut_checked(l).ok_or_else(scratch)?;
     let (bias, qs) = rest.split_at_mut_checked(l).ok_or_else(scratch)?;
     let qs = qs.get_mut(..a.dk).ok_or_else(scratch)?;
-    let kvh = h / (a.hq / a.hkv);
+    let kvh = div(
+        h,
+        div(a.hq, a.hkv, "Attention: kv heads")?,
+        "Attention: head group",
+    )?;
     let neg = f32::NEG_INFINITY;
 
     // The causal / window frontier sits `offset` keys right of the row.
@@ -831,14 +837,14 @@ fn prepare_rotary(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         [b, h, s, d] => (b, h, s, d, Lay::d4(h, s, d)),
         [b, s, hid] => {
             let nh = ctx.attr_int("num_heads", 0)?;
-            if nh <= 0 || hid % nh as usize != 0 {
+            if nh <= 0 || !divides(hid, nh as usize) {
                 return Err(Error::new(ErrorKind::Attribute {
                     name: "num_heads",
                     problem: "3D input needs num_heads dividing the hidden size",
                 }));
             }
             let h = nh as usize;
-            let d = hid / h;
+            let d = div(hid, h, "num_heads")?;
             (b, h, s, d, Lay::d3(h, s, d))
         }
         _ => {

@@ -30,6 +30,7 @@ use crate::model::{captured_names, AttrValue, Const, ConstData, Dim, Graph, Mode
 use crate::ops::{kernel, util, InputInfo, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::plan::{Plan, SessionBuilder};
 use crate::planner::ALIGN;
+use crate::tensor::copy_exact;
 use crate::{DType, Session};
 
 /// Operators of this family.
@@ -337,7 +338,7 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut cond = !has_cond || io.input(1)?.bytes().first().is_some_and(|&b| b != 0);
             for k in 0..n {
                 let src = io.input(2 + k)?.bytes();
-                io.output(k)?.bytes_mut().copy_from_slice(src);
+                copy_exact(io.output(k)?.bytes_mut(), src)?;
             }
             let mut it = 0usize;
             while it < max && cond {
@@ -450,8 +451,13 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             )));
         }
         len = Some(l);
-        let mut s = Vec::from(v.shape);
-        s.remove(a);
+        let s: Vec<usize> = v
+            .shape
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != a)
+            .map(|(_, &d)| d)
+            .collect();
         formal.push((v.dtype, s));
         in_geo.push(geo);
     }
@@ -494,7 +500,7 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         kernel("Scan", move |io: &mut KernelIo<'_>| {
             for k in 0..n {
                 let src = io.input(k)?.bytes();
-                io.output(k)?.bytes_mut().copy_from_slice(src);
+                copy_exact(io.output(k)?.bytes_mut(), src)?;
             }
             for t in 0..len {
                 for k in 0..n {

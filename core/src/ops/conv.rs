@@ -12,8 +12,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::kern::dwconv;
 use crate::kern::par;
 use crate::kern::sgemm::{self, MatA};
-use crate::ops::util::{Acc, Float};
+use crate::ops::util::{div, divides, rem, Acc, Float};
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::tensor::{ChunksOf as _, StepOf as _};
 use crate::DType;
 
 /// Operators of this family.
@@ -170,6 +171,9 @@ pub(crate) fn forward_geom(
             .ok_or(Error::new(ErrorKind::Overflow))?;
         match ap {
             AutoPad::SameUpper | AutoPad::SameLower => {
+                if si == 0 {
+                    return Err(attr_err("strides", "must be positive"));
+                }
                 let o = xi.div_ceil(si);
                 let total = (o.saturating_sub(1) * si + ek).saturating_sub(xi);
                 let small = total / 2;
@@ -187,6 +191,9 @@ pub(crate) fn forward_geom(
                 let num = (xi + b + e)
                     .checked_sub(ek)
                     .ok_or(shape_err("window larger than the padded input"))?;
+                if si == 0 {
+                    return Err(attr_err("strides", "must be positive"));
+                }
                 let o = if ceil_mode {
                     let o = num.div_ceil(si) + 1;
                     if (o - 1) * si >= xi + b {
@@ -195,7 +202,7 @@ pub(crate) fn forward_geom(
                         o
                     }
                 } else {
-                    num / si + 1
+                    div(num, si, "Conv: stride")? + 1
                 };
                 out.push(o);
                 pb.push(b);
@@ -321,7 +328,7 @@ fn split_nc<'a>(xs: &'a [usize], ws: &'a [usize]) -> Result<[(usize, usize, &'a 
 fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let (xs, ws, group, has_bias) = conv_inputs(ctx)?;
     let [(batch, c, xsp), (m, wc, wsp)] = split_nc(xs, ws)?;
-    if c % group != 0 || m % group != 0 {
+    if !divides(c, group) || !divides(m, group) {
         return Err(attr_err("group", "does not divide the channels"));
     }
     if wc * group != c {
@@ -460,8 +467,8 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
 ) -> Result<()> {
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = p.c / p.group;
-    let mg = p.m / p.group;
+    let cg = div(p.c, p.group, "Conv: group")?;
+    let mg = div(p.m, p.group, "Conv: group")?;
     check_len(x.len(), p.batch * p.c * in_sz)?;
     check_len(w.len(), p.m * cg * k_sz)?;
     check_len(y.len(), p.batch * p.m * out_sz)?;
@@ -474,8 +481,8 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
     if in_sz == 0 || cg == 0 {
         // No taps: each output plane is its channel's bias (y is not
         // empty, so neither is a plane).
-        for (i, yp) in y.chunks_exact_mut(out_sz).enumerate() {
-            yp.fill(T::from_acc(bias_of(b, i % p.m)?));
+        for (i, yp) in y.chunks_of_mut(out_sz).enumerate() {
+            yp.fill(T::from_acc(bias_of(b, rem(i, p.m, "Conv: channel")?)?));
         }
         return Ok(());
     }
@@ -499,12 +506,12 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
         }
     }
     let (xb_len, xg_len, w_len) = (p.c * in_sz, cg * in_sz, cg * k_sz);
-    for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
+    for (ni, yb) in y.chunks_of_mut(p.m * out_sz).enumerate() {
         let xb = x
             .get(ni * xb_len..(ni + 1) * xb_len)
             .ok_or(short("Conv: X shorter than its shape"))?;
-        for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
-            let grp = oc / mg;
+        for (oc, yp) in yb.chunks_of_mut(out_sz).enumerate() {
+            let grp = div(oc, mg, "Conv: group")?;
             let wrow = w
                 .get(oc * w_len..(oc + 1) * w_len)
                 .ok_or(short("Conv: W shorter than its shape"))?;
@@ -517,14 +524,14 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
                 yp.fill(bias);
                 if pointwise {
                     // A GEMM row: y[oc, :] += w[oc, ic] * x[ic, :].
-                    for (xp, &wv) in xg.chunks_exact(in_sz).zip(wrow) {
+                    for (xp, &wv) in xg.chunks_of(in_sz).zip(wrow) {
                         axpy(yp, xp, wv.to_acc());
                     }
                     return;
                 }
                 res = xg
-                    .chunks_exact(in_sz)
-                    .zip(wrow.chunks_exact(k_sz))
+                    .chunks_of(in_sz)
+                    .zip(wrow.chunks_of(k_sz))
                     .try_for_each(|(xp, wk)| conv_plane(yp, xp, wk, g));
             })?;
             res?;
@@ -553,7 +560,9 @@ fn conv_blocked(
 ) -> bool {
     let g = &p.g;
     let (out_sz, k_sz) = (g.out_size(), g.k_size());
-    let (cg, mg) = (p.c / p.group, p.m / p.group);
+    let (Some(cg), Some(mg)) = (p.c.checked_div(p.group), p.m.checked_div(p.group)) else {
+        return false;
+    };
     let pairs = p.batch * p.group;
     let y_len = mg * out_sz;
     if y_len == 0 {
@@ -564,7 +573,7 @@ fn conv_blocked(
     let t = par::tasks(workers, gemm_macs.saturating_mul(pairs), pairs);
     let outer = t > 1 && (pairs >= 2 * workers || par::tasks(workers, gemm_macs, usize::MAX) <= 1);
     if !outer {
-        for (idx, yg) in y.chunks_exact_mut(y_len).take(pairs).enumerate() {
+        for (idx, yg) in y.chunks_of_mut(y_len).take(pairs).enumerate() {
             if !conv_gemm(idx, x, w, b, yg, p, pointwise, false) {
                 return false;
             }
@@ -605,11 +614,15 @@ fn conv_gemm(
 ) -> bool {
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let (cg, mg) = (p.c / p.group, p.m / p.group);
+    let (Some(cg), Some(mg)) = (p.c.checked_div(p.group), p.m.checked_div(p.group)) else {
+        return false;
+    };
     let kk = cg * k_sz;
     // Images are `group × cg` input planes, so pair idx's input channels
     // start at idx * cg planes; its weights are those of its group.
-    let grp = idx % p.group.max(1);
+    let Some(grp) = idx.checked_rem(p.group) else {
+        return false;
+    };
     let (Some(xg), Some(wg)) = (
         x.get(idx * cg * in_sz..(idx + 1) * cg * in_sz),
         w.get(grp * mg * kk..(grp + 1) * mg * kk),
@@ -618,7 +631,7 @@ fn conv_gemm(
     };
     let beta = match b.and_then(|b| b.get(grp * mg..(grp + 1) * mg)) {
         Some(bias) => {
-            for (row, &bv) in yg.chunks_exact_mut(out_sz).zip(bias) {
+            for (row, &bv) in yg.chunks_of_mut(out_sz).zip(bias) {
                 row.fill(bv);
             }
             1.0
@@ -668,7 +681,9 @@ fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &Co
     if g.k[0] != 1 || g.inp[0] != 1 || g.out[0] != 1 || out_sz == 0 {
         return false;
     }
-    let planes = y.len() / out_sz;
+    let Some(planes) = y.len().checked_div(out_sz) else {
+        return false;
+    };
     let macs = y.len().saturating_mul(k_sz);
     let t = par::tasks(par::workers(), macs, planes);
     let ys = par::SharedMut::new(y);
@@ -677,7 +692,10 @@ fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &Co
         let (lo, hi) = par::chunk(planes, t, ti);
         let mut flat = dwconv::Flat::new();
         for i in lo..hi {
-            let c = i % p.m.max(1);
+            let Some(c) = i.checked_rem(p.m) else {
+                failed.set();
+                return;
+            };
             // SAFETY: plane i is y[i * out_sz..][..out_sz]; the runs of
             // planes of the tasks are disjoint, and a task holds one plane
             // at a time.
@@ -745,7 +763,7 @@ fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(
                         if s2 == 1 {
                             axpy(yrow, xrow, wv);
                         } else {
-                            for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_by(s2)) {
+                            for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_of(s2)) {
                                 *o += wv * v.to_acc();
                             }
                         }
@@ -767,7 +785,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             got: wc as u64,
         }));
     }
-    if c % group != 0 {
+    if !divides(c, group) {
         return Err(attr_err("group", "does not divide the channels"));
     }
     let m = wm * group;
@@ -901,8 +919,8 @@ fn conv_transpose<T: Float, W: Float<Acc = T::Acc>>(
 ) -> Result<()> {
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = p.c / p.group;
-    let mg = p.m / p.group;
+    let cg = div(p.c, p.group, "Conv: group")?;
+    let mg = div(p.m, p.group, "Conv: group")?;
     check_len(x.len(), p.batch * p.c * in_sz)?;
     check_len(w.len(), p.c * mg * k_sz)?;
     check_len(y.len(), p.batch * p.m * out_sz)?;
@@ -913,13 +931,13 @@ fn conv_transpose<T: Float, W: Float<Acc = T::Acc>>(
         return Ok(());
     }
     let xb_len = p.c * in_sz;
-    for (ni, yb) in y.chunks_exact_mut(p.m * out_sz).enumerate() {
+    for (ni, yb) in y.chunks_of_mut(p.m * out_sz).enumerate() {
         let xb = x
             .get(ni * xb_len..(ni + 1) * xb_len)
             .ok_or(short("ConvTranspose: X shorter than its shape"))?;
-        for (oc, yp) in yb.chunks_exact_mut(out_sz).enumerate() {
-            let grp = oc / mg;
-            let mo = oc % mg;
+        for (oc, yp) in yb.chunks_of_mut(out_sz).enumerate() {
+            let grp = div(oc, mg, "ConvTranspose: group")?;
+            let mo = rem(oc, mg, "ConvTranspose: group")?;
             let bias = bias_of(b, oc)?;
             let mut res = Ok(());
             util::accumulate_into(yp, acc, |yp| {
@@ -985,7 +1003,7 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
                                 *o += wv * v.to_acc();
                             }
                         } else {
-                            for (o, &v) in yrow.iter_mut().step_by(s2).zip(xrow) {
+                            for (o, &v) in yrow.iter_mut().step_of(s2).zip(xrow) {
                                 *o += wv * v.to_acc();
                             }
                         }

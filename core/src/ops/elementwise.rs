@@ -9,6 +9,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
+use crate::tensor::{copy_exact, ChunksOf as _};
 use crate::{DType, Element};
 
 /// Operators of this family.
@@ -238,7 +239,7 @@ pub(crate) fn binary<A: Element, B: Element>(
                 let Some((w, [lb], starts)) = rows(bc.shape()?, [bc.sb])? else {
                     return Ok(());
                 };
-                for (yr, [ob]) in y.chunks_exact_mut(w).zip(starts) {
+                for (yr, [ob]) in y.chunks_of_mut(w).zip(starts) {
                     match Row::at(b, ob, lb, w)? {
                         Row::Run(br) => {
                             for (o, &bv) in yr.iter_mut().zip(br) {
@@ -288,7 +289,7 @@ pub(crate) fn binary<A: Element, B: Element>(
             let Some((w, [la, lb], starts)) = rows(bc.shape()?, [bc.sa, bc.sb])? else {
                 return Ok(());
             };
-            for (yr, [oa, ob]) in y.chunks_exact_mut(w).zip(starts) {
+            for (yr, [oa, ob]) in y.chunks_of_mut(w).zip(starts) {
                 match (Row::at(a, oa, la, w)?, Row::at(b, ob, lb, w)?) {
                     (Row::Run(ar), Row::Run(br)) => {
                         for ((o, &av), &bv) in yr.iter_mut().zip(ar).zip(br) {
@@ -777,9 +778,9 @@ fn fold_into<T: Copy>(
     let Some((w, [l], starts)) = rows(shape, [*s])? else {
         return Ok(());
     };
-    for (yr, [i]) in y.chunks_exact_mut(w).zip(starts) {
+    for (yr, [i]) in y.chunks_of_mut(w).zip(starts) {
         match (Row::at(x, i, l, w)?, first) {
-            (Row::Run(xr), true) => yr.copy_from_slice(xr),
+            (Row::Run(xr), true) => copy_exact(yr, xr)?,
             (Row::Run(xr), false) => {
                 for (o, &v) in yr.iter_mut().zip(xr) {
                     *o = f(*o, v);

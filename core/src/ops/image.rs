@@ -9,8 +9,9 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::ops::util::dtype_in;
+use crate::ops::util::{div, divides, dtype_in, rem};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::tensor::MAX_RANK;
 use crate::DType;
 
@@ -216,7 +217,7 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let gb = gs
                     .get(b * npts * nd..(b + 1) * npts * nd)
                     .ok_or(Error::internal("image index"))?;
-                for (p, gp) in gb.chunks_exact(nd).enumerate() {
+                for (p, gp) in gb.chunks_of(nd).enumerate() {
                     let mut idx = [[None::<usize>; 4]; 3];
                     let mut wt = [[0f32; 4]; 3];
                     // The grid lists coordinates innermost axis first.
@@ -237,7 +238,15 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         if (v as f64) < ax.lo || (v as f64) > ax.hi {
                             match pad {
                                 // `clamp` panics on an empty range.
-                                Pad::Border if len >= 1.0 => v = v.clamp(0.0, len - 1.0),
+                                Pad::Border if len >= 1.0 => {
+                                    // As `clamp` (NaN stays NaN), without its
+                                    // min <= max assertion.
+                                    if v < 0.0 {
+                                        v = 0.0;
+                                    } else if v > len - 1.0 {
+                                        v = len - 1.0;
+                                    }
+                                }
                                 Pad::Border => {}
                                 Pad::Reflection => v = reflect(v as f64, ax.lo, ax.hi) as f32,
                                 Pad::Zeros => {}
@@ -277,8 +286,8 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let mut off = Some(0usize);
                         let mut w = 1f32;
                         for ((ax, idx_d), wt_d) in axes.iter().zip(&idx).zip(&wt).rev() {
-                            let j = rem % k;
-                            rem /= k;
+                            let j = rem.checked_rem(k).ok_or(Error::internal("image taps"))?;
+                            rem = rem.checked_div(k).ok_or(Error::internal("image taps"))?;
                             let (i, wj) = idx_d
                                 .get(j)
                                 .zip(wt_d.get(j))
@@ -288,7 +297,7 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         }
                         *tap = off.map(|o| (o, w));
                     }
-                    for (xp, yc) in xb.chunks_exact(plane).zip(yb.chunks_exact_mut(npts)) {
+                    for (xp, yc) in xb.chunks_of(plane).zip(yb.chunks_of_mut(npts)) {
                         let mut acc = 0f32;
                         for &(off, w) in taps.iter().flatten() {
                             acc += w * *xp.get(off).ok_or(Error::internal("image index"))?;
@@ -365,17 +374,21 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let yb = y
                     .get_mut(b * npts * nd..(b + 1) * npts * nd)
                     .ok_or(Error::internal("image index"))?;
-                for (p, yp) in yb.chunks_exact_mut(nd).enumerate() {
+                for (p, yp) in yb.chunks_of_mut(nd).enumerate() {
                     let mut homo = [1f64; 4];
                     let mut rem = p;
                     // homo = [x, y, (z,) 1]: innermost axis first.
                     for (h, ax) in homo.iter_mut().zip(axes.iter().rev()) {
-                        let i = rem % ax.len();
-                        rem /= ax.len();
+                        let i = rem
+                            .checked_rem(ax.len())
+                            .ok_or(Error::internal("image index"))?;
+                        rem = rem
+                            .checked_div(ax.len())
+                            .ok_or(Error::internal("image index"))?;
                         *h = *ax.get(i).ok_or(Error::internal("image index"))?;
                     }
                     // One theta row of nd + 1 per output coordinate.
-                    for (o, row) in yp.iter_mut().zip(tb.chunks_exact(nd + 1)) {
+                    for (o, row) in yp.iter_mut().zip(tb.chunks_of(nd + 1)) {
                         let mut acc = 0f64;
                         for (&tv, &hv) in row.iter().zip(&homo) {
                             acc += tv as f64 * hv;
@@ -435,13 +448,13 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }));
     };
     let ksize: i64 = blk.iter().product();
-    if ksize <= 0 || ck % ksize as usize != 0 {
+    if ksize <= 0 || !divides(ck, ksize as usize) {
         return Err(shape_err(
             "Col2Im: input dim 1 not a multiple of the block size",
         ));
     }
     let ksize = ksize as usize;
-    let c = ck / ksize;
+    let c = div(ck, ksize, "Col2Im: block size")?;
     // pads are [begin..., end...].
     let (pads0, pads1) = pads
         .split_at_checked(nd)
@@ -456,7 +469,13 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if st <= 0 || d <= 0 || im <= 0 || bk <= 0 {
             return Err(attr_err("strides", "must be positive"));
         }
-        let v = (im + p0 + p1 - (d * (bk - 1) + 1)) / st + 1;
+        let v = im
+            .checked_add(p0)
+            .and_then(|v| v.checked_add(p1))
+            .and_then(|v| v.checked_sub(d.checked_mul(bk - 1)?.checked_add(1)?))
+            .and_then(|v| v.checked_div(st))
+            .and_then(|v| v.checked_add(1))
+            .ok_or(Error::new(ErrorKind::Overflow))?;
         if v < 1 {
             return Err(shape_err("Col2Im: no sliding blocks"));
         }
@@ -484,10 +503,12 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut stride = 1i64;
             let mut inside = true;
             for ax in axes.iter().rev() {
-                let ko = (kr % ax.blk as usize) as i64;
-                kr /= ax.blk as usize;
-                let co = (cr % ax.ncol as usize) as i64;
-                cr /= ax.ncol as usize;
+                let (blk, ncol) = (ax.blk as usize, ax.ncol as usize);
+                let bad = || Error::internal("Col2Im: block table");
+                let ko = kr.checked_rem(blk).ok_or_else(bad)? as i64;
+                kr = kr.checked_div(blk).ok_or_else(bad)?;
+                let co = cr.checked_rem(ncol).ok_or_else(bad)? as i64;
+                cr = cr.checked_div(ncol).ok_or_else(bad)?;
                 let pos = co * ax.stride - ax.pad + ko * ax.dil;
                 if pos < 0 || pos >= ax.img {
                     inside = false;
@@ -614,8 +635,12 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let mut si = last.src0;
                 let mut di = last.dst0;
                 for ax in plan.iter().rev() {
-                    let i = rem % ax.cnt;
-                    rem /= ax.cnt;
+                    let i = rem
+                        .checked_rem(ax.cnt)
+                        .ok_or(Error::internal("CenterCropPad: rows"))?;
+                    rem = rem
+                        .checked_div(ax.cnt)
+                        .ok_or(Error::internal("CenterCropPad: rows"))?;
                     si += ax.src0 + i * ax.ist;
                     di += ax.dst0 + i * ax.ost;
                 }
@@ -915,11 +940,19 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let [st0, st1] = st;
     let [pad_t, pad_l, pad_b, pad_r] = pads;
     let (kh, kw) = (ks0 as usize, ks1 as usize);
-    if wt_icg * group != ic || oc % group != 0 || ic % og != 0 {
+    if wt_icg.checked_mul(group) != Some(ic) || !divides(oc, group) || !divides(ic, og) {
         return Err(shape_err("DeformConv: channels do not divide into groups"));
     }
-    let eh = (ih as i64 + pad_t + pad_b - ((ks0 - 1) * dil0 + 1)) / st0 + 1;
-    let ew = (iw as i64 + pad_l + pad_r - ((ks1 - 1) * dil1 + 1)) / st1 + 1;
+    let extent = |i: usize, p0: i64, p1: i64, k: i64, d: i64, s: i64| {
+        (i as i64)
+            .checked_add(p0)?
+            .checked_add(p1)?
+            .checked_sub(k.checked_sub(1)?.checked_mul(d)?.checked_add(1)?)?
+            .checked_div(s)?
+            .checked_add(1)
+    };
+    let eh = extent(ih, pad_t, pad_b, ks0, dil0, st0).ok_or(Error::new(ErrorKind::Overflow))?;
+    let ew = extent(iw, pad_l, pad_r, ks1, dil1, st1).ok_or(Error::new(ErrorKind::Overflow))?;
     if off_n != n || off_c != og * kh * kw * 2 || eh != oh as i64 || ew != ow as i64 {
         return Err(shape_err(
             "DeformConv: offset shape does not match the output",
@@ -943,9 +976,9 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             ));
         }
     }
-    let icg = ic / group;
-    let ocg = oc / group;
-    let icog = ic / og;
+    let icg = div(ic, group, "DeformConv: group")?;
+    let ocg = div(oc, group, "DeformConv: group")?;
+    let icog = div(ic, og, "DeformConv: offset group")?;
     let kk = kh * kw;
     let opl = oh * ow;
     let geo = DeformGeo {
@@ -981,7 +1014,7 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             // order, so each pixel sums in the order of the direct loop.
             for b in 0..n {
                 for o in 0..oc {
-                    let g = o / ocg;
+                    let g = div(o, ocg, "DeformConv: group")?;
                     let yo = y
                         .get_mut((b * oc + o) * opl..(b * oc + o + 1) * opl)
                         .ok_or(Error::internal("image index"))?;
@@ -991,7 +1024,7 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         0.0
                     });
                     for c in g * icg..(g + 1) * icg {
-                        let ogi = c / icog;
+                        let ogi = div(c, icog, "DeformConv: offset group")?;
                         let plane = xs
                             .get((b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw)
                             .ok_or(Error::internal("image index"))?;
@@ -1012,13 +1045,15 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let wk = ws
                             .get((o * icg + cg) * kk..(o * icg + cg + 1) * kk)
                             .ok_or(Error::internal("image index"))?;
-                        for (k, (&wv, dydx)) in
-                            wk.iter().zip(offs.chunks_exact(2 * opl)).enumerate()
-                        {
+                        for (k, (&wv, dydx)) in wk.iter().zip(offs.chunks_of(2 * opl)).enumerate() {
                             let dydx = dydx
                                 .split_at_checked(opl)
                                 .ok_or(Error::internal("image index"))?;
-                            let tap = ((k / kw) as i64, (k % kw) as i64, wv);
+                            let tap = (
+                                div(k, kw, "DeformConv: kernel")? as i64,
+                                rem(k, kw, "DeformConv: kernel")? as i64,
+                                wv,
+                            );
                             match masks {
                                 Some(ms) => {
                                     let mk = ms

@@ -18,6 +18,7 @@ use half::{bf16, f16};
 
 use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::tensor::{TensorView, MAX_RANK};
 use crate::{DType, Element};
 
@@ -892,23 +893,18 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
             }
             // Per outer block (one plane) and inner position i, the `dim`
             // elements along the axis are every `inner`-th from i.
-            for (xp, yp) in x.chunks_exact(plane).zip(y.chunks_exact_mut(plane)) {
+            for (xp, yp) in x.chunks_of(plane).zip(y.chunks_of_mut(plane)) {
                 for i in 0..inner {
                     let mut acc = if c.prod { T::ONE } else { T::ZERO };
-                    let mut step = |(o, &v): (&mut T, &T)| {
+                    for k in 0..dim {
+                        let k = if c.reverse { dim - 1 - k } else { k };
+                        let j = k * inner + i;
+                        let (Some(o), Some(&v)) = (yp.get_mut(j), xp.get(j)) else {
+                            return Err(Error::internal("cum index"));
+                        };
                         let next = if c.prod { acc.mul(v) } else { acc.add(v) };
                         *o = if c.exclusive { acc } else { next };
                         acc = next;
-                    };
-                    let line = yp
-                        .iter_mut()
-                        .skip(i)
-                        .step_by(inner)
-                        .zip(xp.iter().skip(i).step_by(inner));
-                    if c.reverse {
-                        line.rev().for_each(&mut step);
-                    } else {
-                        line.for_each(&mut step);
                     }
                 }
             }
@@ -975,7 +971,7 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             );
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
-            for c in dst.chunks_exact_mut(es) {
+            for c in dst.chunks_of_mut(es) {
                 c.copy_from_slice(off);
             }
             for o in 0..outer {
@@ -1083,12 +1079,13 @@ fn nchw(ctx: &PrepareCtx<'_>) -> Result<[usize; 4]> {
 fn prepare_depth_to_space(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let [n, c, h, w] = nchw(ctx)?;
     let (bs, crd) = block_and_mode(ctx, 11)?;
-    if c % (bs * bs) != 0 {
+    let bs2 = bs.checked_mul(bs).ok_or(Error::new(ErrorKind::Overflow))?;
+    if !util::divides(c, bs2) {
         return Err(shape_err(
             "DepthToSpace: channels not divisible by blocksize^2",
         ));
     }
-    let c2 = c / (bs * bs);
+    let c2 = util::div(c, bs2, "DepthToSpace: block")?;
     let out = [n, c2, h * bs, w * bs];
     if crd {
         permute6(
@@ -1112,12 +1109,15 @@ fn prepare_depth_to_space(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn prepare_space_to_depth(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let [n, c, h, w] = nchw(ctx)?;
     let (bs, crd) = block_and_mode(ctx, 28)?;
-    if h % bs != 0 || w % bs != 0 {
+    if !util::divides(h, bs) || !util::divides(w, bs) {
         return Err(shape_err(
             "SpaceToDepth: spatial size not divisible by blocksize",
         ));
     }
-    let (h2, w2) = (h / bs, w / bs);
+    let (h2, w2) = (
+        util::div(h, bs, "SpaceToDepth: block")?,
+        util::div(w, bs, "SpaceToDepth: block")?,
+    );
     let out = [n, c * bs * bs, h2, w2];
     let tmp = [n, c, h2, bs, w2, bs];
     let perm = if crd {

@@ -5,6 +5,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::kern::sgemm::{self, Dense, MatA, Trans};
 use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
 use crate::DType;
 use alloc::vec::Vec;
@@ -271,8 +272,8 @@ fn reference_loops<A: Float, B: Float<Acc = A::Acc>>(
             for (j, cv) in crow.iter_mut().enumerate() {
                 let brow = b.get(j * ldb..j * ldb + k).ok_or(short)?;
                 let mut s = [zero; 4];
-                let mut ac = arow.chunks_exact(4);
-                let mut bc = brow.chunks_exact(4);
+                let mut ac = arow.chunks_of(4);
+                let mut bc = brow.chunks_of(4);
                 for (x, y) in (&mut ac).zip(&mut bc) {
                     for ((sq, xq), yq) in s.iter_mut().zip(x).zip(y) {
                         *sq += xq.to_acc() * yq.to_acc();
@@ -293,7 +294,7 @@ fn reference_loops<A: Float, B: Float<Acc = A::Acc>>(
         for i in 0..m {
             let acol = a.get(i..).and_then(|a| strided(a, lda, k)).ok_or(short)?;
             let crow = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
-            let mut quads = crow.chunks_exact_mut(4);
+            let mut quads = crow.chunks_of_mut(4);
             for (q, cq) in (&mut quads).enumerate() {
                 let j = 4 * q;
                 let (b0, b1, b2, b3) = (b_row(j)?, b_row(j + 1)?, b_row(j + 2)?, b_row(j + 3)?);
@@ -750,7 +751,7 @@ fn lu_det(a: &mut [f64], n: usize) -> Result<f64> {
         // Largest pivot keeps the elimination stable.
         let mut p = c;
         let mut piv = *a.get(c * n + c).ok_or(short)?;
-        for (i, row) in a.chunks_exact(n).enumerate().skip(c + 1) {
+        for (i, row) in a.chunks_of(n).enumerate().skip(c + 1) {
             let v = *row.get(c).ok_or(short)?;
             if v.abs() > piv.abs() {
                 p = i;
@@ -773,7 +774,7 @@ fn lu_det(a: &mut [f64], n: usize) -> Result<f64> {
         }
         det *= piv;
         let tail = prow.get(c + 1..).ok_or(short)?;
-        for row in lower.chunks_exact_mut(n) {
+        for row in lower.chunks_of_mut(n) {
             let (head, rest) = row.split_at_mut_checked(c + 1).ok_or(short)?;
             let f = *head.last().ok_or(short)? / piv;
             if f != 0.0 {

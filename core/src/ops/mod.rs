@@ -782,14 +782,43 @@ pub mod util {
 
     /// Row `r` of `n` elements of a row-major buffer.
     pub(crate) fn row<T>(s: &[T], r: usize, n: usize) -> Result<&[T]> {
-        s.get(r * n..(r + 1) * n)
+        s.get(row_range(r, n)?)
             .ok_or(Error::internal("row out of range"))
     }
 
     /// [`row`], mutable.
     pub(crate) fn row_mut<T>(s: &mut [T], r: usize, n: usize) -> Result<&mut [T]> {
-        s.get_mut(r * n..(r + 1) * n)
+        s.get_mut(row_range(r, n)?)
             .ok_or(Error::internal("row out of range"))
+    }
+
+    fn row_range(r: usize, n: usize) -> Result<core::ops::Range<usize>> {
+        let start = r
+            .checked_mul(n)
+            .ok_or(Error::internal("row out of range"))?;
+        let end = start
+            .checked_add(n)
+            .ok_or(Error::internal("row out of range"))?;
+        Ok(start..end)
+    }
+
+    /// `a / b`; an `Err` naming `what` when `b` is zero (a division by zero
+    /// is the one integer operation that panics in a release build).
+    #[inline]
+    pub(crate) fn div(a: usize, b: usize, what: &'static str) -> Result<usize> {
+        a.checked_div(b).ok_or(Error::internal(what))
+    }
+
+    /// `a % b`; an `Err` naming `what` when `b` is zero.
+    #[inline]
+    pub(crate) fn rem(a: usize, b: usize, what: &'static str) -> Result<usize> {
+        a.checked_rem(b).ok_or(Error::internal(what))
+    }
+
+    /// Whether `b` divides `a` (`false` when `b` is zero).
+    #[inline]
+    pub(crate) fn divides(a: usize, b: usize) -> bool {
+        a.checked_rem(b) == Some(0)
     }
 
     /// Normalizes a possibly negative axis against `rank`: an index of

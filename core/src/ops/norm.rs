@@ -6,6 +6,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared, Unary};
+use crate::tensor::ChunksOf as _;
 use crate::tensor::MAX_RANK;
 use crate::DType;
 use alloc::vec;
@@ -356,7 +357,7 @@ fn prepare_lrn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 return Ok(());
             }
             const P: &str = "LRN size";
-            for (xb, yb) in x.chunks_exact(c * inner).zip(y.chunks_exact_mut(c * inner)) {
+            for (xb, yb) in x.chunks_of(c * inner).zip(y.chunks_of_mut(c * inner)) {
                 for ch in 0..c {
                     let c0 = ch.saturating_sub(lo);
                     let c1 = (ch + hi).min(c - 1);
@@ -416,7 +417,7 @@ fn softmax_t<T: Real>(
     if y.len() != outer * n * inner {
         return Err(Error::new(ErrorKind::Internal("Softmax size")));
     }
-    for blk in y.chunks_exact_mut((n * inner).max(1)) {
+    for blk in y.chunks_of_mut((n * inner).max(1)) {
         for i in 0..inner {
             let mut mx = f64::NEG_INFINITY;
             for v in column(blk, i, inner) {
@@ -469,7 +470,7 @@ fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result
                     return Err(Error::new(ErrorKind::Internal("Softmax size")));
                 }
                 // An empty y (n * inner == 0) has no blocks.
-                for blk in y.chunks_exact_mut((n * inner).max(1)) {
+                for blk in y.chunks_of_mut((n * inner).max(1)) {
                     for i in 0..inner {
                         let mut mx = f32::NEG_INFINITY;
                         for &v in column(blk, i, inner) {
@@ -553,7 +554,7 @@ fn prepare_instance_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     return Ok(());
                 }
                 // Planes in (image, channel) order; s and b have c values.
-                for (blk, (&sv, &bv)) in y.chunks_exact_mut(inner).zip(s.iter().zip(b).cycle()) {
+                for (blk, (&sv, &bv)) in y.chunks_of_mut(inner).zip(s.iter().zip(b).cycle()) {
                     normalize_block(blk, eps);
                     for v in blk.iter_mut() {
                         *v = *v * sv + bv;
@@ -674,8 +675,8 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
         // (the dims before `spanned` do not move it).
         let (mut rem, mut idx, mut pstride) = (j, 0usize, 1usize);
         for (&t, &p) in spanned.iter().zip(ps).rev() {
-            let k = rem % t;
-            rem /= t;
+            let k = util::rem(rem, t, "normalization parameter index")?;
+            rem = util::div(rem, t, "normalization parameter index")?;
             if p != 1 {
                 idx += k * pstride;
             }
@@ -770,7 +771,7 @@ impl RowNorm {
         if block == 0 {
             return Ok(());
         }
-        for blk in y.chunks_exact_mut(block) {
+        for blk in y.chunks_of_mut(block) {
             let (mean, inv) = row_stats_t(blk, self.eps, self.rms);
             let norm = |v: &T, sv: T| (v.to_f64() - mean) * inv * sv.to_f64();
             let mut sl = self.scale.lane(s, block)?;
@@ -923,7 +924,7 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         )));
     }
     let g = ctx.attr_int("num_groups", 0)?;
-    if g < 1 || c % g as usize != 0 {
+    if g < 1 || !util::divides(c, g as usize) {
         return Err(Error::new(ErrorKind::Attribute {
             name: "num_groups",
             problem: "required, positive, and must divide the channel count",
@@ -952,16 +953,16 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     return Ok(());
                 }
                 const P: &str = "GroupNormalization size";
-                for (gi, blk) in y.chunks_exact_mut(gsize).enumerate() {
+                for (gi, blk) in y.chunks_of_mut(gsize).enumerate() {
                     let (mean, inv) = row_stats(blk, eps, false);
-                    let grp = gi % g;
+                    let grp = util::rem(gi, g, P)?;
                     if per_channel {
                         // One (scale, bias) per channel plane of the group;
                         // inner > 0 as gsize > 0.
                         let chans = grp * cpg..(grp + 1) * cpg;
                         let sg = s.get(chans.clone()).ok_or(Error::internal(P))?;
                         let bg = b.get(chans).ok_or(Error::internal(P))?;
-                        for ((plane, &sv), &bv) in blk.chunks_exact_mut(inner).zip(sg).zip(bg) {
+                        for ((plane, &sv), &bv) in blk.chunks_of_mut(inner).zip(sg).zip(bg) {
                             for v in plane {
                                 *v = (*v - mean) * inv * sv + bv;
                             }
@@ -1006,7 +1007,7 @@ fn prepare_lp_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     return Err(Error::new(ErrorKind::Internal("LpNormalization size")));
                 }
                 // An empty y (n * inner == 0) has no blocks.
-                for blk in y.chunks_exact_mut((n * inner).max(1)) {
+                for blk in y.chunks_of_mut((n * inner).max(1)) {
                     for i in 0..inner {
                         let mut acc = 0.0f64;
                         for &v in column(blk, i, inner) {

@@ -10,6 +10,7 @@ use crate::math;
 use crate::ops::conv::{forward_geom, valid_range, Geom};
 use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::{ChunksOf as _, StepOf as _};
 use crate::DType;
 
 /// Operators of this family.
@@ -212,7 +213,10 @@ fn taps_below(o: usize, s: usize, d: usize, k: usize, pb: usize, limit: usize) -
     if start >= lim {
         0
     } else {
-        ((lim - start - 1) / d + 1).min(k)
+        // A dilation is at least 1 (checked at prepare).
+        (lim - start - 1)
+            .checked_div(d)
+            .map_or(0, |q| (q + 1).min(k))
     }
 }
 
@@ -303,7 +307,7 @@ fn pool<T: PoolElem>(
     let [p0, p1, p2] = g.pb;
     let [e0, e1, e2] = g.pe;
     let short = Error::new(ErrorKind::Internal("pool: window outside the plane"));
-    for (pi, yp) in y.chunks_exact_mut(out_sz).enumerate() {
+    for (pi, yp) in y.chunks_of_mut(out_sz).enumerate() {
         let xp = x.get(pi * in_sz..(pi + 1) * in_sz).ok_or(short)?;
         for od in 0..o0 {
             // Taps of this window that fall inside the input, per axis.
@@ -343,7 +347,7 @@ fn pool<T: PoolElem>(
                             } else {
                                 &[]
                             };
-                            for (kw, &v) in (aw..bw).zip(taps.iter().step_by(d2)) {
+                            for (kw, &v) in (aw..bw).zip(taps.iter().step_of(d2)) {
                                 let iw = ow * s2 + kw * d2 - p2;
                                 match mode {
                                     Mode::Max => {
@@ -437,7 +441,7 @@ fn run_global<T: Float>(
     }
     let zero = <T::Acc as Acc>::ZERO;
     let cnt = T::Acc::from_f64(plane as f64);
-    for (o, xp) in y.iter_mut().zip(x.chunks_exact(plane)) {
+    for (o, xp) in y.iter_mut().zip(x.chunks_of(plane)) {
         *o = match mode {
             Mode::Max => xp.iter().fold(
                 *xp.first()
@@ -580,8 +584,8 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 // Re-address the inferred-shape index into the output.
                 let (mut rem, mut o) = (i as usize, 0usize);
                 for (&is, &os) in inf_st.iter().zip(&out_st).take(rank) {
-                    o += rem / is * os;
-                    rem %= is;
+                    o += util::div(rem, is, "MaxUnpool index")? * os;
+                    rem = util::rem(rem, is, "MaxUnpool index")?;
                 }
                 let slot = y
                     .get_mut(o)

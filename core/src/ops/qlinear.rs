@@ -24,6 +24,7 @@ use alloc::vec::Vec;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::conv::{forward_geom, Geom, MAX_SPATIAL};
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
 use crate::{DType, Element};
 
@@ -584,7 +585,7 @@ pub(crate) fn int_conv_geom(
             }));
         }
     }
-    if c % group != 0 || m % group != 0 || wc * group != c {
+    if !util::divides(c, group) || !util::divides(m, group) || wc.checked_mul(group) != Some(c) {
         return Err(Error::new(ErrorKind::Attribute {
             name: "group",
             problem: "does not match the channels of X and W",
@@ -693,13 +694,13 @@ fn conv_acc<X: QInt, W: QInt>(
         return Err(Error::internal("conv_acc on an empty plane"));
     }
     let mut acc = 0i32;
-    for (xp, wp) in xg.chunks_exact(in_sz).zip(wk.chunks_exact(k_sz)) {
+    for (xp, wp) in xg.chunks_of(in_sz).zip(wk.chunks_of(k_sz)) {
         // k_sz > 0: k1 and k2 are too.
-        for (kd, wd) in wp.chunks_exact(k1 * k2).enumerate() {
+        for (kd, wd) in wp.chunks_of(k1 * k2).enumerate() {
             let Some(id) = tap(a0, o0, kd) else {
                 continue;
             };
-            for (kh, wr) in wd.chunks_exact(k2).enumerate() {
+            for (kh, wr) in wd.chunks_of(k2).enumerate() {
                 let Some(ih) = tap(a1, o1, kh) else {
                     continue;
                 };
@@ -735,8 +736,8 @@ fn conv_each<X: QInt, W: QInt>(
 ) -> Result<()> {
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = p.c / p.group;
-    let mg = p.m / p.group;
+    let cg = util::div(p.c, p.group, "QLinearConv: group")?;
+    let mg = util::div(p.m, p.group, "QLinearConv: group")?;
     check_len(x.len(), p.batch * p.c * in_sz)?;
     check_len(w.len(), p.m * cg * k_sz)?;
     if in_sz == 0 || k_sz == 0 {
@@ -749,7 +750,7 @@ fn conv_each<X: QInt, W: QInt>(
     let [o0, o1, o2] = g.out;
     for ni in 0..p.batch {
         for oc in 0..p.m {
-            let grp = oc / mg;
+            let grp = util::div(oc, mg, "QLinearConv: group")?;
             let xa = (ni * p.c + grp * cg) * in_sz;
             let xg = x
                 .get(xa..xa + cg * in_sz)

@@ -9,10 +9,12 @@
 //! `precision`), then rounded half to even and clipped for integer outputs,
 //! or rounded to the float8/float4 grid for those.
 
+use core::num::NonZeroUsize;
 use half::{bf16, f16};
 
 use super::{kernel, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::{copy_exact, ChunksOf as _};
 use crate::DType;
 
 /// The quantization operators.
@@ -120,16 +122,20 @@ fn quantize_f32(q: f32, z: i32, lo: i32, hi: i32) -> i32 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Tensor,
-    /// `len` = input dim at the axis, `inner` = product of the dims after.
+    /// `len` = input dim at the axis, `inner` = product of the dims after
+    /// (non-zero: an empty input takes `Tensor`, it has no element to
+    /// index; the divisions below cannot panic).
     Axis {
-        inner: usize,
-        len: usize,
+        inner: NonZeroUsize,
+        len: NonZeroUsize,
     },
-    /// As `Axis`, with `nb` = ceil(len / bs) blocks along the axis.
+    /// As `Axis`, with `nb` = ceil(len / bs) blocks along the axis and
+    /// `span` = inner × len.
     Block {
-        inner: usize,
-        len: usize,
-        bs: usize,
+        inner: NonZeroUsize,
+        len: NonZeroUsize,
+        span: NonZeroUsize,
+        bs: NonZeroUsize,
         nb: usize,
     },
 }
@@ -140,10 +146,16 @@ impl Mode {
         match self {
             Mode::Tensor => 0,
             Mode::Axis { inner, len } => (i / inner) % len,
-            Mode::Block { inner, len, bs, nb } => {
+            Mode::Block {
+                inner,
+                len,
+                span,
+                bs,
+                nb,
+            } => {
                 let a = (i / inner) % len;
-                let o = i / (inner * len);
-                (o * nb + a / bs) * inner + i % inner
+                let o = i / span;
+                (o * nb + a / bs) * inner.get() + i % inner
             }
         }
     }
@@ -179,10 +191,13 @@ fn param_mode(ctx: &PrepareCtx<'_>, x: &[usize], scale: &[usize]) -> Result<Mode
                 "per-axis scale must be 1-D of the axis dimension",
             )));
         }
-        return Ok(Mode::Axis { inner, len });
+        return Ok(match (NonZeroUsize::new(inner), NonZeroUsize::new(len)) {
+            (Some(inner), Some(len)) => Mode::Axis { inner, len },
+            _ => Mode::Tensor,
+        });
     }
-    let bs = bs as usize;
-    let nb = len.div_ceil(bs);
+    let bs = NonZeroUsize::new(bs as usize).ok_or(invalid("block_size must not be negative"))?;
+    let nb = len.div_ceil(bs.get());
     let ok = scale.len() == x.len()
         && scale
             .iter()
@@ -194,7 +209,19 @@ fn param_mode(ctx: &PrepareCtx<'_>, x: &[usize], scale: &[usize]) -> Result<Mode
             "blocked scale must match the input but for ceil(dim / block_size) at the axis",
         )));
     }
-    Ok(Mode::Block { inner, len, bs, nb })
+    let (Some(inner), Some(len)) = (NonZeroUsize::new(inner), NonZeroUsize::new(len)) else {
+        return Ok(Mode::Tensor);
+    };
+    let span = inner
+        .checked_mul(len)
+        .ok_or(Error::new(ErrorKind::Overflow))?;
+    Ok(Mode::Block {
+        inner,
+        len,
+        span,
+        bs,
+        nb,
+    })
 }
 
 const QUANT_OUT: [DType; 13] = [
@@ -310,7 +337,7 @@ fn prepare_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     (0, 255)
                 };
                 if let (Some(xs), Some(out)) = (xb.get(..n * 4), out.get_mut(..n)) {
-                    for (o, x) in out.iter_mut().zip(xs.chunks_exact(4)) {
+                    for (o, x) in out.iter_mut().zip(xs.chunks_of(4)) {
                         let &[b0, b1, b2, b3] = x else {
                             return Err(Error::new(ErrorKind::Internal("QuantizeLinear: chunk")));
                         };
@@ -337,7 +364,8 @@ fn prepare_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let v = if r.is_nan() {
                         lo
                     } else {
-                        r.clamp(lo as f64, hi as f64) as i64
+                        // As `clamp`, without its min <= max assertion.
+                        r.max(lo as f64).min(hi as f64) as i64
                     };
                     store_int(to, out, i, v);
                 } else if let Some(o) = out.get_mut(i) {
@@ -462,9 +490,7 @@ fn prepare_dynamic_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 *o = (libm::rintf(v / scale) + zp).clamp(0.0, 255.0) as u8;
             }
             if io.has_output(1) {
-                io.output(1)?
-                    .bytes_mut()
-                    .copy_from_slice(&scale.to_le_bytes());
+                copy_exact(io.output(1)?.bytes_mut(), &scale.to_le_bytes())?;
             }
             if io.has_output(2) {
                 if let Some(o) = io.output(2)?.bytes_mut().first_mut() {

@@ -9,6 +9,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
+use crate::tensor::{ChunksOf as _, StepOf as _};
 use crate::tensor::{StridedIter, MAX_RANK};
 use crate::{DType, Element};
 use alloc::vec::Vec;
@@ -446,7 +447,9 @@ fn float_reduce<X: Element, A: Acc>(
             let s = s
                 .get_mut(..n * bufs)
                 .ok_or(Error::new(ErrorKind::Internal("scratch size")))?;
-            let (acc, rest) = s.split_at_mut(n);
+            let (acc, rest) = s
+                .split_at_mut_checked(n)
+                .ok_or(Error::new(ErrorKind::Internal("scratch size")))?;
             match kind {
                 Kind::Sum | Kind::Mean | Kind::LogSum => {
                     acc.fill(A::ZERO);
@@ -528,7 +531,7 @@ macro_rules! int_reduce {
                 $plan,
                 0 as $t,
                 |a: $t, v| a.wrapping_add(v),
-                move |a| if cnt == 0 { a } else { a / cnt },
+                move |a| a.checked_div(cnt).unwrap_or(a),
             )),
             Kind::Prod => Some(simple(
                 $name,
@@ -710,9 +713,9 @@ fn arg_kernel<X: Element + PartialOrd>(
             // One plane of `n * inner` inputs and `inner` outputs per outer
             // index (n >= 1 and inner >= 1 here); lane `i` of a plane is
             // every `inner`-th element from `i`.
-            for (xp, yp) in x.chunks_exact(n * inner).zip(y.chunks_exact_mut(inner)) {
+            for (xp, yp) in x.chunks_of(n * inner).zip(y.chunks_of_mut(inner)) {
                 for (i, yv) in yp.iter_mut().enumerate() {
-                    let mut lane = xp.iter().skip(i).step_by(inner);
+                    let mut lane = xp.iter().skip(i).step_of(inner);
                     let Some(&first) = lane.next() else {
                         return Err(Error::internal("ArgMax lane"));
                     };
@@ -760,12 +763,15 @@ fn prepare_arg(ctx: &PrepareCtx<'_>, is_max: bool, name: &'static str) -> Result
             "ArgMax/ArgMin over an empty axis",
         )));
     }
-    let mut out: Vec<usize> = shape.to_vec();
-    if keep {
-        *out.get_mut(axis).ok_or(Error::internal("ArgMax axis"))? = 1;
-    } else {
-        out.remove(axis);
+    if axis >= shape.len() {
+        return Err(Error::internal("ArgMax axis"));
     }
+    let out: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| keep || i != axis)
+        .map(|(i, &d)| if i == axis { 1 } else { d })
+        .collect();
     let g = (outer, n, inner);
     Ok(match x.dtype {
         DType::F32 => arg_kernel::<f32>(name, &out, g, is_max, last),

@@ -5,6 +5,7 @@ use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::{kernel, KernelIo, OpDef, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::tensor::MAX_RANK;
 use crate::DType;
 
@@ -259,7 +260,7 @@ fn build(
                 let idx = idx_buf
                     .get_mut(..r)
                     .ok_or(Error::internal("resize range"))?;
-                for d in dst.chunks_exact_mut(es) {
+                for d in dst.chunks_of_mut(es) {
                     let mut off = 0usize;
                     for (ax, &i) in axes.iter().zip(idx.iter()) {
                         off += table
@@ -294,8 +295,8 @@ fn build(
                     let mut off = 0usize;
                     let mut w = 1.0f32;
                     for (ax, &i) in axes.iter().zip(idx.iter()).rev() {
-                        let k = c % ax.k;
-                        c /= ax.k;
+                        let k = c.checked_rem(ax.k).ok_or(Error::internal("Resize taps"))?;
+                        c = c.checked_div(ax.k).ok_or(Error::internal("Resize taps"))?;
                         let t = table
                             .get(ax.start + i * ax.k + k)
                             .ok_or(Error::internal("resize range"))?;

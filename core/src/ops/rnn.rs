@@ -16,6 +16,7 @@ use crate::model::AttrValue;
 use crate::ops::matmul::sgemm;
 use crate::ops::util::{row, row_mut};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::copy_exact;
 use crate::tensor::TensorView;
 use crate::DType;
 use alloc::vec::Vec;
@@ -292,7 +293,7 @@ impl Plan {
                     .get_mut(off..off + hid)
                     .ok_or(Error::internal("RNN Y row"))?;
                 if active {
-                    yr.copy_from_slice(h);
+                    copy_exact(yr, h)?;
                 } else {
                     yr.fill(0.0);
                 }

@@ -11,8 +11,9 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::AttrValue;
-use crate::ops::util::{row, row_mut};
+use crate::ops::util::{div, divides, rem, row, row_mut};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::{DType, Element};
 use alloc::vec;
 use half::{bf16, f16};
@@ -335,7 +336,7 @@ fn conv_rows<T: Fl>(
     y: &mut [T],
 ) -> Result<()> {
     for r in 0..c.batch * c.ch {
-        let ch = r % c.ch;
+        let ch = rem(r, c.ch, "causal conv channel")?;
         let wr = row(w, ch, c.k)?;
         let b0 = if c.bias {
             bias.get(ch)
@@ -438,12 +439,18 @@ fn prepare_linear_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "LinearAttention: query, key, value disagree on (B, T)",
         ));
     }
-    if qw % hq != 0 || vw % hkv != 0 || kw != hkv * (qw / hq) {
+    if !divides(qw, hq)
+        || !divides(vw, hkv)
+        || Some(kw) != qw.checked_div(hq).and_then(|d| d.checked_mul(hkv))
+    {
         return Err(shape_err(
             "LinearAttention: hidden sizes do not split into heads",
         ));
     }
-    let (dk, dv) = (qw / hq, vw / hkv);
+    let (dk, dv) = (
+        div(qw, hq, "LinearAttention: heads")?,
+        div(vw, hkv, "LinearAttention: heads")?,
+    );
     let decay = match (gating, ctx.opt_input(4)) {
         (false, None) => None,
         (true, Some(d)) => {
@@ -588,7 +595,7 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
         // state rows below have dv >= 1 values each).
         return Ok(());
     }
-    let group = l.hq / l.hkv;
+    let group = div(l.hq, l.hkv, "LinearAttention: kv heads")?;
     {
         let (out, scratch) = io.output_and_scratch(0)?;
         let out = out.into_slice::<T>()?;
@@ -620,7 +627,7 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
                         } else {
                             row(gates, g, 1)?
                         };
-                        for (srow, x) in st.chunks_exact_mut(dv).zip(gates.iter().cycle()) {
+                        for (srow, x) in st.chunks_of_mut(dv).zip(gates.iter().cycle()) {
                             let f = libm::exp(x.get());
                             for s in srow {
                                 *s *= f;
@@ -646,7 +653,7 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
                             *o = be * (*o - r);
                         }
                     }
-                    for (srow, kd) in st.chunks_exact_mut(dv).zip(kt) {
+                    for (srow, kd) in st.chunks_of_mut(dv).zip(kt) {
                         let kd = kd.get();
                         for (s, &x) in srow.iter_mut().zip(vt.iter()) {
                             *s += kd * x;
@@ -780,7 +787,7 @@ fn run_flex<T: Fl>(f: &Flex, io: &mut KernelIo<'_>) -> Result<()> {
     need(v, f.batch * f.hkv * f.s * f.ev)?;
     // The reference scales Q and K each by sqrt(scale), in the input type.
     let ss = T::rt(libm::sqrtf(f.scale as f32) as f64);
-    let group = f.hq / f.hkv;
+    let group = div(f.hq, f.hkv, "FlexAttention: kv heads")?;
     let (out, scratch) = io.output_and_scratch(0)?;
     let out = out.into_slice::<T>()?;
     need(out, f.batch * f.hq * f.l * f.ev)?;
@@ -790,7 +797,7 @@ fn run_flex<T: Fl>(f: &Flex, io: &mut KernelIo<'_>) -> Result<()> {
         .ok_or(Error::internal("FlexAttention: scratch split"))?;
     for b in 0..f.batch {
         for h in 0..f.hq {
-            let kv = b * f.hkv + h / group;
+            let kv = b * f.hkv + div(h, group, "FlexAttention: head group")?;
             let kh = row(k, kv, f.s * f.e)?;
             let vh = row(v, kv, f.s * f.ev)?;
             for i in 0..f.l {

@@ -12,6 +12,7 @@ use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::model::Const;
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
+use crate::tensor::{copy_exact, ChunksOf as _};
 use crate::{DType, Element};
 
 /// Operators of this family.
@@ -276,9 +277,9 @@ fn prepare_dropout(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         kernel("Dropout", move |io: &mut KernelIo<'_>| {
             let one = one.get(..es).ok_or(Error::internal("Dropout mask width"))?;
             let src = io.input(0)?.bytes();
-            io.output(0)?.bytes_mut().copy_from_slice(src);
+            copy_exact(io.output(0)?.bytes_mut(), src)?;
             let mut m = io.output(1)?;
-            for c in m.bytes_mut().chunks_exact_mut(es) {
+            for c in m.bytes_mut().chunks_of_mut(es) {
                 c.copy_from_slice(one);
             }
             Ok(())
@@ -386,8 +387,8 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
         let span = l - s;
         let n = if (span > 0) == (d > 0) && span != 0 {
-            let q = span / d;
-            if span % d != 0 {
+            let q = span.checked_div(d).ok_or(Error::new(ErrorKind::Overflow))?;
+            if span.checked_rem(d) != Some(0) {
                 q + 1
             } else {
                 q
@@ -783,8 +784,8 @@ fn prepare_tile(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     for (((&rep, (&d, &stride)), ws), wst) in reps
         .iter()
         .zip(x.shape.iter().zip(&st))
-        .zip(w.shape.chunks_exact_mut(2))
-        .zip(w.stride.chunks_exact_mut(2))
+        .zip(w.shape.chunks_of_mut(2))
+        .zip(w.stride.chunks_of_mut(2))
     {
         let rep = usize::try_from(rep).map_err(|_| shape_err("Tile: negative repeat"))?;
         let ([rep_n, n], [rep_st, st_n]) = (ws, wst) else {
@@ -1096,13 +1097,17 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         return Err(shape_err("Pad: cannot pad an empty axis in this mode"))
                     }
                     M::Edge => c.max(0).min(d - 1),
-                    M::Wrap => c.rem_euclid(d),
+                    M::Wrap => c
+                        .checked_rem_euclid(d)
+                        .ok_or(shape_err("Pad: cannot pad an empty axis in this mode"))?,
                     M::Reflect => {
                         if d == 1 {
                             0
                         } else {
                             let p = 2 * (d - 1);
-                            let c = c.rem_euclid(p);
+                            let c = c
+                                .checked_rem_euclid(p)
+                                .ok_or(shape_err("Pad: cannot pad an empty axis in this mode"))?;
                             if c >= d {
                                 p - c
                             } else {
@@ -1117,7 +1122,7 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let oshape: [usize; MAX_RANK] = {
         let mut s = [1usize; MAX_RANK];
-        s.get_mut(..r).ok_or_else(bad)?.copy_from_slice(&out);
+        copy_exact(s.get_mut(..r).ok_or_else(bad)?, &out)?;
         s
     };
     let has_cv = ctx.opset >= 11 && ctx.opt_input(2).is_some();
@@ -1146,7 +1151,7 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let oshape = oshape.get(..r).ok_or_else(bad)?;
             let mut idx_all = [0usize; MAX_RANK];
             let idx = idx_all.get_mut(..r).ok_or_else(bad)?;
-            for chunk in dst.chunks_exact_mut(es) {
+            for chunk in dst.chunks_of_mut(es) {
                 let mut off = 0isize;
                 let mut constant = false;
                 for (&start, &i) in starts.iter().zip(idx.iter()) {
@@ -1340,7 +1345,7 @@ fn cast_to(ctx: &PrepareCtx<'_>, to: DType) -> Result<Prepared> {
         kernel("Cast", move |io: &mut KernelIo<'_>| {
             let src = io.input(0)?.bytes();
             let mut y = io.output(0)?;
-            for (i, o) in src.chunks_exact(ei).zip(y.bytes_mut().chunks_exact_mut(eo)) {
+            for (i, o) in src.chunks_of(ei).zip(y.bytes_mut().chunks_of_mut(eo)) {
                 write_num(to, read_num(from, i), saturate, round, o);
             }
             Ok(())
@@ -1381,7 +1386,7 @@ fn prepare_constant_of_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .get(..es)
                 .ok_or(Error::internal("ConstantOfShape value width"))?;
             let mut y = io.output(0)?;
-            for c in y.bytes_mut().chunks_exact_mut(es) {
+            for c in y.bytes_mut().chunks_of_mut(es) {
                 c.copy_from_slice(val);
             }
             Ok(())
@@ -1426,7 +1431,7 @@ fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut out = io.output(0)?;
             let dst = out.bytes_mut();
             for (d, [ic, ix, iy]) in dst
-                .chunks_exact_mut(es)
+                .chunks_of_mut(es)
                 .zip(StridedIter::new(&shape_c, strides))
             {
                 let src = if *cb.get(ic).ok_or_else(bad)? != 0 {
@@ -1434,7 +1439,7 @@ fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 } else {
                     yb.get(iy * es..iy * es + es)
                 };
-                d.copy_from_slice(src.ok_or_else(bad)?);
+                copy_exact(d, src.ok_or_else(bad)?)?;
             }
             Ok(())
         }),

@@ -13,6 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::Const;
 use crate::ops::util::{axis as norm_axis, dtype_in};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
+use crate::tensor::ChunksOf as _;
 use crate::DType;
 
 /// Operators of this family.
@@ -175,7 +176,10 @@ fn transform<P: Point, Q: OutPoint>(
                 let (mut re, mut im) = (0f64, 0f64);
                 for (t, p) in line.clone().take(used).enumerate() {
                     let (xr, xi) = p.parts();
-                    let (c, s) = *tw.get((k * t) % n).ok_or(Error::internal("signal index"))?;
+                    let (c, s) = *(k * t)
+                        .checked_rem(n)
+                        .and_then(|j| tw.get(j))
+                        .ok_or(Error::internal("signal index"))?;
                     match dir {
                         // x * e^{-iθ}
                         Dir::Forward => {
@@ -252,21 +256,22 @@ impl Cfftp {
         if len % 8 == 0 {
             return None;
         }
+        let mut fours = 0usize;
         while len % 4 == 0 {
-            f.push(4);
+            fours += 1;
             len /= 4;
         }
+        // A factor 2 goes first, then the 4s.
         if len % 2 == 0 {
             len /= 2;
             f.push(2);
-            let last = f.len() - 1;
-            f.swap(0, last);
         }
-        let mut d = 3;
+        f.extend(core::iter::repeat_n(4, fours));
+        let mut d = 3usize;
         while d * d <= len {
-            while len % d == 0 {
+            while len.checked_rem(d) == Some(0) {
                 f.push(d);
-                len /= d;
+                len = len.checked_div(d)?;
             }
             d += 2;
         }
@@ -284,7 +289,7 @@ impl Cfftp {
         let mut fact = Vec::new();
         let mut l1 = 1;
         for &ip in &f {
-            let ido = n / (l1 * ip);
+            let ido = n.checked_div(l1 * ip)?;
             fact.push((ip, tw.len()));
             for j in 1..ip {
                 for i in 1..ido {
@@ -311,7 +316,7 @@ impl Cfftp {
         let mut l1 = 1;
         let mut in_c = true;
         for &(ip, off) in &self.fact {
-            let ido = n / (l1 * ip);
+            let ido = n.checked_div(l1 * ip).ok_or(fft_err())?;
             if ido == 0 {
                 return Err(fft_err());
             }
@@ -389,18 +394,18 @@ fn pass_io<'a, const IP: usize>(
     if l1 * ido == 0 {
         return Err(fft_err());
     }
-    let mut planes = ch.chunks_exact_mut(l1 * ido);
+    let mut planes = ch.chunks_of_mut(l1 * ido);
     let mut out: [&mut [C]; IP] = core::array::from_fn(|_| <&mut [C]>::default());
     for o in out.iter_mut() {
         *o = planes.next().ok_or(fft_err())?;
     }
-    Ok((out, cc.chunks_exact(IP * ido)))
+    Ok((out, cc.chunks_of(IP * ido)))
 }
 
 /// Splits a group of `IP` input rows of `ido` (>= 1) points.
 fn group_rows<const IP: usize>(g: &[C], ido: usize) -> Result<[&[C]; IP]> {
     let mut rows: [&[C]; IP] = [&[]; IP];
-    let mut it = g.chunks_exact(ido);
+    let mut it = g.chunks_of(ido);
     for r in rows.iter_mut() {
         *r = it.next().ok_or(fft_err())?;
     }
@@ -410,7 +415,7 @@ fn group_rows<const IP: usize>(g: &[C], ido: usize) -> Result<[&[C]; IP]> {
 fn pass2(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> Result<()> {
     let tw1 = plane_twiddles(wa, ido, 1)?;
     let ([ch0, ch1], groups) = pass_io::<2>(ido, l1, cc, ch)?;
-    let rows = ch0.chunks_exact_mut(ido).zip(ch1.chunks_exact_mut(ido));
+    let rows = ch0.chunks_of_mut(ido).zip(ch1.chunks_of_mut(ido));
     for ((y0, y1), g) in rows.zip(groups) {
         let [c0, c1] = group_rows::<2>(g, ido)?;
         let outs = y0.iter_mut().zip(y1.iter_mut());
@@ -428,9 +433,9 @@ fn pass3(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> 
     let tws = plane_twiddles(wa, ido, 1)?.zip(plane_twiddles(wa, ido, 2)?);
     let ([ch0, ch1, ch2], groups) = pass_io::<3>(ido, l1, cc, ch)?;
     let rows = ch0
-        .chunks_exact_mut(ido)
-        .zip(ch1.chunks_exact_mut(ido))
-        .zip(ch2.chunks_exact_mut(ido));
+        .chunks_of_mut(ido)
+        .zip(ch1.chunks_of_mut(ido))
+        .zip(ch2.chunks_of_mut(ido));
     for (((y0, y1), y2), g) in rows.zip(groups) {
         let [c0, c1, c2] = group_rows::<3>(g, ido)?;
         let outs = y0.iter_mut().zip(y1.iter_mut()).zip(y2.iter_mut());
@@ -455,10 +460,10 @@ fn pass4(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> 
         .zip(plane_twiddles(wa, ido, 3)?);
     let ([ch0, ch1, ch2, ch3], groups) = pass_io::<4>(ido, l1, cc, ch)?;
     let rows = ch0
-        .chunks_exact_mut(ido)
-        .zip(ch1.chunks_exact_mut(ido))
-        .zip(ch2.chunks_exact_mut(ido))
-        .zip(ch3.chunks_exact_mut(ido));
+        .chunks_of_mut(ido)
+        .zip(ch1.chunks_of_mut(ido))
+        .zip(ch2.chunks_of_mut(ido))
+        .zip(ch3.chunks_of_mut(ido));
     for ((((y0, y1), y2), y3), g) in rows.zip(groups) {
         let [r0, r1, r2, r3] = group_rows::<4>(g, ido)?;
         let outs = y0
@@ -498,11 +503,11 @@ fn pass5(ido: usize, l1: usize, cc: &[C], ch: &mut [C], wa: &[C], fwd: bool) -> 
         .zip(plane_twiddles(wa, ido, 4)?);
     let ([ch0, ch1, ch2, ch3, ch4], groups) = pass_io::<5>(ido, l1, cc, ch)?;
     let rows = ch0
-        .chunks_exact_mut(ido)
-        .zip(ch1.chunks_exact_mut(ido))
-        .zip(ch2.chunks_exact_mut(ido))
-        .zip(ch3.chunks_exact_mut(ido))
-        .zip(ch4.chunks_exact_mut(ido));
+        .chunks_of_mut(ido)
+        .zip(ch1.chunks_of_mut(ido))
+        .zip(ch2.chunks_of_mut(ido))
+        .zip(ch3.chunks_of_mut(ido))
+        .zip(ch4.chunks_of_mut(ido));
     for (((((y0, y1), y2), y3), y4), g) in rows.zip(groups) {
         let [r0, r1, r2, r3, r4] = group_rows::<5>(g, ido)?;
         let outs = y0
@@ -709,7 +714,7 @@ fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("STFT: frame longer than the signal"));
     }
     let onesided = ctx.attr_int("onesided", 1)? != 0;
-    let frames = 1 + (len - flen) / step;
+    let frames = 1 + crate::ops::util::div(len - flen, step, "STFT: frame_step")?;
     let bins = if onesided { flen / 2 + 1 } else { flen };
     let used = wlen.min(flen);
     let has_win = win.is_some();
@@ -787,8 +792,9 @@ fn run_stft<P: Point>(
                 let weights = ws.iter().map(|&w| w as f64).chain(core::iter::repeat(1.0));
                 for (t, (p, w)) in frame.iter().zip(weights).enumerate() {
                     let (xr, xi) = p.scaled(w);
-                    let (c, s) = *tw
-                        .get((k * t) % st.flen)
+                    let (c, s) = *(k * t)
+                        .checked_rem(st.flen)
+                        .and_then(|j| tw.get(j))
                         .ok_or(Error::internal("signal index"))?;
                     re += xr * c + xi * s;
                     im += xi * c - xr * s;

@@ -251,11 +251,12 @@ fn apply(g: &mut Graph, e: Edit) -> (usize, usize) {
     let mut remove = e.remove;
     remove.sort_unstable();
     remove.dedup();
-    for &i in remove.iter().rev() {
-        if i < g.nodes.len() {
-            g.nodes.remove(i);
-        }
-    }
+    let mut k = 0usize;
+    g.nodes.retain(|_| {
+        let keep = remove.binary_search(&k).is_err();
+        k = k.saturating_add(1);
+        keep
+    });
     let mut freed = (0usize, 0usize);
     if !old.is_empty() {
         let ix = Ix::new(g);
