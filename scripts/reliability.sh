@@ -47,6 +47,10 @@ for step in "${STEPS[@]}"; do
       # Built with AVX2+FMA enabled, so that the tests' kernel lists
       # (kinds()) hold both the portable blocked kernels and the AVX2
       # micro-kernels: Miri interprets the intrinsics, whatever the host.
+      # Then the arena views of sessions and kernels (session.rs, ops/mod.rs:
+      # whole small runs, in place, aliased, with a run-time shape record)
+      # and the parallel output split of convolutions (under Miri the split
+      # threshold is lowered so that small convolutions split).
       RUSTFLAGS="-C target-feature=+avx2,+fma" CARGO_TARGET_DIR=target/miri-avx2 \
         cargo +nightly miri test -q -p mote-core --lib -- \
         kern::par:: \
@@ -58,7 +62,10 @@ for step in "${STEPS[@]}"; do
         kern::qconv::tests::fuzz_ \
         kern::qconv::tests::qgemm_ \
         kern::requant::tests::bad_multipliers_are_errors_not_panics \
-        kern::requant::tests::branch_free_rounding_is_the_branchy_one
+        kern::requant::tests::branch_free_rounding_is_the_branchy_one \
+        session::tests:: \
+        ops::conv::tests::split_conv_small \
+        ops::select::tests::compress_non_zero_unique
       ;;
     fuzz)
       bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

@@ -362,3 +362,78 @@ impl<'a> Session<'a> {
         self.output(self.output_index(name)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Small whole-session runs, sized for Miri (`scripts/reliability.sh
+    //! miri`): they reach the `unsafe` arena views of this module (inputs,
+    //! outputs, shape records) and of `ops::KernelIo`.
+    use super::*;
+    use crate::model::AttrValue;
+    use crate::ops::testing::TestGraph;
+    use crate::SessionBuilder;
+    use alloc::string::String;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn model(t: TestGraph) -> Model {
+        Model {
+            graph: t.g,
+            opsets: vec![(String::new(), 13)],
+            ..Model::default()
+        }
+    }
+
+    #[test]
+    fn chain_with_alias_and_in_place_steps() {
+        // x[2,3] → Relu → Neg → Reshape[6] → Sigmoid → y.
+        let mut t = TestGraph::new(1);
+        let x = t.input("x", &[2, 3]);
+        let a = t.node("Relu", &[x], vec![]);
+        let b = t.node("Neg", &[a], vec![]);
+        let shape = t.c(&[1], &[6i64]);
+        let c = t.node("Reshape", &[b, shape], vec![]);
+        let y = t.node("Sigmoid", &[c], Vec::<(&str, AttrValue)>::new());
+        t.g.outputs = vec![y];
+        let m = model(t);
+        let plan = SessionBuilder::new(&m).plan().unwrap();
+        let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+        let mut s = Session::new(&m, &plan, &mut arena).unwrap();
+        let xv = [-1.0f32, 0.5, 2.0, -3.0, 0.0, 1.0];
+        for _ in 0..2 {
+            s.run(&[("x", TensorView::new(&[2, 3], &xv).unwrap())])
+                .unwrap();
+            let out = s.output(0).unwrap();
+            assert_eq!(out.shape(), [6]);
+            let want: Vec<f32> = xv
+                .iter()
+                .map(|&v| 1.0 / (1.0 + libm::expf(v.max(0.0))))
+                .collect();
+            crate::ops::testing::assert_close(out.f32().unwrap(), &want, 1e-6);
+        }
+    }
+
+    #[test]
+    fn dynamic_output_shape_comes_from_the_record() {
+        // NonZero's output shape depends on the values: [1, count].
+        let mut t = TestGraph::new(2);
+        let x = t.input("x", &[6]);
+        let y = t.node("NonZero", &[x], vec![]);
+        t.g.outputs = vec![y];
+        let m = model(t);
+        let plan = SessionBuilder::new(&m).plan().unwrap();
+        let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+        let mut s = Session::new(&m, &plan, &mut arena).unwrap();
+        for (xv, want) in [
+            ([0.0f32, 1.0, 0.0, 2.0, 3.0, 0.0], vec![1i64, 3, 4]),
+            ([0.0f32; 6], vec![]),
+            ([1.0f32; 6], vec![0, 1, 2, 3, 4, 5]),
+        ] {
+            s.run(&[("x", TensorView::new(&[6], &xv).unwrap())])
+                .unwrap();
+            let out = s.output(0).unwrap();
+            assert_eq!(out.shape(), [1, want.len()]);
+            assert_eq!(out.as_slice::<i64>().unwrap(), want.as_slice());
+        }
+    }
+}

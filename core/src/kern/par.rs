@@ -70,7 +70,13 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
 
 /// Smallest task worth handing to another worker, in multiply-adds (about
 /// 10–20 µs of one core): below it the hand-off costs more than it saves.
+#[cfg(not(miri))]
 pub(crate) const MIN_TASK_MACS: usize = 1 << 16;
+/// Under Miri, small enough that the tests' small convolutions split, so
+/// that the parallel paths (and their `unsafe` output views) are
+/// interpreted in minutes, not hours.
+#[cfg(miri)]
+pub(crate) const MIN_TASK_MACS: usize = 64;
 
 /// How many tasks to cut `work` multiply-adds into for `workers` workers: at
 /// most `max_tasks` (the number of independent units), about four per

@@ -1723,6 +1723,17 @@ mod tests {
         assert_close(&runs[0], &want, 1e-4);
     }
 
+    /// Sizes small enough for Miri (`scripts/reliability.sh miri`), where
+    /// the split threshold is lowered so that these split: the (image,
+    /// group) GEMMs shared out whole, and depthwise planes shared out (the
+    /// `unsafe` output views of `conv_groups` and `conv_depthwise`).
+    #[test]
+    fn split_conv_small() {
+        check_split_conv([2, 8, 5, 5], 16, 3, 1, 1, 4, cfg!(miri));
+        check_split_conv([1, 4, 6, 6], 4, 3, 1, 1, 4, cfg!(miri));
+        check_split_conv([1, 3, 7, 7], 3, 3, 2, 1, 3, cfg!(miri));
+    }
+
     #[test]
     fn split_conv_is_bit_identical() {
         // One large GEMM, split inside sgemm.
