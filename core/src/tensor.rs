@@ -240,6 +240,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize], out: &mut [usize; MAX_RANK]) -
 
 /// `dst.copy_from_slice(src)`, an `Err` (not a panic) when the lengths
 /// differ.
+#[cfg(feature = "alloc")]
 #[inline]
 pub(crate) fn copy_exact<T: Copy>(dst: &mut [T], src: &[T]) -> Result<()> {
     if dst.len() != src.len() {
@@ -254,6 +255,7 @@ pub(crate) fn copy_exact<T: Copy>(dst: &mut [T], src: &[T]) -> Result<()> {
 /// `Iterator::step_by` that yields nothing for a step of 0 instead of
 /// panicking (its `assert!(step != 0)` is kept by the optimizer whenever
 /// it cannot see the step).
+#[cfg(feature = "alloc")]
 pub(crate) trait StepOf: Iterator + Sized {
     /// [`Iterator::step_by`], none for `n == 0`.
     #[inline]
@@ -265,6 +267,7 @@ pub(crate) trait StepOf: Iterator + Sized {
     }
 }
 
+#[cfg(feature = "alloc")]
 impl<I: Iterator> StepOf for I {}
 
 /// `chunks_exact` / `chunks_exact_mut` that yield no chunk for a chunk size
@@ -272,6 +275,7 @@ impl<I: Iterator> StepOf for I {}
 /// slice in a consistent layout, so no chunk is the right answer; and the
 /// standard methods' `assert!(size != 0)` is a panic path the optimizer
 /// keeps whenever it cannot see the size (see `boards/onnx-an386/panic-sites.sh`).
+#[cfg(feature = "alloc")]
 pub(crate) trait ChunksOf<T> {
     /// [`slice::chunks_exact`], none for `n == 0`.
     fn chunks_of(&self, n: usize) -> core::slice::ChunksExact<'_, T>;
@@ -279,6 +283,7 @@ pub(crate) trait ChunksOf<T> {
     fn chunks_of_mut(&mut self, n: usize) -> core::slice::ChunksExactMut<'_, T>;
 }
 
+#[cfg(feature = "alloc")]
 impl<T> ChunksOf<T> for [T] {
     #[inline]
     fn chunks_of(&self, n: usize) -> core::slice::ChunksExact<'_, T> {
