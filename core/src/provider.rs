@@ -293,11 +293,8 @@ pub fn partition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::AttrValue;
-    use crate::ops::testing::TestGraph;
+    use crate::ops::testing::chain_model;
     use crate::SessionBuilder;
-    use alloc::string::String;
-    use alloc::vec;
 
     /// Claims the op types it is given.
     struct Fake(&'static [&'static str]);
@@ -310,27 +307,9 @@ mod tests {
         }
     }
 
-    /// x[2,3] → Relu → a → Neg → b → Reshape → c[6] → Sigmoid → y; ids.
-    fn chain() -> (Model, [TensorId; 6]) {
-        let mut t = TestGraph::new(1);
-        let x = t.input("x", &[2, 3]);
-        let a = t.node("Relu", &[x], vec![]);
-        let b = t.node("Neg", &[a], vec![]);
-        let shape = t.c(&[1], &[6i64]);
-        let c = t.node("Reshape", &[b, shape], vec![]);
-        let y = t.node("Sigmoid", &[c], Vec::<(&str, AttrValue)>::new());
-        t.g.outputs = vec![y];
-        let m = Model {
-            graph: t.g,
-            opsets: vec![(String::new(), 13)],
-            ..Model::default()
-        };
-        (m, [x, a, b, shape, c, y])
-    }
-
     #[test]
     fn all_cpu_means_no_copies() {
-        let (m, _) = chain();
+        let (m, _) = chain_model();
         let plan = SessionBuilder::new(&m).plan().unwrap();
         let p = partition(&m, &plan, &Fake(&[])).unwrap();
         assert_eq!(p.segments.len(), 1);
@@ -342,7 +321,7 @@ mod tests {
 
     #[test]
     fn all_provider_copies_input_in_and_output_out() {
-        let (m, [x, .., y]) = chain();
+        let (m, [x, .., y]) = chain_model();
         let plan = SessionBuilder::new(&m).plan().unwrap();
         let p = partition(&m, &plan, &Fake(&["Relu", "Neg", "Sigmoid"])).unwrap();
         assert_eq!(p.segments.len(), 1);
@@ -358,7 +337,7 @@ mod tests {
     fn boundary_through_an_alias_copies_the_span() {
         // Neg on the CPU between two provider steps; Sigmoid reads the
         // Reshape alias of Neg's output, which must go up again.
-        let (m, [_, a, _, _, c, _]) = chain();
+        let (m, [_, a, _, _, c, _]) = chain_model();
         let plan = SessionBuilder::new(&m).plan().unwrap();
         let p = partition(&m, &plan, &Fake(&["Relu", "Sigmoid"])).unwrap();
         let sides: Vec<bool> = p.segments.iter().map(|s| s.on_provider).collect();
@@ -375,7 +354,7 @@ mod tests {
 
     #[test]
     fn step_and_place_expose_the_plan() {
-        let (m, [_, _, b, shape, c, _]) = chain();
+        let (m, [_, _, b, shape, c, _]) = chain_model();
         let plan = SessionBuilder::new(&m).plan().unwrap();
         assert_eq!(plan.num_steps(), 3);
         let s = plan.step(&m, 1).unwrap();

@@ -369,7 +369,6 @@ mod tests {
     //! miri`): they reach the `unsafe` arena views of this module (inputs,
     //! outputs, shape records) and of `ops::KernelIo`.
     use super::*;
-    use crate::model::AttrValue;
     use crate::ops::testing::TestGraph;
     use crate::SessionBuilder;
     use alloc::string::String;
@@ -387,15 +386,7 @@ mod tests {
     #[test]
     fn chain_with_alias_and_in_place_steps() {
         // x[2,3] → Relu → Neg → Reshape[6] → Sigmoid → y.
-        let mut t = TestGraph::new(1);
-        let x = t.input("x", &[2, 3]);
-        let a = t.node("Relu", &[x], vec![]);
-        let b = t.node("Neg", &[a], vec![]);
-        let shape = t.c(&[1], &[6i64]);
-        let c = t.node("Reshape", &[b, shape], vec![]);
-        let y = t.node("Sigmoid", &[c], Vec::<(&str, AttrValue)>::new());
-        t.g.outputs = vec![y];
-        let m = model(t);
+        let (m, _) = crate::ops::testing::chain_model();
         let plan = SessionBuilder::new(&m).plan().unwrap();
         let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
         let mut s = Session::new(&m, &plan, &mut arena).unwrap();

@@ -121,6 +121,26 @@ pub fn node(op_type: &str, n_in: usize, n_out: usize, attrs: Vec<(&str, AttrValu
     }
 }
 
+/// A small f32 model at opset 13: x[2,3] → Relu → a → Neg → b → Reshape
+/// → c[6] → Sigmoid → y (with a Reshape alias and in-place steps); returns
+/// the model and the ids `[x, a, b, shape, c, y]`.
+pub fn chain_model() -> (crate::Model, [TensorId; 6]) {
+    let mut t = TestGraph::new(1);
+    let x = t.input("x", &[2, 3]);
+    let a = t.node("Relu", &[x], alloc::vec![]);
+    let b = t.node("Neg", &[a], alloc::vec![]);
+    let shape = t.c(&[1], &[6i64]);
+    let c = t.node("Reshape", &[b, shape], alloc::vec![]);
+    let y = t.node("Sigmoid", &[c], Vec::<(&str, AttrValue)>::new());
+    t.g.outputs = alloc::vec![y];
+    let m = crate::Model {
+        graph: t.g,
+        opsets: alloc::vec![(String::new(), 13)],
+        ..crate::Model::default()
+    };
+    (m, [x, a, b, shape, c, y])
+}
+
 /// Runs `op_type` at `opset` on `inputs` (None = omitted input).
 pub fn run(
     op_type: &str,
