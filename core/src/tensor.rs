@@ -252,24 +252,6 @@ pub(crate) fn copy_exact<T: Copy>(dst: &mut [T], src: &[T]) -> Result<()> {
     Ok(())
 }
 
-/// `Iterator::step_by` that yields nothing for a step of 0 instead of
-/// panicking (its `assert!(step != 0)` is kept by the optimizer whenever
-/// it cannot see the step).
-#[cfg(feature = "alloc")]
-pub(crate) trait StepOf: Iterator + Sized {
-    /// [`Iterator::step_by`], none for `n == 0`.
-    #[inline]
-    fn step_of(self, n: usize) -> core::iter::StepBy<core::iter::Take<Self>> {
-        match core::num::NonZeroUsize::new(n) {
-            Some(n) => self.take(usize::MAX).step_by(n.get()),
-            None => self.take(0).step_by(1),
-        }
-    }
-}
-
-#[cfg(feature = "alloc")]
-impl<I: Iterator> StepOf for I {}
-
 /// `chunks_exact` / `chunks_exact_mut` that yield no chunk for a chunk size
 /// of 0 instead of panicking. A zero chunk size only comes with an empty
 /// slice in a consistent layout, so no chunk is the right answer; and the

@@ -14,8 +14,9 @@ use crate::kern::par;
 use crate::kern::sgemm::{self, MatA};
 use crate::ops::util::{div, divides, rem, Acc, Float};
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
-use crate::tensor::{ChunksOf as _, StepOf as _};
+use crate::tensor::ChunksOf as _;
 use crate::DType;
+use core::num::NonZeroUsize;
 
 /// Operators of this family.
 pub const OPS: &[OpDef] = &[
@@ -734,6 +735,9 @@ fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
     let [s0, s1, s2] = g.s;
+    // Strides are positive (checked at prepare); as NonZero, `step_by`
+    // below keeps no zero-step assertion.
+    let s2_nz = NonZeroUsize::new(s2).ok_or(short)?;
     let [d0, d1, d2] = g.d;
     let [p0, p1, p2] = g.pb;
     for kd in 0..k0 {
@@ -763,7 +767,7 @@ fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(
                         if s2 == 1 {
                             axpy(yrow, xrow, wv);
                         } else {
-                            for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_of(s2)) {
+                            for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_by(s2_nz.get())) {
                                 *o += wv * v.to_acc();
                             }
                         }
@@ -971,6 +975,9 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
     let [s0, s1, s2] = g.s;
+    // Strides are positive (checked at prepare); as NonZero, `step_by`
+    // below keeps no zero-step assertion.
+    let s2_nz = NonZeroUsize::new(s2).ok_or(short)?;
     let [d0, d1, d2] = g.d;
     let [p0, p1, p2] = g.pb;
     for kd in 0..k0 {
@@ -1003,7 +1010,7 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
                                 *o += wv * v.to_acc();
                             }
                         } else {
-                            for (o, &v) in yrow.iter_mut().step_of(s2).zip(xrow) {
+                            for (o, &v) in yrow.iter_mut().step_by(s2_nz.get()).zip(xrow) {
                                 *o += wv * v.to_acc();
                             }
                         }

@@ -308,7 +308,7 @@ fn pool<T: PoolElem>(
     let [e0, e1, e2] = g.pe;
     let short = Error::new(ErrorKind::Internal("pool: window outside the plane"));
     // The innermost dilation as NonZero, so that `step_by` below has no
-    // zero-step assertion (and no `step_of` adaptor in the hot loop).
+    // zero-step assertion.
     let d2_nz = core::num::NonZeroUsize::new(d2)
         .ok_or(Error::new(ErrorKind::Internal("pool: zero dilation")))?;
     for (pi, yp) in y.chunks_of_mut(out_sz).enumerate() {

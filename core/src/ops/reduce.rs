@@ -9,7 +9,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
-use crate::tensor::{ChunksOf as _, StepOf as _};
+use crate::tensor::ChunksOf as _;
 use crate::tensor::{StridedIter, MAX_RANK};
 use crate::{DType, Element};
 use alloc::vec::Vec;
@@ -713,9 +713,11 @@ fn arg_kernel<X: Element + PartialOrd>(
             // One plane of `n * inner` inputs and `inner` outputs per outer
             // index (n >= 1 and inner >= 1 here); lane `i` of a plane is
             // every `inner`-th element from `i`.
+            let lanes =
+                core::num::NonZeroUsize::new(inner).ok_or(Error::internal("ArgMax lane"))?;
             for (xp, yp) in x.chunks_of(n * inner).zip(y.chunks_of_mut(inner)) {
                 for (i, yv) in yp.iter_mut().enumerate() {
-                    let mut lane = xp.iter().skip(i).step_of(inner);
+                    let mut lane = xp.iter().skip(i).step_by(lanes.get());
                     let Some(&first) = lane.next() else {
                         return Err(Error::internal("ArgMax lane"));
                     };
