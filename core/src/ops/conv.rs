@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::kern::dwconv;
 use crate::kern::par;
 use crate::kern::sgemm::{self, MatA};
-use crate::ops::util::{div, divides, rem, Acc, Float};
+use crate::ops::util::{div, div_rem, divides, rem, Acc, Float};
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
 use crate::DType;
@@ -940,8 +940,7 @@ fn conv_transpose<T: Float, W: Float<Acc = T::Acc>>(
             .get(ni * xb_len..(ni + 1) * xb_len)
             .ok_or(short("ConvTranspose: X shorter than its shape"))?;
         for (oc, yp) in yb.chunks_of_mut(out_sz).enumerate() {
-            let grp = div(oc, mg, "ConvTranspose: group")?;
-            let mo = rem(oc, mg, "ConvTranspose: group")?;
+            let (grp, mo) = div_rem(oc, mg, "ConvTranspose: group")?;
             let bias = bias_of(b, oc)?;
             let mut res = Ok(());
             util::accumulate_into(yp, acc, |yp| {

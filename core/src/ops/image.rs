@@ -9,7 +9,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::ops::util::{div, divides, dtype_in, rem};
+use crate::ops::util::{div, div_rem, divides, dtype_in};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
 use crate::tensor::MAX_RANK;
@@ -286,8 +286,8 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let mut off = Some(0usize);
                         let mut w = 1f32;
                         for ((ax, idx_d), wt_d) in axes.iter().zip(&idx).zip(&wt).rev() {
-                            let j = rem.checked_rem(k).ok_or(Error::internal("image taps"))?;
-                            rem = rem.checked_div(k).ok_or(Error::internal("image taps"))?;
+                            let (q, j) = div_rem(rem, k, "image taps")?;
+                            rem = q;
                             let (i, wj) = idx_d
                                 .get(j)
                                 .zip(wt_d.get(j))
@@ -379,12 +379,8 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let mut rem = p;
                     // homo = [x, y, (z,) 1]: innermost axis first.
                     for (h, ax) in homo.iter_mut().zip(axes.iter().rev()) {
-                        let i = rem
-                            .checked_rem(ax.len())
-                            .ok_or(Error::internal("image index"))?;
-                        rem = rem
-                            .checked_div(ax.len())
-                            .ok_or(Error::internal("image index"))?;
+                        let (q, i) = div_rem(rem, ax.len(), "image index")?;
+                        rem = q;
                         *h = *ax.get(i).ok_or(Error::internal("image index"))?;
                     }
                     // One theta row of nd + 1 per output coordinate.
@@ -504,11 +500,10 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut inside = true;
             for ax in axes.iter().rev() {
                 let (blk, ncol) = (ax.blk as usize, ax.ncol as usize);
-                let bad = || Error::internal("Col2Im: block table");
-                let ko = kr.checked_rem(blk).ok_or_else(bad)? as i64;
-                kr = kr.checked_div(blk).ok_or_else(bad)?;
-                let co = cr.checked_rem(ncol).ok_or_else(bad)? as i64;
-                cr = cr.checked_div(ncol).ok_or_else(bad)?;
+                let (qk, ko) = div_rem(kr, blk, "Col2Im: block table")?;
+                let (qc, co) = div_rem(cr, ncol, "Col2Im: block table")?;
+                (kr, cr) = (qk, qc);
+                let (ko, co) = (ko as i64, co as i64);
                 let pos = co * ax.stride - ax.pad + ko * ax.dil;
                 if pos < 0 || pos >= ax.img {
                     inside = false;
@@ -635,12 +630,8 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let mut si = last.src0;
                 let mut di = last.dst0;
                 for ax in plan.iter().rev() {
-                    let i = rem
-                        .checked_rem(ax.cnt)
-                        .ok_or(Error::internal("CenterCropPad: rows"))?;
-                    rem = rem
-                        .checked_div(ax.cnt)
-                        .ok_or(Error::internal("CenterCropPad: rows"))?;
+                    let (q, i) = div_rem(rem, ax.cnt, "CenterCropPad: rows")?;
+                    rem = q;
                     si += ax.src0 + i * ax.ist;
                     di += ax.dst0 + i * ax.ost;
                 }
@@ -1049,11 +1040,8 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                             let dydx = dydx
                                 .split_at_checked(opl)
                                 .ok_or(Error::internal("image index"))?;
-                            let tap = (
-                                div(k, kw, "DeformConv: kernel")? as i64,
-                                rem(k, kw, "DeformConv: kernel")? as i64,
-                                wv,
-                            );
+                            let (kh_i, kw_i) = div_rem(k, kw, "DeformConv: kernel")?;
+                            let tap = (kh_i as i64, kw_i as i64, wv);
                             match masks {
                                 Some(ms) => {
                                     let mk = ms

@@ -815,6 +815,13 @@ pub mod util {
         a.checked_rem(b).ok_or(Error::internal(what))
     }
 
+    /// `(a / b, a % b)`, the next digit of a mixed-radix index; an `Err`
+    /// naming `what` when `b` is zero.
+    #[inline]
+    pub(crate) fn div_rem(a: usize, b: usize, what: &'static str) -> Result<(usize, usize)> {
+        Ok((div(a, b, what)?, rem(a, b, what)?))
+    }
+
     /// Whether `b` divides `a` (`false` when `b` is zero).
     #[inline]
     pub(crate) fn divides(a: usize, b: usize) -> bool {

@@ -675,8 +675,8 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
         // (the dims before `spanned` do not move it).
         let (mut rem, mut idx, mut pstride) = (j, 0usize, 1usize);
         for (&t, &p) in spanned.iter().zip(ps).rev() {
-            let k = util::rem(rem, t, "normalization parameter index")?;
-            rem = util::div(rem, t, "normalization parameter index")?;
+            let (q, k) = util::div_rem(rem, t, "normalization parameter index")?;
+            rem = q;
             if p != 1 {
                 idx += k * pstride;
             }

@@ -588,8 +588,9 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 // Re-address the inferred-shape index into the output.
                 let (mut rem, mut o) = (i as usize, 0usize);
                 for (&is, &os) in inf_st.iter().zip(&out_st).take(rank) {
-                    o += util::div(rem, is, "MaxUnpool index")? * os;
-                    rem = util::rem(rem, is, "MaxUnpool index")?;
+                    let (q, r) = util::div_rem(rem, is, "MaxUnpool index")?;
+                    o += q * os;
+                    rem = r;
                 }
                 let slot = y
                     .get_mut(o)

@@ -295,8 +295,8 @@ fn build(
                     let mut off = 0usize;
                     let mut w = 1.0f32;
                     for (ax, &i) in axes.iter().zip(idx.iter()).rev() {
-                        let k = c.checked_rem(ax.k).ok_or(Error::internal("Resize taps"))?;
-                        c = c.checked_div(ax.k).ok_or(Error::internal("Resize taps"))?;
+                        let (q, k) = crate::ops::util::div_rem(c, ax.k, "Resize taps")?;
+                        c = q;
                         let t = table
                             .get(ax.start + i * ax.k + k)
                             .ok_or(Error::internal("resize range"))?;
