@@ -596,34 +596,17 @@ pub fn tensor_from_proto(t: mote_proto::TensorProto) -> Result<Const> {
     let out = data.bytes_mut();
     let sz = dtype.size();
     for (i, chunk) in out.chunks_of_mut(sz).enumerate() {
-        match dtype {
-            DType::F32 => copy_exact(
-                chunk,
-                &t.float_data.get(i).copied().unwrap_or(0.0).to_le_bytes(),
-            )?,
-            DType::F64 => copy_exact(
-                chunk,
-                &t.double_data.get(i).copied().unwrap_or(0.0).to_le_bytes(),
-            )?,
-            DType::I64 => copy_exact(
-                chunk,
-                &t.int64_data.get(i).copied().unwrap_or(0).to_le_bytes(),
-            )?,
-            DType::U64 => copy_exact(
-                chunk,
-                &t.uint64_data.get(i).copied().unwrap_or(0).to_le_bytes(),
-            )?,
-            DType::U32 => copy_exact(
-                chunk,
-                &(t.uint64_data.get(i).copied().unwrap_or(0) as u32).to_le_bytes(),
-            )?,
-            _ => {
-                // int32_data carries every type of 32 bits or less (f16/bf16
-                // as their bit patterns), low bytes first.
-                let v = t.int32_data.get(i).copied().unwrap_or(0).to_le_bytes();
-                copy_exact(chunk, v.get(..sz).unwrap_or(&[]))?;
-            }
-        }
+        // The element's bit pattern; its low `sz` bytes, little-endian, are
+        // the stored value. int32_data carries every type of 32 bits or less
+        // (f16/bf16 as their bit patterns), uint64_data also u32.
+        let bits: u64 = match dtype {
+            DType::F32 => u64::from(t.float_data.get(i).copied().unwrap_or(0.0).to_bits()),
+            DType::F64 => t.double_data.get(i).copied().unwrap_or(0.0).to_bits(),
+            DType::I64 => t.int64_data.get(i).copied().unwrap_or(0) as u64,
+            DType::U64 | DType::U32 => t.uint64_data.get(i).copied().unwrap_or(0),
+            _ => u64::from(t.int32_data.get(i).copied().unwrap_or(0) as u32),
+        };
+        copy_exact(chunk, bits.to_le_bytes().get(..sz).unwrap_or(&[]))?;
     }
     Ok(Const { dtype, shape, data })
 }
