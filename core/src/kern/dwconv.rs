@@ -33,6 +33,36 @@ fn three_taps(y: &mut [f32], x: &[f32], [w0, w1, w2]: [f32; 3]) -> bool {
     true
 }
 
+/// `y[t] += w * x[s·t]` for the `t` both hold. Stride 2 runs blocks of 8
+/// outputs over fixed-size arrays, which LLVM turns into vector
+/// deinterleaving (a run-time `step_by` stays scalar); one product is
+/// added to each `y[t]`, so the split into blocks does not matter.
+#[inline(always)]
+fn axpy_strided(y: &mut [f32], x: &[f32], s: usize, w: f32) {
+    let mut done = 0;
+    if s == 2 {
+        for (yc, xc) in y.chunks_exact_mut(8).zip(x.chunks_exact(16)) {
+            let (Ok(yc), Ok(&[a0, _, a1, _, a2, _, a3, _, a4, _, a5, _, a6, _, a7, _])) =
+                (<&mut [f32; 8]>::try_from(yc), <&[f32; 16]>::try_from(xc))
+            else {
+                break;
+            };
+            let (ev, mut acc) = ([a0, a1, a2, a3, a4, a5, a6, a7], *yc);
+            for (yv, e) in acc.iter_mut().zip(ev) {
+                *yv += w * e;
+            }
+            *yc = acc;
+            done += 8;
+        }
+    }
+    let (Some(y), Some(x)) = (y.get_mut(done..), x.get(done * s..)) else {
+        return;
+    };
+    for (yv, &xv) in y.iter_mut().zip(x.iter().step_by(s.max(1))) {
+        *yv += w * xv;
+    }
+}
+
 /// The three weights of a 3-wide kernel row.
 #[inline(always)]
 fn row3(w: &[f32], at: usize) -> Option<[f32; 3]> {
@@ -62,6 +92,9 @@ impl Flat {
 
     /// [`plane`] on the padded buffers; `false` when the plane does not fit
     /// them (or the geometry is not 2-D with equal strides).
+    // Inlined into its one caller, `ops::conv`'s per-task body, which is
+    // compiled for AVX2 when the CPU has it.
+    #[inline(always)]
     pub(crate) fn plane(
         &mut self,
         y: &mut [f32],
@@ -139,9 +172,7 @@ impl Flat {
                     let Some(xs) = xp.get(off..) else {
                         return false;
                     };
-                    for (yv, &xv) in yq.iter_mut().zip(xs.iter().step_by(s)) {
-                        *yv += wv * xv;
-                    }
+                    axpy_strided(yq, xs, s, wv);
                 }
             }
         }
@@ -158,6 +189,7 @@ impl Flat {
 /// `y = bias + x ⋆ w` for one plane of a 2-D window (`g.k[0] == 1`,
 /// `g.inp[0] == g.out[0] == 1`); `false` (nothing written) when the
 /// geometry is not that or a slice is short.
+#[inline(always)]
 pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) -> bool {
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
@@ -232,9 +264,7 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
                     let Some(xs) = xrow.get(base + kw * d2..) else {
                         return false;
                     };
-                    for (yv, &xv) in yin.iter_mut().zip(xs.iter().step_by(s2)) {
-                        *yv += wv * xv;
-                    }
+                    axpy_strided(yin, xs, s2, wv);
                 }
             }
         }
@@ -267,6 +297,20 @@ mod tests {
             }
         }
         y
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn both_avx2(
+        flat: &mut Flat,
+        y: &mut [f32],
+        yf: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        g: &Geom,
+    ) {
+        plane(y, x, w, 0.25, g);
+        flat.plane(yf, x, w, 0.25, g);
     }
 
     #[test]
@@ -312,6 +356,24 @@ mod tests {
                             assert!(plane(&mut y, &x, &w, 0.25, &g));
                             let mut yf = std::vec![f32::NAN; o1 * o2];
                             let fits = flat.plane(&mut yf, &x, &w, 0.25, &g);
+                            // The AVX2 + FMA build of both paths (what
+                            // `ops::conv` runs on such CPUs) gives the
+                            // same bits: no product is fused.
+                            #[cfg(target_arch = "x86_64")]
+                            if std::is_x86_feature_detected!("avx2")
+                                && std::is_x86_feature_detected!("fma")
+                            {
+                                let (mut y2, mut yf2) =
+                                    (std::vec![f32::NAN; y.len()], std::vec![f32::NAN; yf.len()]);
+                                // SAFETY: the CPU has AVX2 and FMA.
+                                unsafe { both_avx2(&mut flat, &mut y2, &mut yf2, &x, &w, &g) };
+                                let bits =
+                                    |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                                assert_eq!(bits(&y2), bits(&y), "rows, AVX2 {g:?}");
+                                if fits {
+                                    assert_eq!(bits(&yf2), bits(&yf), "flat, AVX2 {g:?}");
+                                }
+                            }
                             for (t, &wv) in want.iter().enumerate() {
                                 let tol = 1e-5 + 1e-5 * wv.abs();
                                 assert!((y[t] - wv).abs() <= tol, "rows {g:?} at {t}");

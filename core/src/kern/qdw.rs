@@ -145,9 +145,13 @@ impl DwScratch {
                 return false;
             };
             for (f, phase) in ph.chunks_exact_mut(plen).enumerate() {
-                for (u, v) in phase.iter_mut().enumerate() {
-                    *v = buf.get(s * u + f).copied().unwrap_or(0);
-                }
+                let from = buf.get(f..).unwrap_or_default();
+                let n = from.len().div_ceil(s).min(plen);
+                let Some((head, rest)) = phase.split_at_mut_checked(n) else {
+                    return false;
+                };
+                strided(head, from, s, |v| v);
+                rest.fill(0);
             }
             ph
         };
@@ -175,12 +179,19 @@ impl DwScratch {
             }
             out.copy_from_slice(&a);
         }
-        for (oh, yrow) in yo.chunks_exact_mut(o2).take(o1).enumerate() {
-            let Some(sums) = win(acc, oh * wpd, o2) else {
+        // The output rows, packed together (row oh moves down from oh·wpd
+        // to oh·o2), are requantized in one pass: rows of a handful of
+        // values would otherwise run the scalar tail of `finish_row`.
+        for oh in 1..o1 {
+            if acc.get(oh * wpd..oh * wpd + o2).is_none() {
                 return false;
-            };
-            finish_row(yrow, sums, 0, r, &q.out);
+            }
+            acc.copy_within(oh * wpd..oh * wpd + o2, oh * o2);
         }
+        let (Some(sums), Some(yo)) = (win(acc, 0, o1 * o2), win_mut(yo, 0, o1 * o2)) else {
+            return false;
+        };
+        finish_row(yo, sums, 0, r, &q.out);
         true
     }
 
@@ -237,9 +248,7 @@ impl DwScratch {
                             let Some(cols) = win(xrow, first, (hi - lo - 1) * s + 1) else {
                                 return false;
                             };
-                            for (v, x) in mid.iter_mut().zip(cols.iter().step_by(s)) {
-                                *v = (x.get() - q.zx) as i16;
-                            }
+                            strided(mid, cols, s, |x| (x.get() - q.zx) as i16);
                         }
                     }
                     let Some(wrow) = win(wp, kh * k2, k2) else {
@@ -264,6 +273,40 @@ impl DwScratch {
             }
         }
         true
+    }
+}
+
+/// `dst[t] = f(src[s·t])`, for the `t` both hold. Stride 1 is a plain zip
+/// and stride 2 runs blocks of 8 over fixed-size arrays: both vectorize
+/// (a run-time `step_by` stays scalar).
+#[inline(always)]
+fn strided<S: Copy>(dst: &mut [i16], src: &[S], s: usize, f: impl Fn(S) -> i16) {
+    let mut done = 0;
+    match s {
+        1 => {
+            for (v, &x) in dst.iter_mut().zip(src) {
+                *v = f(x);
+            }
+            return;
+        }
+        2 => {
+            for (dc, sc) in dst.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
+                let (Ok(dc), Ok(&[a0, _, a1, _, a2, _, a3, _, a4, _, a5, _, a6, _, a7, _])) =
+                    (<&mut [i16; 8]>::try_from(dc), <&[S; 16]>::try_from(sc))
+                else {
+                    break;
+                };
+                *dc = [a0, a1, a2, a3, a4, a5, a6, a7].map(&f);
+                done += 8;
+            }
+        }
+        _ => {}
+    }
+    let (Some(dst), Some(src)) = (dst.get_mut(done..), src.get(done * s..)) else {
+        return;
+    };
+    for (v, &x) in dst.iter_mut().zip(src.iter().step_by(s.max(1))) {
+        *v = f(x);
     }
 }
 
@@ -307,60 +350,84 @@ fn channel<'q>(q: &QConvView<'q>, c: usize) -> Option<(i32, i32, &'q Requant)> {
 
 /// Every plane of a depthwise convolution whose lengths `qconv_dw` checked.
 pub(crate) fn planes<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
+    let p = &q.p;
+    let g = &p.g;
+    let planes = p.batch * p.c;
+    let macs = planes
+        .saturating_mul(g.out_size())
+        .saturating_mul(g.k_size());
+    let t = par::tasks(par::workers(), macs, planes);
+    let ys = SharedMut::new(y);
+    if t <= 1 {
+        planes_range(x, w, &ys, q, (0, planes));
+    } else {
+        par::for_each(t, &|ti| {
+            planes_range(x, w, &ys, q, par::chunk(planes, t, ti))
+        });
+    }
+}
+
+/// Planes `lo .. hi` of one task, each with its own output plane. The
+/// task's body is a function of its own, not a closure, so that it is the
+/// one compiled for AVX2 (a closure does not inherit the target features
+/// of the function it is written in).
+fn planes_range<X: QInt, W: QInt, Y: QInt>(
+    x: &[X],
+    w: &[W],
+    ys: &SharedMut<'_, Y>,
+    q: &QConvView<'_>,
+    range: (usize, usize),
+) {
     #[cfg(target_arch = "x86_64")]
     if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
         // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
         // `cpu::enable_avx2_fma`). The same integer code compiled for AVX2.
-        unsafe { planes_avx2(x, w, y, q) };
+        unsafe { planes_range_avx2(x, w, ys, q, range) };
         return;
     }
-    planes_body(x, w, y, q);
+    planes_range_body(x, w, ys, q, range);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn planes_avx2<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
-    planes_body(x, w, y, q);
+unsafe fn planes_range_avx2<X: QInt, W: QInt, Y: QInt>(
+    x: &[X],
+    w: &[W],
+    ys: &SharedMut<'_, Y>,
+    q: &QConvView<'_>,
+    range: (usize, usize),
+) {
+    planes_range_body(x, w, ys, q, range);
 }
 
 #[inline(always)]
-fn planes_body<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
+fn planes_range_body<X: QInt, W: QInt, Y: QInt>(
+    x: &[X],
+    w: &[W],
+    ys: &SharedMut<'_, Y>,
+    q: &QConvView<'_>,
+    (lo, hi): (usize, usize),
+) {
     let p = &q.p;
-    let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let planes = p.batch * p.c;
-    let macs = planes.saturating_mul(out_sz).saturating_mul(k_sz);
-    let t = par::tasks(par::workers(), macs, planes);
-    let ys = SharedMut::new(y);
-    // Planes [lo, hi), each with its own output plane.
-    let run = |lo: usize, hi: usize| {
-        let mut sc = DwScratch::new();
-        for i in lo..hi {
-            let c = i % p.c;
-            // SAFETY: each plane index belongs to one task (`chunk`), so
-            // the output planes of live slices never overlap.
-            let yo = unsafe { ys.slice(i * out_sz, out_sz) };
-            let (Some(xp), Some(yo), Some(wc)) = (
-                x.get(i * in_sz..(i + 1) * in_sz),
-                yo,
-                w.get(c * k_sz..(c + 1) * k_sz),
-            ) else {
-                return;
-            };
-            if !sc.plane(xp, wc, yo, c, q) {
-                // In bounds: the slices were just taken from the checked
-                // geometry (a `None` could only leave the plane unwritten).
-                let _ = dw_plane(xp, wc, yo, c, q);
-            }
+    let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
+    let mut sc = DwScratch::new();
+    for i in lo..hi {
+        let c = i % p.c;
+        // SAFETY: each plane index belongs to one task (`par::chunk`), so
+        // the output planes of live slices never overlap.
+        let yo = unsafe { ys.slice(i * out_sz, out_sz) };
+        let (Some(xp), Some(yo), Some(wc)) = (
+            x.get(i * in_sz..(i + 1) * in_sz),
+            yo,
+            w.get(c * k_sz..(c + 1) * k_sz),
+        ) else {
+            return;
+        };
+        if !sc.plane(xp, wc, yo, c, q) {
+            // In bounds: the slices were just taken from the checked
+            // geometry (a `None` could only leave the plane unwritten).
+            let _ = dw_plane(xp, wc, yo, c, q);
         }
-    };
-    if t <= 1 {
-        run(0, planes);
-    } else {
-        par::for_each(t, &|ti| {
-            let (lo, hi) = par::chunk(planes, t, ti);
-            run(lo, hi);
-        });
     }
 }
 
