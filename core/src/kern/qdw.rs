@@ -160,10 +160,16 @@ impl DwScratch {
         let (Some(taps), Some(wk)) = (win_mut(&mut taps, 0, k1 * k2), win(wp, 0, k1 * k2)) else {
             return false;
         };
-        for (i, (t, wv)) in taps.iter_mut().zip(wk).enumerate() {
-            let (kh, kw) = (i / k2, i % k2);
-            let off = kh * d1 * wpd + kw * d2;
-            *t = (wv.get() - zw, (off % s) * plen + off / s);
+        // No division per tap: on the small planes of late layers (7 × 7)
+        // this set-up, once per channel, costs as much as the sums.
+        let offsets = (0..k1).flat_map(|kh| (0..k2).map(move |kw| kh * d1 * wpd + kw * d2));
+        for ((t, wv), off) in taps.iter_mut().zip(wk).zip(offsets) {
+            let (phase, at) = match s {
+                1 => (0, off),
+                2 => (off & 1, off >> 1),
+                _ => (off % s, off / s),
+            };
+            *t = (wv.get() - zw, phase * plen + at);
         }
         let taps: &[(i32, usize)] = taps;
         // A chunk of sums stays in registers across the taps.
