@@ -40,3 +40,8 @@ cargo test --workspace "$@"
 # mote-std with its `cuda` feature: --provider parsing and the errors with no
 # GPU (mote-cuda's own tests ran above; their GPU checks skip without one).
 cargo test -p mote-std --features cuda "$@"
+# mote-core with `fast-math` (as `cargo test --workspace --all-features`
+# builds it): its unit tests and the conformance ratchet, held to the
+# tolerance the approximations meet (`mote_core::math::APPROX_RTOL`).
+cargo test -p mote-core --lib --features fast-math "$@"
+cargo test -p mote-tests --test conformance --features mote-core/fast-math "$@"

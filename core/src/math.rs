@@ -3,7 +3,21 @@
 //! By default these are `libm` (accurate to ~1 ulp, inside the ONNX suite's
 //! tolerance). With the `fast-math` feature, `micromath` approximations
 //! replace the ones where they are much faster; they do not meet rtol 1e-3
-//! everywhere, so conformance tests run without it.
+//! everywhere: tests compare such a build with [`APPROX_RTOL`] /
+//! [`APPROX_ATOL`] (see [`APPROXIMATE`]), and the conformance figures in
+//! README are of the default build.
+
+/// Whether this build uses the approximate functions (feature `fast-math`).
+pub const APPROXIMATE: bool = cfg!(feature = "fast-math");
+
+/// Relative tolerance that results of an [`APPROXIMATE`] build meet against
+/// exact references (micromath's `exp` is within about 0.2 % here, and
+/// bf16 / f16 outputs round that to one unit of their last place).
+pub const APPROX_RTOL: f64 = 1e-2;
+
+/// Absolute tolerance of an [`APPROXIMATE`] build (sums of exponentials
+/// that cancel, e.g. log-sum-exp near 0).
+pub const APPROX_ATOL: f64 = 1e-3;
 
 /// e^x
 #[inline]

@@ -6,7 +6,8 @@
 //! cannot be expressed with tensors only. [`run_suite`] runs every case and
 //! compares outputs: floats with `|got - want| <= atol + rtol * |want|`
 //! ([`RTOL`], [`ATOL`]; NaN equals NaN), integers and bools exactly, shapes
-//! exactly.
+//! exactly. A mote-core built with `fast-math` is held to the tolerance its
+//! approximations meet instead ([`tolerance`]).
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,6 +20,17 @@ use mote_proto::Message as _;
 pub const RTOL: f64 = 1e-3;
 /// Absolute tolerance of float comparisons.
 pub const ATOL: f64 = 1e-7;
+
+/// `(rtol, atol)` of float comparisons in this build: [`RTOL`] and [`ATOL`],
+/// or mote-core's `APPROX_RTOL` / `APPROX_ATOL` when it was built with
+/// `fast-math` (as `cargo test --workspace --all-features` builds it).
+pub fn tolerance() -> (f64, f64) {
+    if mote_core::math::APPROXIMATE {
+        (mote_core::math::APPROX_RTOL, mote_core::math::APPROX_ATOL)
+    } else {
+        (RTOL, ATOL)
+    }
+}
 
 /// How one case went.
 #[derive(Clone, Debug, PartialEq)]
@@ -384,10 +396,11 @@ pub fn compare(output: usize, got: &TensorView<'_>, want: &TensorView<'_>) -> Op
         });
     }
     let float = want.dtype().is_float();
+    let (rtol, atol) = tolerance();
     for i in 0..want.numel() {
         let ok = if float {
             let (g, w) = (got.f64_at(i)?, want.f64_at(i)?);
-            (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= ATOL + RTOL * w.abs()
+            (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= atol + rtol * w.abs()
         } else {
             let s = want.dtype().size();
             got.bytes().get(i * s..(i + 1) * s) == want.bytes().get(i * s..(i + 1) * s)

@@ -180,11 +180,20 @@ pub fn vals<T: Element>(c: &Const) -> Vec<T> {
 }
 
 /// Asserts two float slices agree within ONNX tolerance (rtol 1e-3, atol 1e-7)
-/// — or a looser `atol` given.
+/// — or a looser `atol` given; with `fast-math`, within the tolerance its
+/// approximations meet ([`crate::math::APPROX_RTOL`], `APPROX_ATOL`).
 pub fn assert_close(got: &[f32], want: &[f32], atol: f32) {
     assert_eq!(got.len(), want.len(), "length");
+    let (rtol, atol) = if crate::math::APPROXIMATE {
+        (
+            crate::math::APPROX_RTOL as f32,
+            atol.max(crate::math::APPROX_ATOL as f32),
+        )
+    } else {
+        (1e-3, atol.max(1e-7))
+    };
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let tol = atol.max(1e-7) + 1e-3 * w.abs();
+        let tol = atol + rtol * w.abs();
         assert!(
             (g - w).abs() <= tol || (g.is_nan() && w.is_nan()),
             "element {i}: got {g}, want {w}"
