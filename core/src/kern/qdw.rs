@@ -364,75 +364,67 @@ pub(crate) fn planes<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q
         .saturating_mul(g.k_size());
     let t = par::tasks(par::workers(), macs, planes);
     let ys = SharedMut::new(y);
+    let job = Planes { x, w, ys: &ys, q };
     if t <= 1 {
-        planes_range(x, w, &ys, q, (0, planes));
+        job.run((0, planes));
     } else {
-        par::for_each(t, &|ti| {
-            planes_range(x, w, &ys, q, par::chunk(planes, t, ti))
-        });
+        par::for_each(t, &|ti| job.run(par::chunk(planes, t, ti)));
     }
 }
 
-/// Planes `lo .. hi` of one task, each with its own output plane. The
-/// task's body is a function of its own, not a closure, so that it is the
-/// one compiled for AVX2 (a closure does not inherit the target features
-/// of the function it is written in).
-fn planes_range<X: QInt, W: QInt, Y: QInt>(
-    x: &[X],
-    w: &[W],
-    ys: &SharedMut<'_, Y>,
-    q: &QConvView<'_>,
-    range: (usize, usize),
-) {
-    #[cfg(target_arch = "x86_64")]
-    if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
-        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
-        // `cpu::enable_avx2_fma`). The same integer code compiled for AVX2.
-        unsafe { planes_range_avx2(x, w, ys, q, range) };
-        return;
-    }
-    planes_range_body(x, w, ys, q, range);
+/// The operands of [`planes`], shared by its tasks.
+struct Planes<'a, 's, X, W, Y> {
+    x: &'a [X],
+    w: &'a [W],
+    ys: &'a SharedMut<'s, Y>,
+    q: &'a QConvView<'a>,
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn planes_range_avx2<X: QInt, W: QInt, Y: QInt>(
-    x: &[X],
-    w: &[W],
-    ys: &SharedMut<'_, Y>,
-    q: &QConvView<'_>,
-    range: (usize, usize),
-) {
-    planes_range_body(x, w, ys, q, range);
-}
-
-#[inline(always)]
-fn planes_range_body<X: QInt, W: QInt, Y: QInt>(
-    x: &[X],
-    w: &[W],
-    ys: &SharedMut<'_, Y>,
-    q: &QConvView<'_>,
-    (lo, hi): (usize, usize),
-) {
-    let p = &q.p;
-    let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
-    let mut sc = DwScratch::new();
-    for i in lo..hi {
-        let c = i % p.c;
-        // SAFETY: each plane index belongs to one task (`par::chunk`), so
-        // the output planes of live slices never overlap.
-        let yo = unsafe { ys.slice(i * out_sz, out_sz) };
-        let (Some(xp), Some(yo), Some(wc)) = (
-            x.get(i * in_sz..(i + 1) * in_sz),
-            yo,
-            w.get(c * k_sz..(c + 1) * k_sz),
-        ) else {
+impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
+    /// Planes `lo .. hi` of one task, each with its own output plane. A
+    /// method of its own, not the task closure, so that it is what gets
+    /// compiled for AVX2 (a closure does not inherit the target features
+    /// of the function it is written in).
+    fn run(&self, range: (usize, usize)) {
+        #[cfg(target_arch = "x86_64")]
+        if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
+            // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
+            // `cpu::enable_avx2_fma`). The same integer code compiled for AVX2.
+            unsafe { self.run_avx2(range) };
             return;
-        };
-        if !sc.plane(xp, wc, yo, c, q) {
-            // In bounds: the slices were just taken from the checked
-            // geometry (a `None` could only leave the plane unwritten).
-            let _ = dw_plane(xp, wc, yo, c, q);
+        }
+        self.run_body(range);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&self, range: (usize, usize)) {
+        self.run_body(range);
+    }
+
+    #[inline(always)]
+    fn run_body(&self, (lo, hi): (usize, usize)) {
+        let Planes { x, w, ys, q } = *self;
+        let p = &q.p;
+        let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
+        let mut sc = DwScratch::new();
+        for i in lo..hi {
+            let c = i % p.c;
+            // SAFETY: each plane index belongs to one task (`par::chunk`), so
+            // the output planes of live slices never overlap.
+            let yo = unsafe { ys.slice(i * out_sz, out_sz) };
+            let (Some(xp), Some(yo), Some(wc)) = (
+                x.get(i * in_sz..(i + 1) * in_sz),
+                yo,
+                w.get(c * k_sz..(c + 1) * k_sz),
+            ) else {
+                return;
+            };
+            if !sc.plane(xp, wc, yo, c, q) {
+                // In bounds: the slices were just taken from the checked
+                // geometry (a `None` could only leave the plane unwritten).
+                let _ = dw_plane(xp, wc, yo, c, q);
+            }
         }
     }
 }

@@ -689,8 +689,15 @@ fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &Co
     let t = par::tasks(par::workers(), macs, planes);
     let ys = par::SharedMut::new(y);
     let failed = par::Failed::new();
+    let job = DepthwiseJob {
+        x,
+        w,
+        b,
+        ys: &ys,
+        p,
+    };
     let task = |ti: usize| {
-        if !depthwise_planes(x, w, b, &ys, p, par::chunk(planes, t, ti)) {
+        if !job.planes(par::chunk(planes, t, ti)) {
             failed.set();
         }
     };
@@ -702,74 +709,65 @@ fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &Co
     !failed.get()
 }
 
-/// Planes `lo .. hi` of [`conv_depthwise`] (one task's share). A function
-/// of its own rather than the task closure, so that it is what gets
-/// compiled for AVX2 + FMA (a closure does not inherit the target features
-/// of its enclosing function). The loops have no fused multiply-adds to
-/// contract (Rust never fuses `a * b + c` on its own), so the results are
-/// the same bits with or without the wider vectors.
-fn depthwise_planes(
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    ys: &par::SharedMut<'_, f32>,
-    p: &ConvParams,
-    range: (usize, usize),
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
-        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and FMA
-        // (see `cpu::enable_avx2_fma`) or the build targets them.
-        return unsafe { depthwise_planes_avx2(x, w, b, ys, p, range) };
-    }
-    depthwise_planes_body(x, w, b, ys, p, range)
+/// The operands of [`conv_depthwise`], shared by its tasks.
+struct DepthwiseJob<'a, 's> {
+    x: &'a [f32],
+    w: &'a [f32],
+    b: Option<&'a [f32]>,
+    ys: &'a par::SharedMut<'s, f32>,
+    p: &'a ConvParams,
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn depthwise_planes_avx2(
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    ys: &par::SharedMut<'_, f32>,
-    p: &ConvParams,
-    range: (usize, usize),
-) -> bool {
-    depthwise_planes_body(x, w, b, ys, p, range)
-}
-
-#[inline(always)]
-fn depthwise_planes_body(
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    ys: &par::SharedMut<'_, f32>,
-    p: &ConvParams,
-    (lo, hi): (usize, usize),
-) -> bool {
-    let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let mut flat = dwconv::Flat::new();
-    for i in lo..hi {
-        let Some(c) = i.checked_rem(p.m) else {
-            return false;
-        };
-        // SAFETY: plane i is y[i * out_sz..][..out_sz]; the runs of
-        // planes of the tasks are disjoint, and a task holds one plane
-        // at a time.
-        let (Some(yp), Some(xp), Some(wk)) = (
-            unsafe { ys.slice(i * out_sz, out_sz) },
-            x.get(i * in_sz..(i + 1) * in_sz),
-            w.get(c * k_sz..(c + 1) * k_sz),
-        ) else {
-            return false;
-        };
-        let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
-        if !flat.plane(yp, xp, wk, bias, g) && !dwconv::plane(yp, xp, wk, bias, g) {
-            return false;
+impl DepthwiseJob<'_, '_> {
+    /// Planes `lo .. hi` (one task's share). A method of its own rather
+    /// than the task closure, so that it is what gets compiled for AVX2 +
+    /// FMA (a closure does not inherit the target features of its
+    /// enclosing function). The loops have no fused multiply-adds to
+    /// contract (Rust never fuses `a * b + c` on its own), so the results
+    /// are the same bits with or without the wider vectors.
+    fn planes(&self, range: (usize, usize)) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
+            // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and
+            // FMA (see `cpu::enable_avx2_fma`) or the build targets them.
+            return unsafe { self.planes_avx2(range) };
         }
+        self.planes_body(range)
     }
-    true
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn planes_avx2(&self, range: (usize, usize)) -> bool {
+        self.planes_body(range)
+    }
+
+    #[inline(always)]
+    fn planes_body(&self, (lo, hi): (usize, usize)) -> bool {
+        let DepthwiseJob { x, w, b, ys, p } = *self;
+        let g = &p.g;
+        let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+        let mut flat = dwconv::Flat::new();
+        for i in lo..hi {
+            let Some(c) = i.checked_rem(p.m) else {
+                return false;
+            };
+            // SAFETY: plane i is y[i * out_sz..][..out_sz]; the runs of
+            // planes of the tasks are disjoint, and a task holds one plane
+            // at a time.
+            let (Some(yp), Some(xp), Some(wk)) = (
+                unsafe { ys.slice(i * out_sz, out_sz) },
+                x.get(i * in_sz..(i + 1) * in_sz),
+                w.get(c * k_sz..(c + 1) * k_sz),
+            ) else {
+                return false;
+            };
+            let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
+            if !flat.plane(yp, xp, wk, bias, g) && !dwconv::plane(yp, xp, wk, bias, g) {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// Accumulates one input plane convolved with one kernel into an output plane.
