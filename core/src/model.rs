@@ -57,7 +57,7 @@ impl ConstData {
     }
     /// Keeps a shared buffer if it is aligned, else copies it once.
     pub fn from_shared(b: mote_proto::bytes::Bytes) -> Result<Self> {
-        if (b.as_ptr() as usize) % 8 == 0 {
+        if (b.as_ptr() as usize).is_multiple_of(8) {
             Ok(ConstData::Shared(b))
         } else {
             Self::from_bytes(&b)

@@ -106,7 +106,7 @@ fn fortran_order_is_read_row_major() {
     // np.asfortranarray(np.arange(6, dtype='<i4').reshape(2, 3))
     let header = "{'descr': '<i4', 'fortran_order': True, 'shape': (2, 3), }";
     let mut h = header.to_string();
-    while (10 + h.len() + 1) % 64 != 0 {
+    while !(10 + h.len() + 1).is_multiple_of(64) {
         h.push(' ');
     }
     h.push('\n');

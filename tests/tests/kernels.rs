@@ -18,33 +18,50 @@ fn run(file: &str) -> Vec<Tensor> {
     s.run(&ins).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
-fn modes() -> Vec<Kernels> {
+/// A kernel selection: the f32 family, and whether the int8 GEMM uses
+/// AVX-512 VNNI.
+type Mode = (Kernels, bool);
+
+fn modes() -> Vec<Mode> {
     // Sessions of mote-std detect the CPU once, first.
     let _ = mote_std::cpu::init();
-    let mut v = vec![Kernels::Blocked];
+    let mut v = vec![(Kernels::Blocked, false)];
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        v.push(Kernels::Avx2Fma);
+        v.push((Kernels::Avx2Fma, false));
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vnni")
+        {
+            v.push((Kernels::Avx2Fma, true));
+        }
     }
     // NEON is baseline on aarch64: the default there, nothing to detect.
     #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-    v.push(Kernels::Neon);
+    v.push((Kernels::Neon, false));
     v
 }
 
-fn select(k: Kernels) {
+fn select((k, vnni): Mode) {
+    cpu::disable_avx512_vnni();
     match k {
         Kernels::Reference => cpu::force_reference(true),
         Kernels::Avx2Fma => {
             cpu::force_reference(false);
-            // SAFETY: only pushed by `modes` after the CPU reported AVX2+FMA.
-            unsafe { cpu::enable_avx2_fma() };
+            // SAFETY: only pushed by `modes` after the CPU reported AVX2+FMA
+            // (and AVX-512 F, BW and VNNI with `vnni`).
+            unsafe {
+                cpu::enable_avx2_fma();
+                if vnni {
+                    cpu::enable_avx512_vnni();
+                }
+            }
         }
         Kernels::Blocked => cpu::force_blocked(),
         // Neon: the default of aarch64 builds.
         _ => cpu::force_reference(false),
     }
-    assert_eq!(cpu::kernels(), k, "selection");
+    assert_eq!((cpu::kernels(), cpu::avx512_vnni()), (k, vnni), "selection");
 }
 
 #[test]
@@ -56,7 +73,7 @@ fn optimized_kernels_match_reference_on_models() {
             (format!("{base}.qdq.onnx"), true),
             (format!("{base}.qdq_pc.onnx"), true),
         ] {
-            select(Kernels::Reference);
+            select((Kernels::Reference, false));
             let want = run(&file);
             for &k in &modes {
                 select(k);
@@ -78,5 +95,5 @@ fn optimized_kernels_match_reference_on_models() {
             }
         }
     }
-    select(Kernels::Blocked);
+    select((Kernels::Blocked, false));
 }

@@ -174,7 +174,7 @@ impl Encoder<'_> {
     }
 
     fn array<T: bytemuck::Pod>(&mut self, v: &[T]) -> Result<()> {
-        while self.data.len() % 4 != 0 {
+        while !self.data.len().is_multiple_of(4) {
             self.data.push(0);
         }
         let off = self.data.len();

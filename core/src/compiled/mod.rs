@@ -258,7 +258,7 @@ impl<'m> CompiledModel<'m> {
         if flags & !FLAG_SIGNED != 0 {
             return Err(bad("unknown flags"));
         }
-        if (bytes.as_ptr() as usize) % 4 != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(4) {
             return Err(bad("model bytes must start on a 4-byte boundary"));
         }
         let total = rdu(bytes, 8)?;
@@ -300,7 +300,7 @@ impl<'m> CompiledModel<'m> {
             strings: section(bytes, h(11)?, h(12)?)?,
             data: section(bytes, h(13)?, h(14)?)?,
         };
-        if (m.data.as_ptr() as usize) % 16 != 0 {
+        if !(m.data.as_ptr() as usize).is_multiple_of(16) {
             return Err(bad("data section not 16-aligned"));
         }
         m.validate()?;

@@ -85,7 +85,7 @@ fn u32_of(v: usize) -> Result<u32> {
 }
 
 fn pad16(b: &mut Vec<u8>) {
-    while b.len() % 16 != 0 {
+    while !b.len().is_multiple_of(16) {
         b.push(0);
     }
 }

@@ -11,7 +11,7 @@
 //! reference path, and `MOTE_KERNELS=blocked` ([`force_blocked`]), to rule
 //! the SIMD micro-kernels out.
 
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// The f32 kernel family in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,4 +93,41 @@ pub unsafe fn enable_avx2_fma() {
     if cfg!(target_arch = "x86_64") {
         SELECTED.store(AVX2_FMA, Ordering::Relaxed);
     }
+}
+
+/// Whether the int8 GEMM may use AVX-512 VNNI (`vpdpbusd`): the build
+/// targets it, or [`enable_avx512_vnni`] was called.
+static VNNI: AtomicBool = AtomicBool::new(cfg!(all(
+    target_arch = "x86_64",
+    target_feature = "avx512f",
+    target_feature = "avx512bw",
+    target_feature = "avx512vnni"
+)));
+
+/// Whether the int8 kernels run their AVX-512 code (the GEMM's VNNI
+/// micro-kernel, depthwise loops compiled for AVX-512 BW): selected, and
+/// the f32 kernels are AVX2+FMA (forcing the reference or the portable
+/// kernels turns it off too).
+pub fn avx512_vnni() -> bool {
+    cfg!(target_arch = "x86_64") && VNNI.load(Ordering::Relaxed) && kernels() == Kernels::Avx2Fma
+}
+
+/// Lets the int8 kernels use AVX-512: the GEMM multiplies with VNNI (u8 ×
+/// s8 products, four k steps per instruction, with zero-point corrections)
+/// and depthwise loops are compiled for AVX-512 BW; the same bits as the
+/// other kernels. Effective while [`kernels`] is [`Kernels::Avx2Fma`].
+///
+/// # Safety
+/// The CPU running the process must support AVX-512 F, BW and VNNI (std
+/// builds check with `is_x86_feature_detected!`).
+pub unsafe fn enable_avx512_vnni() {
+    if cfg!(target_arch = "x86_64") {
+        VNNI.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Keeps the int8 kernels on AVX2 even where AVX-512 VNNI is available
+/// (`MOTE_KERNELS=avx2`, and tests comparing the two).
+pub fn disable_avx512_vnni() {
+    VNNI.store(false, Ordering::Relaxed);
 }

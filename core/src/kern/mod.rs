@@ -18,6 +18,7 @@ pub(crate) mod qbin;
 pub(crate) mod qconv;
 pub(crate) mod qdw;
 pub(crate) mod qgemm;
+pub(crate) mod qgemm_vnni;
 pub(crate) mod qpool;
 pub mod requant;
 #[cfg(feature = "alloc")]

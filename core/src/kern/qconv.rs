@@ -106,7 +106,7 @@ fn check_conv<X, W, Y>(x: &[X], w: &[W], y: &[Y], q: &QConvView<'_>) -> Result<(
     check_len(q.zw.len(), p.m)?;
     check_len(q.bias.len(), p.m)?;
     check_len(q.mult.len(), p.m)?;
-    if p.group == 0 || p.c % p.group != 0 || p.m % p.group != 0 {
+    if p.group == 0 || !p.c.is_multiple_of(p.group) || !p.m.is_multiple_of(p.group) {
         return Err(crate::Error::new(crate::ErrorKind::Shape(
             "QConv: channels must divide into groups",
         )));
@@ -190,7 +190,8 @@ pub(crate) fn pack_weights<W: QInt>(
     {
         return alloc::vec::Vec::new();
     }
-    let mut out = alloc::vec::Vec::with_capacity(p.group * qgemm::packed_len(mg, kk));
+    let quads = qgemm::quads_now();
+    let mut out = alloc::vec::Vec::with_capacity(p.group * qgemm::packed_len(quads, mg, kk));
     // `w` holds `group` blocks of `mg × kk` weights, `zw` of `mg` zero
     // points (checked above).
     for (wg, zg) in w
@@ -204,7 +205,7 @@ pub(crate) fn pack_weights<W: QInt>(
             z: Zero::Rows(zg),
             packed: &[],
         };
-        out.extend(qgemm::pack_a(mg, kk, &a));
+        out.extend(qgemm::pack_a(mg, kk, &a, quads));
     }
     out
 }
@@ -287,6 +288,10 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
         }
     }
 
+    fn b_u8_zero(&self) -> Option<i32> {
+        (X::LO..=X::HI).contains(&self.zx).then(|| self.zx - X::LO)
+    }
+
     #[inline(always)]
     fn store(&self, i: usize, j0: usize, acc: &[i32]) {
         let out_sz = self.g.out_size();
@@ -318,7 +323,7 @@ fn conv_gemm<X: QInt, W: QInt, Y: QInt>(
     for ni in 0..p.batch {
         for grp in 0..p.group {
             let oc0 = grp * mg;
-            let per_group = qgemm::packed_len(mg, kk);
+            let per_group = qgemm::packed_len(qgemm::packed_quads(q.packed), mg, kk);
             let (Some(wg), Some(zw), Some(bias), Some(mult)) = (
                 win(w, oc0 * kk, mg * kk),
                 win(q.zw, oc0, mg),
@@ -669,6 +674,11 @@ impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
         }
     }
 
+    fn b_u8_zero(&self) -> Option<i32> {
+        let zx = self.q.zx;
+        (T::LO..=T::HI).contains(&zx).then(|| zx - T::LO)
+    }
+
     #[inline(always)]
     fn store(&self, i: usize, j0: usize, acc: &[i32]) {
         let q = self.q;
@@ -880,23 +890,6 @@ mod tests {
         }
     }
 
-    #[allow(unused_mut)] // only pushed to on x86_64 and aarch64
-    fn kinds() -> Vec<Kernels> {
-        let mut v = vec![Kernels::Blocked];
-        #[cfg(target_arch = "x86_64")]
-        {
-            extern crate std;
-            if std::is_x86_feature_detected!("avx2") {
-                v.push(Kernels::Avx2Fma);
-            }
-        }
-        // aarch64's default selection (the int8 paths run portable code
-        // under it).
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        v.push(Kernels::Neon);
-        v
-    }
-
     /// Dense B `[k, n]` minus per-column zero points, raw i32 sums out.
     struct Raw<'a> {
         b: &'a [u8],
@@ -909,6 +902,11 @@ mod tests {
             for (j, o) in out.iter_mut().enumerate() {
                 *o = (self.b[p * self.n + j0 + j] as i32 - self.zb[j0 + j]) as i16;
             }
+        }
+        fn b_u8_zero(&self) -> Option<i32> {
+            // One zero point for all columns: the VNNI kernel may run.
+            let z = *self.zb.first()?;
+            self.zb.iter().all(|&v| v == z).then_some(z)
         }
         fn store(&self, i: usize, j0: usize, acc: &[i32]) {
             let mut c = self.c.lock().unwrap();
@@ -933,12 +931,17 @@ mod tests {
             (509, 33, 300),
         ];
         let sizes = crate::kern::pick(&sizes, &[(1, 1, 0), (5, 17, 3), (7, 15, 255)]);
-        for kind in kinds() {
+        for (kind, vnni) in qgemm::testing::selections() {
             for &(m, n, k) in sizes {
                 let a: Vec<i8> = rng.q(m * k);
                 let b: Vec<u8> = rng.q(k * n);
                 let za: Vec<i32> = (0..m).map(|_| rng.zp::<i8>()).collect();
-                let zb: Vec<i32> = (0..n).map(|_| rng.zp::<u8>()).collect();
+                // Per-column zero points, or one for all (VNNI's case).
+                let z0 = rng.zp::<u8>();
+                let one = rng.below(2) == 0;
+                let zb: Vec<i32> = (0..n)
+                    .map(|_| if one { z0 } else { rng.zp::<u8>() })
+                    .collect();
                 let want: Vec<i32> = (0..m * n)
                     .map(|ij| {
                         let (i, j) = (ij / n, ij % n);
@@ -966,10 +969,11 @@ mod tests {
                         z: Zero::Rows(&za),
                         packed: &[],
                     };
-                    assert!(qgemm::qgemm_with(kind, workers, m, n, k, am, &io));
+                    assert!(qgemm::qgemm_with(kind, vnni, workers, m, n, k, am, &io));
                     let (c, stores) = io.c.into_inner().unwrap();
-                    assert_eq!(stores, m * n, "{kind:?} {m}x{n}x{k}: every output once");
-                    assert_eq!(c, want, "{kind:?} {m}x{n}x{k}, {workers} workers");
+                    let sel = (kind, vnni);
+                    assert_eq!(stores, m * n, "{sel:?} {m}x{n}x{k}: every output once");
+                    assert_eq!(c, want, "{sel:?} {m}x{n}x{k}, {workers} workers");
                 }
             }
         }
@@ -990,7 +994,16 @@ mod tests {
             z: Zero::All(0),
             packed: &[],
         };
-        assert!(!qgemm::qgemm_with(Kernels::Blocked, 1, 2, 1, 3, am, &io));
+        assert!(!qgemm::qgemm_with(
+            Kernels::Blocked,
+            false,
+            1,
+            2,
+            1,
+            3,
+            am,
+            &io
+        ));
         assert_eq!(io.c.into_inner().unwrap().1, 0);
     }
 
@@ -1086,16 +1099,21 @@ mod tests {
             let w: Vec<W> = rng.q(p.m * cg * p.g.k_size());
             let mut want = vec![i8::default(); p.batch * p.m * p.g.out_size()];
             qconv_body(&x, &w, &mut want, &q);
-            let mut got = vec![i8::MIN; want.len()];
-            conv_gemm(&x, &w, &mut got, &q).unwrap();
-            assert_eq!(got, want, "GEMM, case {n}: {p:?}");
-            if !p.is_depthwise() {
+            for sel in qgemm::testing::selections() {
+                let _g = qgemm::testing::with(sel);
+                let mut got = vec![i8::MIN; want.len()];
+                conv_gemm(&x, &w, &mut got, &q).unwrap();
+                assert_eq!(got, want, "GEMM {sel:?}, case {n}: {p:?}");
+                if p.is_depthwise() {
+                    continue;
+                }
                 let packed = pack_weights(&w, p, cs.zx, &cs.zw);
-                // Packed only where the blocked kernels run (64-bit hosts).
+                // Packed only where the blocked kernels run (64-bit hosts),
+                // as i16 pairs or (VNNI) byte quads.
                 assert_eq!(
                     packed.len(),
                     if CONTIGUOUS {
-                        p.group * qgemm::packed_len(p.m / p.group, cg * p.g.k_size())
+                        p.group * qgemm::packed_len(sel.1, p.m / p.group, cg * p.g.k_size())
                     } else {
                         0
                     }
@@ -1106,7 +1124,7 @@ mod tests {
                 };
                 let mut got = vec![i8::MIN; want.len()];
                 conv_gemm(&x, &w, &mut got, &qp).unwrap();
-                assert_eq!(got, want, "GEMM, packed weights, case {n}: {p:?}");
+                assert_eq!(got, want, "GEMM {sel:?}, packed weights, case {n}: {p:?}");
             }
             if p.is_depthwise() {
                 let k_sz = p.g.k_size();
@@ -1126,9 +1144,12 @@ mod tests {
                     flat_cases += 1;
                     assert_eq!(flat, want, "depthwise flat, case {n}: {p:?}");
                 }
-                let mut all = vec![i8::MIN; want.len()];
-                qconv_dw(&x, &w, &mut all, &q).unwrap();
-                assert_eq!(all, want, "qconv_dw, case {n}: {p:?}");
+                for sel in qgemm::testing::selections() {
+                    let _g = qgemm::testing::with(sel);
+                    let mut all = vec![i8::MIN; want.len()];
+                    qconv_dw(&x, &w, &mut all, &q).unwrap();
+                    assert_eq!(all, want, "qconv_dw {sel:?}, case {n}: {p:?}");
+                }
             }
         }
         assert!(
@@ -1284,20 +1305,23 @@ mod tests {
             assert!(can_conv_in_place(&p));
             let x: Vec<i8> = rng.q(p.batch * c * g.in_size());
             let w: Vec<i8> = rng.q(c * c);
-            let packed = if n % 2 == 0 {
-                pack_weights(&w, &p, cs.zx, &cs.zw)
-            } else {
-                Vec::new()
-            };
-            let q = QConvView {
-                packed: &packed,
-                ..cs.view()
-            };
             let mut want = vec![0i8; x.len()];
-            qconv_body(&x, &w, &mut want, &q);
-            let mut y = x.clone();
-            qconv_in_place(&w, &mut y, &q).unwrap();
-            assert_eq!(y, want, "in place, case {n}: {p:?}");
+            qconv_body(&x, &w, &mut want, &cs.view());
+            for sel in qgemm::testing::selections() {
+                let _g = qgemm::testing::with(sel);
+                let packed = if n % 2 == 0 {
+                    pack_weights(&w, &p, cs.zx, &cs.zw)
+                } else {
+                    Vec::new()
+                };
+                let q = QConvView {
+                    packed: &packed,
+                    ..cs.view()
+                };
+                let mut y = x.clone();
+                qconv_in_place(&w, &mut y, &q).unwrap();
+                assert_eq!(y, want, "in place {sel:?}, case {n}: {p:?}");
+            }
         }
     }
 
@@ -1347,9 +1371,12 @@ mod tests {
             let w: Vec<u8> = rng.q(c * g.k_size());
             let mut want = vec![0u8; x.len()];
             qconv_body(&x, &w, &mut want, &q);
-            let mut y = x.clone();
-            qconv_in_place(&w, &mut y, &q).unwrap();
-            assert_eq!(y, want, "in place depthwise, case {n}: {p:?}");
+            for sel in qgemm::testing::selections() {
+                let _g = qgemm::testing::with(sel);
+                let mut y = x.clone();
+                qconv_in_place(&w, &mut y, &q).unwrap();
+                assert_eq!(y, want, "in place depthwise {sel:?}, case {n}: {p:?}");
+            }
         }
     }
 

@@ -18,6 +18,7 @@
 //!
 //! The whole channel loop is compiled for AVX2 when the CPU has it.
 
+use super::cpu::Kernels;
 use super::par::{self, SharedMut};
 use super::qconv::{dw_plane, finish_row, tap_range, QConvView};
 use super::requant::Requant;
@@ -364,7 +365,14 @@ pub(crate) fn planes<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q
         .saturating_mul(g.k_size());
     let t = par::tasks(par::workers(), macs, planes);
     let ys = SharedMut::new(y);
-    let job = Planes { x, w, ys: &ys, q };
+    let sel = super::qgemm::selection();
+    let job = Planes {
+        x,
+        w,
+        ys: &ys,
+        q,
+        sel,
+    };
     if t <= 1 {
         job.run((0, planes));
     } else {
@@ -378,6 +386,8 @@ struct Planes<'a, 's, X, W, Y> {
     w: &'a [W],
     ys: &'a SharedMut<'s, Y>,
     q: &'a QConvView<'a>,
+    /// The kernel selection of the calling thread.
+    sel: (Kernels, bool),
 }
 
 impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
@@ -387,12 +397,26 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
     /// of the function it is written in).
     fn run(&self, range: (usize, usize)) {
         #[cfg(target_arch = "x86_64")]
-        if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
+        if self.sel == (Kernels::Avx2Fma, true) {
+            // SAFETY: selected only where the CPU has AVX-512 F, BW and
+            // VNNI (`cpu::enable_avx512_vnni`). The same integer code
+            // compiled for AVX-512 (bit-identical: integer sums).
+            unsafe { self.run_avx512(range) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.sel.0 == Kernels::Avx2Fma {
             // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
             // `cpu::enable_avx2_fma`). The same integer code compiled for AVX2.
             unsafe { self.run_avx2(range) };
             return;
         }
+        self.run_body(range);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn run_avx512(&self, range: (usize, usize)) {
         self.run_body(range);
     }
 
@@ -404,7 +428,7 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
 
     #[inline(always)]
     fn run_body(&self, (lo, hi): (usize, usize)) {
-        let Planes { x, w, ys, q } = *self;
+        let Planes { x, w, ys, q, .. } = *self;
         let p = &q.p;
         let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
         let mut sc = DwScratch::new();
@@ -433,11 +457,25 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
 /// the lengths and that a plane fits `INPLACE_PLANE`).
 pub(crate) fn planes_in_place<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
     #[cfg(target_arch = "x86_64")]
-    if super::cpu::kernels() == super::cpu::Kernels::Avx2Fma {
+    let sel = super::qgemm::selection();
+    #[cfg(target_arch = "x86_64")]
+    if sel == (Kernels::Avx2Fma, true) {
+        // SAFETY: as in `Planes::run`.
+        unsafe { in_place_avx512(w, y, q) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if sel.0 == Kernels::Avx2Fma {
         // SAFETY: as in `planes`.
         unsafe { in_place_avx2(w, y, q) };
         return;
     }
+    in_place_body(w, y, q);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn in_place_avx512<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
     in_place_body(w, y, q);
 }
 

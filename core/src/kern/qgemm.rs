@@ -54,22 +54,60 @@ pub(crate) struct QMatA<'a, T> {
     pub packed: &'a [i32],
 }
 
-/// i32 words of [`pack_a`] for `m × k`.
-pub(crate) fn packed_len(m: usize, k: usize) -> usize {
+/// First word of packed weights ([`pack_a`]): i16 pairs for the AVX2 and
+/// portable kernels.
+const PAIRS: i32 = 2;
+/// First word of packed weights: signed-byte quads for the VNNI kernel.
+const QUADS: i32 = 4;
+
+/// i32 words of [`pack_a`] for `m × k` (the layout word included).
+pub(crate) fn packed_len(quads: bool, m: usize, k: usize) -> usize {
+    1 + if quads {
+        super::qgemm_vnni::body_len(m, k)
+    } else {
+        pairs_len(m, k)
+    }
+}
+
+fn pairs_len(m: usize, k: usize) -> usize {
     m.div_ceil(MR) * MR * k.div_ceil(2)
 }
 
-/// A packed for the micro-kernel once: `[row tile][pair of k][MR]`, each
+/// Whether packed weights (one group's or several) are in the VNNI layout.
+pub(crate) fn packed_quads(packed: &[i32]) -> bool {
+    packed.first() == Some(&QUADS)
+}
+
+/// Whether weights packed now should use the VNNI layout: the kernel the
+/// int8 GEMM selects at this moment (prepare).
+pub(crate) fn quads_now() -> bool {
+    selection().1
+}
+
+/// A packed for the micro-kernel once, after a layout word: with `quads`,
+/// [`super::qgemm_vnni::pack_a`]; else `[row tile][pair of k][MR]`, each
 /// word a pair of `a - z` (rows past `m` and the odd last step are 0).
 /// What the driver would pack tile by tile, for weights reused every run.
+/// Empty if A is short.
 #[cfg(feature = "alloc")]
-pub(crate) fn pack_a<T: super::QInt>(m: usize, k: usize, a: &QMatA<'_, T>) -> alloc::vec::Vec<i32> {
-    let kq = k.div_ceil(2);
-    let mut out = alloc::vec![0i32; packed_len(m, k)];
+pub(crate) fn pack_a<T: super::QInt>(
+    m: usize,
+    k: usize,
+    a: &QMatA<'_, T>,
+    quads: bool,
+) -> alloc::vec::Vec<i32> {
     if a.lda < k || a.a.len() < m.saturating_sub(1) * a.lda + k {
         return alloc::vec::Vec::new();
     }
-    for (t, tile) in out.chunks_exact_mut((kq * MR).max(1)).enumerate() {
+    let mut out = alloc::vec![if quads { QUADS } else { PAIRS }];
+    if quads {
+        out.extend(super::qgemm_vnni::pack_a(m, k, a));
+        return out;
+    }
+    let kq = k.div_ceil(2);
+    out.resize(1 + pairs_len(m, k), 0);
+    let body = out.get_mut(1..).unwrap_or(&mut []);
+    for (t, tile) in body.chunks_exact_mut((kq * MR).max(1)).enumerate() {
         let rows = MR.min(m - t * MR);
         pack_tile(a, t * MR, rows, 0, k, tile);
     }
@@ -117,7 +155,7 @@ pub(crate) enum Zero<'a> {
 
 impl Zero<'_> {
     #[inline]
-    fn of(&self, i: usize) -> i32 {
+    pub(crate) fn of(&self, i: usize) -> i32 {
         match self {
             Zero::All(z) => *z,
             Zero::Rows(z) => z.get(i).copied().unwrap_or(0),
@@ -135,6 +173,14 @@ pub(crate) trait QIo: Sync {
     /// (`b_row`) and stores only over the columns it owns, so outputs
     /// written through a [`super::par::SharedMut`] never overlap.
     fn store(&self, i: usize, j0: usize, acc: &[i32]);
+    /// `zb - LO` when every column of B has the same zero point `zb` and
+    /// it lies within B's type `LO ..= LO + 255`: then `B - zb + this` is
+    /// B's value as an unsigned byte, which the VNNI kernel multiplies.
+    /// `None` (the default) keeps the i16 kernels.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn b_u8_zero(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// Whether every zero point keeps `value - zero` within i16 products that
@@ -168,16 +214,27 @@ pub(crate) fn qgemm<T: super::QInt, IO: QIo>(
     a: QMatA<'_, T>,
     io: &IO,
 ) -> bool {
-    let kind = kernels_now();
-    qgemm_with(kind, super::par::workers(), m, n, k, a, io)
+    let (kind, vnni) = selection();
+    qgemm_with(kind, vnni, super::par::workers(), m, n, k, a, io)
 }
 
-fn kernels_now() -> Kernels {
-    if cfg!(target_pointer_width = "64") {
+/// The integer kernels in use now (on this thread, for unit tests): the
+/// family, and whether the AVX-512 VNNI ones are among them.
+pub(crate) fn selection() -> (Kernels, bool) {
+    #[cfg(test)]
+    if let Some(forced) = testing::forced() {
+        return forced;
+    }
+    let kind = if cfg!(target_pointer_width = "64") {
         cpu::kernels()
     } else {
         Kernels::Reference
-    }
+    };
+    (kind, kind == Kernels::Avx2Fma && cpu::avx512_vnni())
+}
+
+fn kernels_now() -> Kernels {
+    selection().0
 }
 
 /// Whether the blocked integer kernels run (else callers use their
@@ -186,8 +243,12 @@ pub(crate) fn enabled() -> bool {
     kernels_now() != Kernels::Reference
 }
 
+/// [`qgemm`] with the kernels given: `kind` as [`cpu::kernels`], `vnni`
+/// for the VNNI kernel (x86_64 with `kind` AVX2; the caller vouches that
+/// the CPU has AVX-512 F, BW and VNNI).
 pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
     kind: Kernels,
+    vnni: bool,
     workers: usize,
     m: usize,
     n: usize,
@@ -210,12 +271,12 @@ pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
     let macs = m.saturating_mul(n).saturating_mul(k.max(1));
     let t = super::par::tasks(workers, macs, blocks);
     if t <= 1 {
-        return run_cols(kind, m, (0, n), k, &a, io);
+        return run_cols(kind, vnni, m, (0, n), k, &a, io);
     }
     let ok = core::sync::atomic::AtomicBool::new(true);
     super::par::for_each(t, &|ti| {
         let (lo, hi) = super::par::chunk(blocks, t, ti);
-        if !run_cols(kind, m, (lo * NR, (hi * NR).min(n)), k, &a, io) {
+        if !run_cols(kind, vnni, m, (lo * NR, (hi * NR).min(n)), k, &a, io) {
             ok.store(false, core::sync::atomic::Ordering::Relaxed);
         }
     });
@@ -225,12 +286,26 @@ pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
 /// The driver over columns `cols`, compiled for AVX2 when selected.
 fn run_cols<T: super::QInt, IO: QIo>(
     kind: Kernels,
+    vnni: bool,
     m: usize,
     cols: (usize, usize),
     k: usize,
     a: &QMatA<'_, T>,
     io: &IO,
 ) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Kernels::Avx2Fma, Some(zb)) = (vnni, kind, io.b_u8_zero()) {
+        let pre = match a.packed.split_first() {
+            Some((&QUADS, body)) => body,
+            _ => &[],
+        };
+        // SAFETY: `vnni` is set only where the CPU has AVX-512 F, BW and
+        // VNNI (`cpu::enable_avx512_vnni`, or the build targets them), and
+        // `b_u8_zero` vouches that B's values are unsigned bytes.
+        return unsafe { super::qgemm_vnni::driver(m, cols, k, a, pre, io, zb) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = vnni;
     #[cfg(target_arch = "x86_64")]
     if kind == Kernels::Avx2Fma {
         // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 (see
@@ -269,7 +344,11 @@ fn driver<T: super::QInt, IO: QIo>(
     let mut apack = [0i32; MR * KC / 2];
     let mut acc = [0i32; ACC];
     let mut rows = [0i16; 2 * NC];
-    let (kq_all, pk_len) = (k.div_ceil(2), packed_len(m, k));
+    let kq_all = k.div_ceil(2);
+    let pre = match a.packed.split_first() {
+        Some((&PAIRS, body)) if body.len() == pairs_len(m, k) => body,
+        _ => &[],
+    };
     let mut i_c = 0;
     while i_c < m {
         let mc = MC.min(m - i_c);
@@ -321,9 +400,8 @@ fn driver<T: super::QInt, IO: QIo>(
                     let mr = MR.min(mc - i0);
                     let gi = i_c + i0;
                     // A tile: `[pair][MR]`, rows past mr are zero.
-                    let at: &[i32] = if a.packed.len() == pk_len {
-                        let Some(at) = win(a.packed, ((gi / MR) * kq_all + p0 / 2) * MR, kq * MR)
-                        else {
+                    let at: &[i32] = if !pre.is_empty() {
+                        let Some(at) = win(pre, ((gi / MR) * kq_all + p0 / 2) * MR, kq * MR) else {
                             return false;
                         };
                         at
@@ -432,5 +510,61 @@ unsafe fn ukr_avx2(kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize)
             let p = p.add(1);
             _mm256_storeu_si256(p, _mm256_add_epi32(_mm256_loadu_si256(p), sr[1]));
         }
+    }
+}
+
+/// A per-thread choice of the integer kernels for unit tests, which run in
+/// parallel and must not switch the process-wide selection under the f32
+/// tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    extern crate std;
+    use super::Kernels;
+    use core::cell::Cell;
+    use std::vec::Vec;
+
+    std::thread_local! {
+        static FORCED: Cell<Option<(Kernels, bool)>> = const { Cell::new(None) };
+    }
+
+    pub(super) fn forced() -> Option<(Kernels, bool)> {
+        FORCED.with(Cell::get)
+    }
+
+    /// Until the guard drops, this thread's integer GEMMs (and weight
+    /// packing) use `sel`.
+    pub(crate) fn with(sel: (Kernels, bool)) -> Guard {
+        FORCED.with(|f| f.set(Some(sel)));
+        Guard
+    }
+
+    pub(crate) struct Guard;
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            FORCED.with(|f| f.set(None));
+        }
+    }
+
+    /// Every selection this CPU can run: portable blocked, AVX2, VNNI
+    /// (aarch64: its NEON default, whose int8 paths are portable code).
+    #[allow(unused_mut)]
+    pub(crate) fn selections() -> Vec<(Kernels, bool)> {
+        let mut v = std::vec![(Kernels::Blocked, false)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                v.push((Kernels::Avx2Fma, false));
+            }
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vnni")
+            {
+                v.push((Kernels::Avx2Fma, true));
+            }
+        }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        v.push((Kernels::Neon, false));
+        v
     }
 }

@@ -631,7 +631,7 @@ fn concat_map(get: Get<'_, '_>, dt: DType, j: usize) -> Result<Map> {
 fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let name = "QLinearConcat";
     let ni = ctx.num_inputs();
-    if ni < 5 || (ni - 2) % 3 != 0 {
+    if ni < 5 || !(ni - 2).is_multiple_of(3) {
         return Err(Error::new(ErrorKind::Invalid(
             "QLinearConcat takes Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) triples",
         )));

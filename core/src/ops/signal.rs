@@ -253,16 +253,16 @@ impl Cfftp {
         }
         let mut f: Vec<usize> = Vec::new();
         let mut len = n;
-        if len % 8 == 0 {
+        if len.is_multiple_of(8) {
             return None;
         }
         let mut fours = 0usize;
-        while len % 4 == 0 {
+        while len.is_multiple_of(4) {
             fours += 1;
             len /= 4;
         }
         // A factor 2 goes first, then the 4s.
-        if len % 2 == 0 {
+        if len.is_multiple_of(2) {
             len /= 2;
             f.push(2);
         }

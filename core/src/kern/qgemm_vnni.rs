@@ -1,0 +1,325 @@
+//! The integer GEMM of [`super::qgemm`] with AVX-512 VNNI: `vpdpbusd`
+//! multiplies 64 unsigned bytes by 64 signed bytes and adds each group of
+//! four products into an i32 lane, four k steps per instruction (the AVX2
+//! kernel's `vpmaddwd` does two, on i16).
+//!
+//! The operands must be raw 8-bit values, not differences from zero points,
+//! so the product is rewritten (all sums wrap modulo 2^32, as the
+//! reference's do, so the result is the same bits):
+//!
+//! ```text
+//! A'(i, p) = a - offA ∈ [-128, 127]     offA = 0 for int8, 128 for uint8
+//! B'(p, j) = b - LO   ∈ [0, 255]        (b - zb = B' - zb', zb' = zb - LO)
+//! Σ_p (a - za)(b - zb) = Σ_p A'·B' - zb'·ΣA'(i) - za'(i)·ΣB'(j) + K·za'(i)·zb'
+//! ```
+//!
+//! with `za' = za - offA`. `ΣA'(i)` is packed with constant weights (or
+//! summed once per row chunk), `ΣB'(j)` is summed while B is packed. B's
+//! zero point must be one for all columns and within its type's range
+//! ([`super::qgemm::QIo::b_u8_zero`]); others run the AVX2 kernel.
+//!
+//! Tiles are 8 rows × 32 columns (16 `zmm` accumulators); B is packed per
+//! block as `[panel][k quad][32 columns][4 bytes]`, A as `[k quad][8 rows]`
+//! words of four signed bytes. Blocks (row chunk, columns, k) follow
+//! [`super::qgemm`], with k blocks of [`KCV`] ≥ its `KC`, so that
+//! [`super::qgemm::fits_one_pass`] holds for both drivers.
+
+use super::qgemm::{QMatA, MC, NC};
+use super::QInt;
+
+/// Rows of a register tile.
+pub(crate) const MRV: usize = 8;
+/// Columns of a register tile (two `zmm` of i32).
+pub(crate) const NRV: usize = 32;
+/// Steps of k per block (a multiple of 4, at least `qgemm::KC`).
+pub(crate) const KCV: usize = 512;
+/// i32 sums of one chunk × block: `MC × NRV` fit.
+const ACCV: usize = 16384;
+
+const _: () = assert!(MC.is_multiple_of(MRV) && NC.is_multiple_of(NRV) && KCV.is_multiple_of(4));
+const _: () = assert!(KCV >= super::qgemm::KC && MC * NRV <= ACCV);
+
+/// The signed byte of A's value `v` (type bounds `lo ..= lo + 255`).
+#[inline(always)]
+fn a_byte(v: i32, off: i32) -> u32 {
+    (v.wrapping_sub(off) as i8 as u8) as u32
+}
+
+/// `offA`: what makes A's values signed bytes.
+#[inline(always)]
+fn a_offset<T: QInt>() -> i32 {
+    T::LO.wrapping_add(128)
+}
+
+/// i32 words of [`pack_a`] for `m × k` (tiles, then one sum per row).
+pub(crate) fn body_len(m: usize, k: usize) -> usize {
+    let rows = m.div_ceil(MRV) * MRV;
+    rows * k.div_ceil(4) + rows
+}
+
+/// Rows `i0 .. i0 + rows` of A, steps `p0 .. p0 + kc`, as `[quad][MRV]`
+/// words into `at` (zero past the rows and past `kc`).
+#[inline(always)]
+fn pack_tile<T: QInt>(
+    a: &QMatA<'_, T>,
+    i0: usize,
+    rows: usize,
+    p0: usize,
+    kc: usize,
+    at: &mut [i32],
+) {
+    at.fill(0);
+    let off = a_offset::<T>();
+    for r in 0..rows {
+        let gi = i0 + r;
+        let Some(src) = a.a.get(gi * a.lda + p0..gi * a.lda + p0 + kc) else {
+            return;
+        };
+        for (q, four) in src.chunks(4).enumerate() {
+            let mut w = 0u32;
+            for (t, v) in four.iter().enumerate() {
+                w |= a_byte(v.get(), off) << (8 * t);
+            }
+            if let Some(d) = at.get_mut(q * MRV + r) {
+                *d = w as i32;
+            }
+        }
+    }
+}
+
+/// `Σ_p A'(i, p)` over all of k.
+#[inline(always)]
+fn row_sum<T: QInt>(a: &QMatA<'_, T>, i: usize, k: usize) -> i32 {
+    let off = a_offset::<T>();
+    a.a.get(i * a.lda..i * a.lda + k)
+        .unwrap_or(&[])
+        .iter()
+        .fold(0i32, |s, v| s.wrapping_add(v.get().wrapping_sub(off)))
+}
+
+/// A packed once (constant weights): `[row tile][quad][MRV]`, then
+/// `ΣA'` of each row (rows padded to a tile). Empty if A is short.
+#[cfg(feature = "alloc")]
+pub(crate) fn pack_a<T: QInt>(m: usize, k: usize, a: &QMatA<'_, T>) -> alloc::vec::Vec<i32> {
+    if a.lda < k || a.a.len() < m.saturating_sub(1) * a.lda + k {
+        return alloc::vec::Vec::new();
+    }
+    let (kq, tiles) = (k.div_ceil(4), m.div_ceil(MRV));
+    let mut out = alloc::vec![0i32; body_len(m, k)];
+    let (body, sums) = out.split_at_mut(tiles * MRV * kq);
+    for (t, tile) in body.chunks_exact_mut((kq * MRV).max(1)).enumerate() {
+        pack_tile(a, t * MRV, MRV.min(m - t * MRV), 0, k, tile);
+    }
+    for (i, s) in sums.iter_mut().take(m).enumerate() {
+        *s = row_sum(a, i, k);
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::driver;
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use crate::kern::qgemm::QIo;
+    use crate::kern::{win, win_mut};
+    use core::arch::x86_64::*;
+
+    /// Rows `0..m`, columns `cols.0 .. cols.1` of `C = A · B` (operands
+    /// checked by `qgemm_with`), handed to `io.store`; `zb` is B's zero
+    /// point as an unsigned byte (`zb'`), `pre` A packed by [`pack_a`] or
+    /// empty. `false` (a bug, never seen) if a block misses its buffer.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F, BW and VNNI.
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+    pub(crate) unsafe fn driver<T: QInt, IO: QIo>(
+        m: usize,
+        cols: (usize, usize),
+        k: usize,
+        a: &QMatA<'_, T>,
+        pre: &[i32],
+        io: &IO,
+        zb: i32,
+    ) -> bool {
+        let mut bpack = [0u8; KCV * NC];
+        let mut apack = [0i32; MRV * KCV / 4];
+        let mut acc = [0i32; ACCV];
+        let mut rows = [0i16; 4 * NC];
+        let mut colsum = [0i32; NC];
+        let mut rsum = [0i32; MC];
+        let kq_all = k.div_ceil(4);
+        let tiles_all = m.div_ceil(MRV);
+        let pre = if pre.len() == body_len(m, k) {
+            pre
+        } else {
+            &[]
+        };
+        let kz = (k as i32).wrapping_mul(zb);
+        let off = a_offset::<T>();
+        let mut i_c = 0;
+        while i_c < m {
+            let mc = MC.min(m - i_c);
+            let mc_up = mc.div_ceil(MRV) * MRV;
+            let nc = ((ACCV / mc_up) / NRV * NRV).clamp(NRV, NC);
+            // Per row: K·za'·zb' - zb'·ΣA'.
+            for (r, s) in rsum.iter_mut().take(mc).enumerate() {
+                let gi = i_c + r;
+                let sa = match pre.get(tiles_all * MRV * kq_all + gi) {
+                    Some(&v) if !pre.is_empty() => v,
+                    _ => row_sum(a, gi, k),
+                };
+                let za = a.z.of(gi).wrapping_sub(off);
+                *s = kz.wrapping_mul(za).wrapping_sub(zb.wrapping_mul(sa));
+            }
+            let (mut j0, n) = cols;
+            while j0 < n {
+                let ncur = nc.min(n - j0);
+                let panels = ncur.div_ceil(NRV);
+                let Some(accb) = win_mut(&mut acc, 0, mc_up * nc) else {
+                    return false;
+                };
+                accb.fill(0);
+                colsum.fill(0);
+                let mut p0 = 0;
+                while p0 < k {
+                    let kc = KCV.min(k - p0);
+                    let kq = kc.div_ceil(4);
+                    let Some(bb) = win_mut(&mut bpack, 0, panels * kq * NRV * 4) else {
+                        return false;
+                    };
+                    for q in 0..kq {
+                        // Four rows of B - zb, then + zb' (so columns past
+                        // ncur and steps past kc hold B' = 0).
+                        rows.fill(zb.wrapping_neg() as i16);
+                        for (t, row) in rows.chunks_exact_mut(NC).enumerate() {
+                            if 4 * q + t < kc {
+                                if let Some(dst) = row.get_mut(..ncur) {
+                                    io.b_row(p0 + 4 * q + t, j0, dst);
+                                }
+                            }
+                        }
+                        pack_quad(&rows, zb, panels, q, kq, bb, &mut colsum);
+                    }
+                    let mut i0 = 0;
+                    while i0 < mc {
+                        let mr = MRV.min(mc - i0);
+                        let gi = i_c + i0;
+                        let at: &[i32] = if pre.is_empty() {
+                            let Some(at) = win_mut(&mut apack, 0, kq * MRV) else {
+                                return false;
+                            };
+                            pack_tile(a, gi, mr, p0, kc, at);
+                            at
+                        } else {
+                            let Some(at) = win(pre, ((gi / MRV) * kq_all + p0 / 4) * MRV, kq * MRV)
+                            else {
+                                return false;
+                            };
+                            at
+                        };
+                        for pn in 0..panels {
+                            let (Some(bp), Some(c)) = (
+                                win(bb, pn * kq * NRV * 4, kq * NRV * 4),
+                                accb.get_mut(i0 * nc + pn * NRV..),
+                            ) else {
+                                return false;
+                            };
+                            if at.len() < kq * MRV || c.len() < (MRV - 1) * nc + NRV {
+                                return false;
+                            }
+                            // SAFETY: lengths checked just above; the CPU
+                            // features are this function's.
+                            unsafe { ukr(kq, at, bp, c, nc) };
+                        }
+                        i0 += MRV;
+                    }
+                    p0 += KCV;
+                }
+                for (r, sums) in accb.chunks_exact_mut(nc).take(mc).enumerate() {
+                    let (Some(sums), Some(&rs)) = (sums.get_mut(..ncur), rsum.get(r)) else {
+                        return false;
+                    };
+                    let za = a.z.of(i_c + r).wrapping_sub(off);
+                    for (s, &cs) in sums.iter_mut().zip(&colsum) {
+                        *s = s.wrapping_add(rs).wrapping_sub(za.wrapping_mul(cs));
+                    }
+                    io.store(i_c + r, j0, sums);
+                }
+                j0 += nc;
+            }
+            i_c += mc;
+        }
+        true
+    }
+
+    /// Quad `q` of a B block: `rows` holds four rows of `NC` values
+    /// `B - zb`; writes `B' = value + zb` as bytes `[j][4]` into each
+    /// panel and adds them to `colsum`.
+    #[inline(always)]
+    fn pack_quad(
+        rows: &[i16; 4 * NC],
+        zb: i32,
+        panels: usize,
+        q: usize,
+        kq: usize,
+        bb: &mut [u8],
+        colsum: &mut [i32; NC],
+    ) {
+        for pn in 0..panels {
+            let Some(dst) = win_mut(bb, (pn * kq + q) * NRV * 4, NRV * 4) else {
+                return;
+            };
+            for (jj, d) in dst.chunks_exact_mut(4).enumerate() {
+                let j = pn * NRV + jj;
+                let mut sum = 0i32;
+                for (t, byte) in d.iter_mut().enumerate() {
+                    let v = rows
+                        .get(t * NC + j)
+                        .map_or(0, |&v| i32::from(v).wrapping_add(zb));
+                    *byte = v as u8;
+                    sum = sum.wrapping_add(v);
+                }
+                if let Some(cs) = colsum.get_mut(j) {
+                    *cs = cs.wrapping_add(sum);
+                }
+            }
+        }
+    }
+
+    /// `c[r * ldc + j] += Σ_q Σ_t A'(q, r, t) · B'(q, j, t)` for `r < MRV`,
+    /// `j < NRV`.
+    ///
+    /// # Safety
+    /// `at` holds `kq × MRV` words, `bp` `kq × NRV × 4` bytes, `c`
+    /// `(MRV - 1) * ldc + NRV` sums; the CPU supports AVX-512 F and VNNI.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn ukr(kq: usize, at: &[i32], bp: &[u8], c: &mut [i32], ldc: usize) {
+        let mut s = [[_mm512_setzero_si512(); 2]; MRV];
+        let (ap, bpp) = (at.as_ptr(), bp.as_ptr());
+        for q in 0..kq {
+            // SAFETY: q < kq and the caller's lengths.
+            unsafe {
+                let b = bpp.add(q * NRV * 4);
+                let b0 = _mm512_loadu_si512(b as *const __m512i);
+                let b1 = _mm512_loadu_si512(b.add(64) as *const __m512i);
+                let aq = ap.add(q * MRV);
+                for (r, sr) in s.iter_mut().enumerate() {
+                    let av = _mm512_set1_epi32(*aq.add(r));
+                    sr[0] = _mm512_dpbusd_epi32(sr[0], b0, av);
+                    sr[1] = _mm512_dpbusd_epi32(sr[1], b1, av);
+                }
+            }
+        }
+        for (r, sr) in s.iter().enumerate() {
+            // SAFETY: r < MRV and the caller's length of c.
+            unsafe {
+                let p = c.as_mut_ptr().add(r * ldc) as *mut __m512i;
+                _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), sr[0]));
+                let p = p.add(1);
+                _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), sr[1]));
+            }
+        }
+    }
+}
