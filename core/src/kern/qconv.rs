@@ -1129,20 +1129,23 @@ mod tests {
             if p.is_depthwise() {
                 let k_sz = p.g.k_size();
                 let (in_sz, out_sz) = (p.g.in_size(), p.g.out_size());
-                let mut sc = qdw::DwScratch::new();
-                let (mut rows, mut flat) = (vec![i8::MIN; want.len()], vec![i8::MIN; want.len()]);
-                let mut flat_ok = true;
-                for pl in 0..p.batch * p.c {
-                    let ch = pl % p.c;
-                    let xp = &x[pl * in_sz..][..in_sz];
-                    let wc = &w[ch * k_sz..][..k_sz];
-                    assert!(sc.rows(xp, wc, &mut rows[pl * out_sz..][..out_sz], ch, &q));
-                    flat_ok &= sc.flat(xp, wc, &mut flat[pl * out_sz..][..out_sz], ch, &q);
-                }
-                assert_eq!(rows, want, "depthwise rows, case {n}: {p:?}");
-                if flat_ok && out_sz > 0 {
-                    flat_cases += 1;
-                    assert_eq!(flat, want, "depthwise flat, case {n}: {p:?}");
+                for (si, sel) in qgemm::testing::selections().into_iter().enumerate() {
+                    let mut sc = qdw::DwScratch::with(sel);
+                    let (mut rows, mut flat) =
+                        (vec![i8::MIN; want.len()], vec![i8::MIN; want.len()]);
+                    let mut flat_ok = true;
+                    for pl in 0..p.batch * p.c {
+                        let ch = pl % p.c;
+                        let xp = &x[pl * in_sz..][..in_sz];
+                        let wc = &w[ch * k_sz..][..k_sz];
+                        assert!(sc.rows(xp, wc, &mut rows[pl * out_sz..][..out_sz], ch, &q));
+                        flat_ok &= sc.flat(xp, wc, &mut flat[pl * out_sz..][..out_sz], ch, &q);
+                    }
+                    assert_eq!(rows, want, "depthwise rows {sel:?}, case {n}: {p:?}");
+                    if flat_ok && out_sz > 0 {
+                        flat_cases += usize::from(si == 0);
+                        assert_eq!(flat, want, "depthwise flat {sel:?}, case {n}: {p:?}");
+                    }
                 }
                 for sel in qgemm::testing::selections() {
                     let _g = qgemm::testing::with(sel);
@@ -1191,7 +1194,8 @@ mod tests {
             packed: Vec::new(),
         };
         let (x, w, mut y) = ([3i8], [1i8, 1], [0i8; 5]);
-        assert!(!qdw::DwScratch::new().flat(&x, &w, &mut y, 0, &cs.view()));
+        let sel = (Kernels::Blocked, false);
+        assert!(!qdw::DwScratch::with(sel).flat(&x, &w, &mut y, 0, &cs.view()));
         qconv_dw(&x, &w, &mut y, &cs.view()).expect("the row path takes it");
     }
 

@@ -25,7 +25,7 @@ use super::requant::Requant;
 use super::{valid_range, win, win_mut, QInt};
 
 /// Most values of a padded plane (and of its output grid).
-pub(crate) const FLAT: usize = 4096;
+pub(crate) const FLAT: usize = 16384;
 /// Outputs of one row strip.
 const STRIP: usize = 256;
 /// Most strides.
@@ -39,19 +39,23 @@ const CHUNK: usize = 32;
 /// Inputs one phase of a row strip reads.
 const PHASE: usize = STRIP + MAX_REACH + 1;
 
-/// Stack buffers, reused across the planes of one call (32 KiB).
+/// Stack buffers, reused across the planes of one call (128 KiB).
 pub(crate) struct DwScratch {
     xp: [i16; FLAT],
     ph: [i16; FLAT],
     acc: [i32; FLAT],
+    /// The flat path sums pairs of taps with AVX-512 BW `vpmaddwd`.
+    avx512: bool,
 }
 
 impl DwScratch {
-    pub(crate) fn new() -> Self {
+    /// Buffers for the kernel selection `sel` ([`super::qgemm::selection`]).
+    pub(crate) fn with(sel: (Kernels, bool)) -> Self {
         DwScratch {
             xp: [0; FLAT],
             ph: [0; FLAT],
             acc: [0; FLAT],
+            avx512: cfg!(target_arch = "x86_64") && sel == (Kernels::Avx2Fma, true),
         }
     }
 
@@ -117,7 +121,9 @@ impl DwScratch {
         let Some((wpd, grid, len, plen)) = sizes() else {
             return false;
         };
-        if len > FLAT || grid > FLAT || plen.saturating_mul(s) > FLAT {
+        // One value of slack past `len` and past the phases: a tap summed
+        // in a pair with a zero weight reads one past its own reach.
+        if len >= FLAT || grid > FLAT || plen.saturating_mul(s) >= FLAT {
             return false;
         }
         let Some((zw, b, r)) = channel(q, c) else {
@@ -125,8 +131,13 @@ impl DwScratch {
         };
         // Every window below lies in the buffers by the sizes above; a miss
         // returns `false` (the caller then runs the row path).
-        let DwScratch { xp: buf, ph, acc } = self;
-        let Some(buf) = win_mut(buf, 0, len) else {
+        let DwScratch {
+            xp: buf,
+            ph,
+            acc,
+            avx512,
+        } = self;
+        let Some(buf) = win_mut(buf, 0, len + 1) else {
             return false;
         };
         buf.fill(0);
@@ -141,11 +152,14 @@ impl DwScratch {
         let src: &[i16] = if s == 1 {
             buf
         } else {
-            // Phase f holds buf[s·u + f] at u.
-            let Some(ph) = win_mut(ph, 0, plen * s) else {
+            // Phase f holds buf[s·u + f] at u (and a zero of slack).
+            let Some(ph) = win_mut(ph, 0, plen * s + 1) else {
                 return false;
             };
-            for (f, phase) in ph.chunks_exact_mut(plen).enumerate() {
+            if let Some(last) = ph.last_mut() {
+                *last = 0;
+            }
+            for (f, phase) in ph.chunks_exact_mut(plen).take(s).enumerate() {
                 let from = buf.get(f..).unwrap_or_default();
                 let n = from.len().div_ceil(s).min(plen);
                 let Some((head, rest)) = phase.split_at_mut_checked(n) else {
@@ -173,6 +187,22 @@ impl DwScratch {
             *t = (wv.get() - zw, phase * plen + at);
         }
         let taps: &[(i32, usize)] = taps;
+        #[cfg(target_arch = "x86_64")]
+        if *avx512 {
+            let mut pairs = [(0i32, 0usize); MAX_TAPS];
+            let n = pair_taps(taps, &mut pairs);
+            let Some(pairs) = pairs.get(..n) else {
+                return false;
+            };
+            // SAFETY: `avx512` is set only for the VNNI selection, made
+            // where the CPU has AVX-512 F, BW and VNNI.
+            if !unsafe { grid_pairs_avx512(src, pairs, b, grid, acc) } {
+                return false;
+            }
+            return finish_grid(acc, yo, o1, o2, wpd, r, q);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = avx512;
         // A chunk of sums stays in registers across the taps.
         for (t0, out) in (0..grid).step_by(CHUNK).zip(acc.chunks_exact_mut(CHUNK)) {
             let mut a = [b; CHUNK];
@@ -186,20 +216,7 @@ impl DwScratch {
             }
             out.copy_from_slice(&a);
         }
-        // The output rows, packed together (row oh moves down from oh·wpd
-        // to oh·o2), are requantized in one pass: rows of a handful of
-        // values would otherwise run the scalar tail of `finish_row`.
-        for oh in 1..o1 {
-            if acc.get(oh * wpd..oh * wpd + o2).is_none() {
-                return false;
-            }
-            acc.copy_within(oh * wpd..oh * wpd + o2, oh * o2);
-        }
-        let (Some(sums), Some(yo)) = (win(acc, 0, o1 * o2), win_mut(yo, 0, o1 * o2)) else {
-            return false;
-        };
-        finish_row(yo, sums, 0, r, &q.out);
-        true
+        finish_grid(acc, yo, o1, o2, wpd, r, q)
     }
 
     /// The row-strip path.
@@ -281,6 +298,126 @@ impl DwScratch {
         }
         true
     }
+}
+
+/// The flat path's output: the grid rows (row width `wpd`), packed together
+/// (row oh moves down from oh·wpd to oh·o2), requantized in one pass (rows
+/// of a handful of values would otherwise run the scalar tail of
+/// `finish_row`).
+#[inline(always)]
+fn finish_grid<Y: QInt>(
+    acc: &mut [i32],
+    yo: &mut [Y],
+    o1: usize,
+    o2: usize,
+    wpd: usize,
+    r: &Requant,
+    q: &QConvView<'_>,
+) -> bool {
+    for oh in 1..o1 {
+        if acc.get(oh * wpd..oh * wpd + o2).is_none() {
+            return false;
+        }
+        acc.copy_within(oh * wpd..oh * wpd + o2, oh * o2);
+    }
+    let (Some(sums), Some(yo)) = (win(acc, 0, o1 * o2), win_mut(yo, 0, o1 * o2)) else {
+        return false;
+    };
+    finish_row(yo, sums, 0, r, &q.out);
+    true
+}
+
+/// Taps `(weight, base)` as pairs `(wa | wb << 16, base)` for `vpmaddwd`:
+/// a tap whose base is one past another's joins it as `wb`, the others
+/// get `wb = 0` (reading one value past their reach, times 0). Returns the
+/// number of pairs written. The weights are differences of 8-bit values
+/// and zero points, within i16.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn pair_taps(taps: &[(i32, usize)], pairs: &mut [(i32, usize); MAX_TAPS]) -> usize {
+    let mut used = [false; MAX_TAPS];
+    let mut n = 0;
+    for (i, &(wa, base)) in taps.iter().enumerate() {
+        if used.get(i).copied().unwrap_or(true) {
+            continue;
+        }
+        let mut wb = 0;
+        for (j, &(w, b)) in taps.iter().enumerate().skip(i + 1) {
+            if b == base.wrapping_add(1) {
+                if let Some(u @ false) = used.get_mut(j) {
+                    *u = true;
+                    wb = w;
+                    break;
+                }
+            }
+        }
+        if let Some(p) = pairs.get_mut(n) {
+            *p = (
+                ((wa as u16 as u32) | ((wb as u16 as u32) << 16)) as i32,
+                base,
+            );
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The flat path's sums with AVX-512 BW: `acc[t] = b + Σ_pairs wa·src[base
+/// + t] + wb·src[base + t + 1]` for `t < grid` (a multiple of [`CHUNK`]):
+/// per 32 grid points, one `vpmaddwd` for the even points (the i16 pairs
+/// at `base + t0`) and one for the odd ones (at `base + t0 + 1`), then
+/// interleaved. `false` if a read or write would leave its slice.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn grid_pairs_avx512(
+    src: &[i16],
+    pairs: &[(i32, usize)],
+    b: i32,
+    grid: usize,
+    acc: &mut [i32],
+) -> bool {
+    use core::arch::x86_64::*;
+    let reach = pairs.iter().map(|p| p.1).max().unwrap_or(0);
+    if !grid.is_multiple_of(CHUNK)
+        || acc.len() < grid
+        || reach.saturating_add(grid).saturating_add(1) > src.len()
+    {
+        return false;
+    }
+    const _: () = assert!(CHUNK == 32);
+    let lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    let hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    let bv = _mm512_set1_epi32(b);
+    let (sp, ap) = (src.as_ptr(), acc.as_mut_ptr());
+    let mut t0 = 0;
+    while t0 < grid {
+        let (mut e, mut o) = (bv, bv);
+        for &(w, base) in pairs {
+            let wv = _mm512_set1_epi32(w);
+            // SAFETY: base + t0 + 32 < base + grid + 1 <= src.len().
+            unsafe {
+                let p = sp.add(base + t0);
+                let xe = _mm512_loadu_si512(p as *const __m512i);
+                let xo = _mm512_loadu_si512(p.add(1) as *const __m512i);
+                e = _mm512_add_epi32(e, _mm512_madd_epi16(xe, wv));
+                o = _mm512_add_epi32(o, _mm512_madd_epi16(xo, wv));
+            }
+        }
+        // e holds points t0 + 2i, o points t0 + 2i + 1.
+        let lo = _mm512_unpacklo_epi32(e, o);
+        let hi = _mm512_unpackhi_epi32(e, o);
+        // SAFETY: t0 + 32 <= grid <= acc.len().
+        unsafe {
+            let d = ap.add(t0) as *mut __m512i;
+            _mm512_storeu_si512(d, _mm512_permutex2var_epi32(lo, lo_idx, hi));
+            _mm512_storeu_si512(d.add(1), _mm512_permutex2var_epi32(lo, hi_idx, hi));
+        }
+        t0 += CHUNK;
+    }
+    true
 }
 
 /// `dst[t] = f(src[s·t])`, for the `t` both hold. Stride 1 is a plain zip
@@ -431,7 +568,7 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
         let Planes { x, w, ys, q, .. } = *self;
         let p = &q.p;
         let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
-        let mut sc = DwScratch::new();
+        let mut sc = DwScratch::with(self.sel);
         for i in lo..hi {
             let c = i % p.c;
             // SAFETY: each plane index belongs to one task (`par::chunk`), so
@@ -456,40 +593,49 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
 /// [`planes`] with the output over the input (`qconv_in_place` checked
 /// the lengths and that a plane fits `INPLACE_PLANE`).
 pub(crate) fn planes_in_place<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
-    #[cfg(target_arch = "x86_64")]
     let sel = super::qgemm::selection();
     #[cfg(target_arch = "x86_64")]
     if sel == (Kernels::Avx2Fma, true) {
         // SAFETY: as in `Planes::run`.
-        unsafe { in_place_avx512(w, y, q) };
+        unsafe { in_place_avx512(w, y, q, sel) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if sel.0 == Kernels::Avx2Fma {
         // SAFETY: as in `planes`.
-        unsafe { in_place_avx2(w, y, q) };
+        unsafe { in_place_avx2(w, y, q, sel) };
         return;
     }
-    in_place_body(w, y, q);
+    in_place_body(w, y, q, sel);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
-unsafe fn in_place_avx512<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
-    in_place_body(w, y, q);
+unsafe fn in_place_avx512<T: QInt, W: QInt>(
+    w: &[W],
+    y: &mut [T],
+    q: &QConvView<'_>,
+    sel: (Kernels, bool),
+) {
+    in_place_body(w, y, q, sel);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn in_place_avx2<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
-    in_place_body(w, y, q);
+unsafe fn in_place_avx2<T: QInt, W: QInt>(
+    w: &[W],
+    y: &mut [T],
+    q: &QConvView<'_>,
+    sel: (Kernels, bool),
+) {
+    in_place_body(w, y, q, sel);
 }
 
 #[inline(always)]
-fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>) {
+fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>, sel: (Kernels, bool)) {
     let p = &q.p;
     let (sz, k_sz) = (p.g.in_size(), p.g.k_size());
-    let mut sc = DwScratch::new();
+    let mut sc = DwScratch::with(sel);
     let mut saved = [T::default(); super::qconv::INPLACE_PLANE];
     let Some(saved) = saved.get_mut(..sz) else {
         return;

@@ -148,7 +148,8 @@ mod x86 {
         let mut acc = [0i32; ACCV];
         let mut rows = [0i16; 4 * NC];
         let mut colsum = [0i32; NC];
-        let mut rsum = [0i32; MC];
+        // Per row of the chunk (and a tile of slack): K·za'·zb' - zb'·ΣA'.
+        let mut rsum = [0i32; MC + MRV];
         let kq_all = k.div_ceil(4);
         let tiles_all = m.div_ceil(MRV);
         let pre = if pre.len() == body_len(m, k) {
@@ -163,7 +164,9 @@ mod x86 {
             let mc = MC.min(m - i_c);
             let mc_up = mc.div_ceil(MRV) * MRV;
             let nc = ((ACCV / mc_up) / NRV * NRV).clamp(NRV, NC);
-            // Per row: K·za'·zb' - zb'·ΣA'.
+            rsum.fill(0);
+            // Whether some row has za' ≠ 0 (a column term to subtract).
+            let mut col_term = false;
             for (r, s) in rsum.iter_mut().take(mc).enumerate() {
                 let gi = i_c + r;
                 let sa = match pre.get(tiles_all * MRV * kq_all + gi) {
@@ -171,6 +174,7 @@ mod x86 {
                     _ => row_sum(a, gi, k),
                 };
                 let za = a.z.of(gi).wrapping_sub(off);
+                col_term |= za != 0;
                 *s = kz.wrapping_mul(za).wrapping_sub(zb.wrapping_mul(sa));
             }
             let (mut j0, n) = cols;
@@ -180,7 +184,6 @@ mod x86 {
                 let Some(accb) = win_mut(&mut acc, 0, mc_up * nc) else {
                     return false;
                 };
-                accb.fill(0);
                 colsum.fill(0);
                 let mut p0 = 0;
                 while p0 < k {
@@ -226,24 +229,32 @@ mod x86 {
                             ) else {
                                 return false;
                             };
+                            // The first k block starts from the row terms.
+                            let init = match win(&rsum, i0, MRV) {
+                                Some(r) if p0 == 0 => Some(r),
+                                Some(_) => None,
+                                None => return false,
+                            };
                             if at.len() < kq * MRV || c.len() < (MRV - 1) * nc + NRV {
                                 return false;
                             }
                             // SAFETY: lengths checked just above; the CPU
                             // features are this function's.
-                            unsafe { ukr(kq, at, bp, c, nc) };
+                            unsafe { ukr(kq, at, bp, c, nc, init) };
                         }
                         i0 += MRV;
                     }
                     p0 += KCV;
                 }
                 for (r, sums) in accb.chunks_exact_mut(nc).take(mc).enumerate() {
-                    let (Some(sums), Some(&rs)) = (sums.get_mut(..ncur), rsum.get(r)) else {
+                    let Some(sums) = sums.get_mut(..ncur) else {
                         return false;
                     };
-                    let za = a.z.of(i_c + r).wrapping_sub(off);
-                    for (s, &cs) in sums.iter_mut().zip(&colsum) {
-                        *s = s.wrapping_add(rs).wrapping_sub(za.wrapping_mul(cs));
+                    if col_term {
+                        let za = a.z.of(i_c + r).wrapping_sub(off);
+                        for (s, &cs) in sums.iter_mut().zip(&colsum) {
+                            *s = s.wrapping_sub(za.wrapping_mul(cs));
+                        }
                     }
                     io.store(i_c + r, j0, sums);
                 }
@@ -289,14 +300,27 @@ mod x86 {
     }
 
     /// `c[r * ldc + j] += Σ_q Σ_t A'(q, r, t) · B'(q, j, t)` for `r < MRV`,
-    /// `j < NRV`.
+    /// `j < NRV`; with `init`, `c[r * ldc + j] = init[r] + Σ ...` (the
+    /// first k block: `c` is not read).
     ///
     /// # Safety
     /// `at` holds `kq × MRV` words, `bp` `kq × NRV × 4` bytes, `c`
     /// `(MRV - 1) * ldc + NRV` sums; the CPU supports AVX-512 F and VNNI.
     #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn ukr(kq: usize, at: &[i32], bp: &[u8], c: &mut [i32], ldc: usize) {
+    unsafe fn ukr(
+        kq: usize,
+        at: &[i32],
+        bp: &[u8],
+        c: &mut [i32],
+        ldc: usize,
+        init: Option<&[i32]>,
+    ) {
         let mut s = [[_mm512_setzero_si512(); 2]; MRV];
+        if let Some(init) = init {
+            for (sr, &v) in s.iter_mut().zip(init) {
+                *sr = [_mm512_set1_epi32(v); 2];
+            }
+        }
         let (ap, bpp) = (at.as_ptr(), bp.as_ptr());
         for q in 0..kq {
             // SAFETY: q < kq and the caller's lengths.
@@ -316,9 +340,14 @@ mod x86 {
             // SAFETY: r < MRV and the caller's length of c.
             unsafe {
                 let p = c.as_mut_ptr().add(r * ldc) as *mut __m512i;
-                _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), sr[0]));
-                let p = p.add(1);
-                _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), sr[1]));
+                if init.is_some() {
+                    _mm512_storeu_si512(p, sr[0]);
+                    _mm512_storeu_si512(p.add(1), sr[1]);
+                } else {
+                    _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), sr[0]));
+                    let p = p.add(1);
+                    _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), sr[1]));
+                }
             }
         }
     }
