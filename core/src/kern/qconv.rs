@@ -776,11 +776,60 @@ pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
         }
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if CONTIGUOUS {
+        let sel = qgemm::selection();
+        if sel == (super::cpu::Kernels::Avx2Fma, true) {
+            // SAFETY: the VNNI selection is made only where the CPU has
+            // AVX-512 F, BW and VNNI (`cpu::enable_avx512_vnni`).
+            return unsafe { loops_avx512(a, b, y, q) }.ok_or_else(out_of_bounds);
+        }
+        if sel.0 == super::cpu::Kernels::Avx2Fma {
+            // SAFETY: `Avx2Fma` is selected only where the CPU has AVX2
+            // (`cpu::enable_avx2_fma`).
+            return unsafe { loops_avx2(a, b, y, q) }.ok_or_else(out_of_bounds);
+        }
+    }
     qmatmul_loops(a, b, y, q).ok_or_else(out_of_bounds)
 }
 
-/// [`qmatmul`]'s reference loops, after its checks.
+/// [`qmatmul_loops`] compiled for AVX-512 (the same integer code).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn loops_avx512<A: QInt, B: QInt, Y: QInt>(
+    a: &[A],
+    b: &[B],
+    y: &mut [Y],
+    q: &QMmView<'_>,
+) -> Option<()> {
+    loops_body(a, b, y, q)
+}
+
+/// [`qmatmul_loops`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn loops_avx2<A: QInt, B: QInt, Y: QInt>(
+    a: &[A],
+    b: &[B],
+    y: &mut [Y],
+    q: &QMmView<'_>,
+) -> Option<()> {
+    loops_body(a, b, y, q)
+}
+
+/// [`qmatmul`]'s reference loops, after its checks (fewer than
+/// [`MM_ROWS`] rows on hosts, every QMatMul on microcontrollers).
 fn qmatmul_loops<A: QInt, B: QInt, Y: QInt>(
+    a: &[A],
+    b: &[B],
+    y: &mut [Y],
+    q: &QMmView<'_>,
+) -> Option<()> {
+    loops_body(a, b, y, q)
+}
+
+#[inline(always)]
+fn loops_body<A: QInt, B: QInt, Y: QInt>(
     a: &[A],
     b: &[B],
     y: &mut [Y],
