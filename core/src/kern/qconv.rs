@@ -1464,9 +1464,14 @@ mod tests {
             let b: Vec<i8> = rng.q(k * n);
             let mut want = vec![0u8; rows * n];
             qmatmul_loops(&a, &b, &mut want, &q);
-            let mut got = vec![0u8; rows * n];
-            qmatmul(&a, &b, &mut got, &q).unwrap();
-            assert_eq!(got, want, "case {n_case}: {rows}x{k}x{n} trans_b {trans_b}");
+            for sel in qgemm::testing::selections() {
+                let _g = qgemm::testing::with(sel);
+                let mut got = vec![0u8; rows * n];
+                qmatmul(&a, &b, &mut got, &q).unwrap();
+                let what =
+                    alloc::format!("{sel:?} case {n_case}: {rows}x{k}x{n} trans_b {trans_b}");
+                assert_eq!(got, want, "{what}");
+            }
         }
     }
 }
