@@ -44,6 +44,11 @@ pub(crate) struct DwScratch {
     xp: [i16; FLAT],
     ph: [i16; FLAT],
     acc: [i32; FLAT],
+    /// The flat path's taps `(weight, base)`, and their pairs: set per
+    /// plane, kept here so that no plane clears them (7 × 7 planes have
+    /// fewer sums than these arrays have bytes).
+    taps: [(i32, usize); MAX_TAPS],
+    pairs: [(i32, usize); MAX_TAPS],
     /// The flat path sums pairs of taps with AVX-512 BW `vpmaddwd`.
     avx512: bool,
 }
@@ -55,6 +60,8 @@ impl DwScratch {
             xp: [0; FLAT],
             ph: [0; FLAT],
             acc: [0; FLAT],
+            taps: [(0, 0); MAX_TAPS],
+            pairs: [(0, 0); MAX_TAPS],
             avx512: cfg!(target_arch = "x86_64") && sel == (Kernels::Avx2Fma, true),
         }
     }
@@ -135,6 +142,8 @@ impl DwScratch {
             xp: buf,
             ph,
             acc,
+            taps,
+            pairs,
             avx512,
         } = self;
         let Some(buf) = win_mut(buf, 0, len + 1) else {
@@ -171,8 +180,7 @@ impl DwScratch {
             ph
         };
         // Each tap: its weight and where grid point 0 reads it.
-        let mut taps = [(0i32, 0usize); MAX_TAPS];
-        let (Some(taps), Some(wk)) = (win_mut(&mut taps, 0, k1 * k2), win(wp, 0, k1 * k2)) else {
+        let (Some(taps), Some(wk)) = (win_mut(taps, 0, k1 * k2), win(wp, 0, k1 * k2)) else {
             return false;
         };
         // No division per tap: on the small planes of late layers (7 × 7)
@@ -189,8 +197,7 @@ impl DwScratch {
         let taps: &[(i32, usize)] = taps;
         #[cfg(target_arch = "x86_64")]
         if *avx512 {
-            let mut pairs = [(0i32, 0usize); MAX_TAPS];
-            let n = pair_taps(taps, &mut pairs);
+            let n = pair_taps(taps, pairs);
             let Some(pairs) = pairs.get(..n) else {
                 return false;
             };
@@ -202,7 +209,7 @@ impl DwScratch {
             return finish_grid(acc, yo, o1, o2, wpd, r, q);
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = avx512;
+        let _ = (avx512, pairs);
         // A chunk of sums stays in registers across the taps.
         for (t0, out) in (0..grid).step_by(CHUNK).zip(acc.chunks_exact_mut(CHUNK)) {
             let mut a = [b; CHUNK];
