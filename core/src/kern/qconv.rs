@@ -1179,7 +1179,7 @@ mod tests {
                 let k_sz = p.g.k_size();
                 let (in_sz, out_sz) = (p.g.in_size(), p.g.out_size());
                 for (si, sel) in qgemm::testing::selections().into_iter().enumerate() {
-                    let mut sc = qdw::DwScratch::with(sel);
+                    let mut sc = qdw::DwScratch::<{ qdw::FLAT }>::with(sel);
                     let (mut rows, mut flat) =
                         (vec![i8::MIN; want.len()], vec![i8::MIN; want.len()]);
                     let mut flat_ok = true;
@@ -1244,7 +1244,7 @@ mod tests {
         };
         let (x, w, mut y) = ([3i8], [1i8, 1], [0i8; 5]);
         let sel = (Kernels::Blocked, false);
-        assert!(!qdw::DwScratch::with(sel).flat(&x, &w, &mut y, 0, &cs.view()));
+        assert!(!qdw::DwScratch::<{ qdw::FLAT }>::with(sel).flat(&x, &w, &mut y, 0, &cs.view()));
         qconv_dw(&x, &w, &mut y, &cs.view()).expect("the row path takes it");
     }
 

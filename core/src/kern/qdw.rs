@@ -26,6 +26,9 @@ use super::{valid_range, win, win_mut, QInt};
 
 /// Most values of a padded plane (and of its output grid).
 pub(crate) const FLAT: usize = 16384;
+/// Values of the small scratch, for planes that fit it: the big one costs
+/// its clearing (128 KiB) on every call, as much as a small model's sums.
+pub(crate) const SMALL: usize = 4096;
 /// Outputs of one row strip.
 const STRIP: usize = 256;
 /// Most strides.
@@ -39,11 +42,12 @@ const CHUNK: usize = 32;
 /// Inputs one phase of a row strip reads.
 const PHASE: usize = STRIP + MAX_REACH + 1;
 
-/// Stack buffers, reused across the planes of one call (128 KiB).
-pub(crate) struct DwScratch {
-    xp: [i16; FLAT],
-    ph: [i16; FLAT],
-    acc: [i32; FLAT],
+/// Stack buffers, reused across the planes of one call (8 bytes per value
+/// of `N`: 128 KiB at [`FLAT`], 32 KiB at [`SMALL`]).
+pub(crate) struct DwScratch<const N: usize = FLAT> {
+    xp: [i16; N],
+    ph: [i16; N],
+    acc: [i32; N],
     /// The flat path's taps `(weight, base)`, and their pairs: set per
     /// plane, kept here so that no plane clears them (7 × 7 planes have
     /// fewer sums than these arrays have bytes).
@@ -53,13 +57,13 @@ pub(crate) struct DwScratch {
     avx512: bool,
 }
 
-impl DwScratch {
+impl<const N: usize> DwScratch<N> {
     /// Buffers for the kernel selection `sel` ([`super::qgemm::selection`]).
     pub(crate) fn with(sel: (Kernels, bool)) -> Self {
         DwScratch {
-            xp: [0; FLAT],
-            ph: [0; FLAT],
-            acc: [0; FLAT],
+            xp: [0; N],
+            ph: [0; N],
+            acc: [0; N],
             taps: [(0, 0); MAX_TAPS],
             pairs: [(0, 0); MAX_TAPS],
             avx512: cfg!(target_arch = "x86_64") && sel == (Kernels::Avx2Fma, true),
@@ -130,7 +134,7 @@ impl DwScratch {
         };
         // One value of slack past `len` and past the phases: a tap summed
         // in a pair with a zero weight reads one past its own reach.
-        if len >= FLAT || grid > FLAT || plen.saturating_mul(s) >= FLAT {
+        if len >= N || grid > N || plen.saturating_mul(s) >= N {
             return false;
         }
         let Some((zw, b, r)) = channel(q, c) else {
@@ -572,10 +576,22 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
 
     #[inline(always)]
     fn run_body(&self, (lo, hi): (usize, usize)) {
+        let p = &self.q.p;
+        let [_, i1, i2] = p.g.inp;
+        let [_, k1, k2] = p.g.k;
+        // About the padded plane's size: the small scratch when it fits.
+        if i1.saturating_add(k1).saturating_mul(i2.saturating_add(k2)) <= SMALL {
+            self.planes_with(DwScratch::<SMALL>::with(self.sel), (lo, hi));
+        } else {
+            self.planes_with(DwScratch::<FLAT>::with(self.sel), (lo, hi));
+        }
+    }
+
+    #[inline(always)]
+    fn planes_with<const N: usize>(&self, mut sc: DwScratch<N>, (lo, hi): (usize, usize)) {
         let Planes { x, w, ys, q, .. } = *self;
         let p = &q.p;
         let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
-        let mut sc = DwScratch::with(self.sel);
         for i in lo..hi {
             let c = i % p.c;
             // SAFETY: each plane index belongs to one task (`par::chunk`), so
@@ -642,7 +658,8 @@ unsafe fn in_place_avx2<T: QInt, W: QInt>(
 fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>, sel: (Kernels, bool)) {
     let p = &q.p;
     let (sz, k_sz) = (p.g.in_size(), p.g.k_size());
-    let mut sc = DwScratch::with(sel);
+    // Planes of at most `INPLACE_PLANE` (1024) values: the small scratch.
+    let mut sc = DwScratch::<SMALL>::with(sel);
     let mut saved = [T::default(); super::qconv::INPLACE_PLANE];
     let Some(saved) = saved.get_mut(..sz) else {
         return;

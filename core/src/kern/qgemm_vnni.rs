@@ -38,6 +38,13 @@ const ACCV: usize = 16384;
 
 const _: () = assert!(MC.is_multiple_of(MRV) && NC.is_multiple_of(NRV) && KCV.is_multiple_of(4));
 const _: () = assert!(KCV >= super::qgemm::KC && MC * NRV <= ACCV);
+/// Most rows of a product that runs on the small buffers (k at most
+/// `qgemm::KC`): clearing the big ones (100 KiB) on every call costs a
+/// small model as much as some of its layers.
+const SMALL_M: usize = 64;
+/// i32 sums of the small buffers: `SMALL_M × NC`.
+const SMALL_ACC: usize = SMALL_M * NC;
+const SMALL_KC: usize = super::qgemm::KC;
 
 /// The signed byte of A's value `v` (type bounds `lo ..= lo + 255`).
 #[inline(always)]
@@ -143,9 +150,37 @@ mod x86 {
         io: &IO,
         zb: i32,
     ) -> bool {
-        let mut bpack = [0u8; KCV * NC];
-        let mut apack = [0i32; MRV * KCV / 4];
-        let mut acc = [0i32; ACCV];
+        if m <= SMALL_M && k <= SMALL_KC {
+            let mut bpack = [0u8; SMALL_KC * NC];
+            let mut apack = [0i32; MRV * SMALL_KC / 4];
+            let mut acc = [0i32; SMALL_ACC];
+            let bufs = (&mut bpack[..], &mut apack[..], &mut acc[..], SMALL_KC);
+            body(m, cols, k, a, pre, io, zb, bufs)
+        } else {
+            let mut bpack = [0u8; KCV * NC];
+            let mut apack = [0i32; MRV * KCV / 4];
+            let mut acc = [0i32; ACCV];
+            let bufs = (&mut bpack[..], &mut apack[..], &mut acc[..], KCV);
+            body(m, cols, k, a, pre, io, zb, bufs)
+        }
+    }
+
+    /// [`driver`] on buffers: B blocks of `kcv × NC` bytes, an A tile of
+    /// `MRV × kcv / 4` words, sums of a chunk × block (at least
+    /// `min(m, MC)` rounded up to `MRV`, times `NRV`).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn body<T: QInt, IO: QIo>(
+        m: usize,
+        cols: (usize, usize),
+        k: usize,
+        a: &QMatA<'_, T>,
+        pre: &[i32],
+        io: &IO,
+        zb: i32,
+        (bpack, apack, acc, kcv): (&mut [u8], &mut [i32], &mut [i32], usize),
+    ) -> bool {
+        let acc_len = acc.len();
         let mut rows = [0i16; 4 * NC];
         let mut colsum = [0i32; NC];
         // Per row of the chunk (and a tile of slack): K·za'·zb' - zb'·ΣA'.
@@ -163,7 +198,7 @@ mod x86 {
         while i_c < m {
             let mc = MC.min(m - i_c);
             let mc_up = mc.div_ceil(MRV) * MRV;
-            let nc = ((ACCV / mc_up) / NRV * NRV).clamp(NRV, NC);
+            let nc = ((acc_len / mc_up) / NRV * NRV).clamp(NRV, NC);
             rsum.fill(0);
             // Whether some row has za' ≠ 0 (a column term to subtract).
             let mut col_term = false;
@@ -181,15 +216,15 @@ mod x86 {
             while j0 < n {
                 let ncur = nc.min(n - j0);
                 let panels = ncur.div_ceil(NRV);
-                let Some(accb) = win_mut(&mut acc, 0, mc_up * nc) else {
+                let Some(accb) = win_mut(acc, 0, mc_up * nc) else {
                     return false;
                 };
                 colsum.fill(0);
                 let mut p0 = 0;
                 while p0 < k {
-                    let kc = KCV.min(k - p0);
+                    let kc = kcv.min(k - p0);
                     let kq = kc.div_ceil(4);
-                    let Some(bb) = win_mut(&mut bpack, 0, panels * kq * NRV * 4) else {
+                    let Some(bb) = win_mut(bpack, 0, panels * kq * NRV * 4) else {
                         return false;
                     };
                     for q in 0..kq {
@@ -210,7 +245,7 @@ mod x86 {
                         let mr = MRV.min(mc - i0);
                         let gi = i_c + i0;
                         let at: &[i32] = if pre.is_empty() {
-                            let Some(at) = win_mut(&mut apack, 0, kq * MRV) else {
+                            let Some(at) = win_mut(apack, 0, kq * MRV) else {
                                 return false;
                             };
                             pack_tile(a, gi, mr, p0, kc, at);
@@ -244,7 +279,7 @@ mod x86 {
                         }
                         i0 += MRV;
                     }
-                    p0 += KCV;
+                    p0 += kcv;
                 }
                 for (r, sums) in accb.chunks_exact_mut(nc).take(mc).enumerate() {
                     let Some(sums) = sums.get_mut(..ncur) else {
