@@ -155,22 +155,28 @@ mod x86 {
             let mut apack = [0i32; MRV * SMALL_KC / 4];
             let mut acc = [0i32; SMALL_ACC];
             let bufs = (&mut bpack[..], &mut apack[..], &mut acc[..], SMALL_KC);
-            body(m, cols, k, a, pre, io, zb, bufs)
+            // SAFETY: this function's CPU features.
+            unsafe { body(m, cols, k, a, pre, io, zb, bufs) }
         } else {
             let mut bpack = [0u8; KCV * NC];
             let mut apack = [0i32; MRV * KCV / 4];
             let mut acc = [0i32; ACCV];
             let bufs = (&mut bpack[..], &mut apack[..], &mut acc[..], KCV);
-            body(m, cols, k, a, pre, io, zb, bufs)
+            // SAFETY: this function's CPU features.
+            unsafe { body(m, cols, k, a, pre, io, zb, bufs) }
         }
     }
 
     /// [`driver`] on buffers: B blocks of `kcv × NC` bytes, an A tile of
     /// `MRV × kcv / 4` words, sums of a chunk × block (at least
     /// `min(m, MC)` rounded up to `MRV`, times `NRV`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F, BW and VNNI (inlined into
+    /// [`driver`], compiled for them).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn body<T: QInt, IO: QIo>(
+    unsafe fn body<T: QInt, IO: QIo>(
         m: usize,
         cols: (usize, usize),
         k: usize,
@@ -274,7 +280,7 @@ mod x86 {
                                 return false;
                             }
                             // SAFETY: lengths checked just above; the CPU
-                            // features are this function's.
+                            // features are the caller's duty (`body`).
                             unsafe { ukr(kq, at, bp, c, nc, init) };
                         }
                         i0 += MRV;
