@@ -180,22 +180,46 @@ impl From<ErrorKind> for Error {
 
 impl core::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match *self {
-            ErrorKind::Decode => f.write_str(
+        // The kinds that are text alone, as (prefix, detail): two
+        // `write_str`s instead of a `write!` each (firmware prints these).
+        let (text, detail) = match *self {
+            ErrorKind::Decode => (
                 "not a valid ONNX model (protobuf decode failed: truncated or not ONNX)",
+                "",
             ),
-            ErrorKind::Invalid(s) => write!(f, "invalid model: {s}"),
+            ErrorKind::Invalid(s) => ("invalid model: ", s),
+            ErrorKind::Unsupported(s) => ("unsupported: ", s),
+            ErrorKind::Shape(s) => ("shape error: ", s),
+            ErrorKind::MissingTensor => (
+                "tensor is used but never produced, initialized or given as input",
+                "",
+            ),
+            ErrorKind::Cycle => ("graph has a cycle", ""),
+            ErrorKind::Overflow => ("size overflow (dimensions too large)", ""),
+            ErrorKind::Binding(s) => ("binding error: ", s),
+            ErrorKind::UnknownName => ("no such input or output", ""),
+            ErrorKind::BadFile(s) => ("bad compiled model: ", s),
+            ErrorKind::Internal(s) => ("internal error (a bug in mote): ", s),
+            _ => return self.fmt_numbers(f),
+        };
+        f.write_str(text)?;
+        f.write_str(detail)
+    }
+}
+
+impl ErrorKind {
+    /// The kinds that carry numbers or dtypes.
+    fn fmt_numbers(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
             ErrorKind::UnsupportedOp { opset } => {
                 write!(f, "unsupported operator at opset {opset}")
             }
             ErrorKind::UnsupportedDType { what, code } => {
                 write!(f, "unsupported dtype {} for {what}", DType::onnx_name(code))
             }
-            ErrorKind::Unsupported(s) => write!(f, "unsupported: {s}"),
             ErrorKind::DTypeMismatch { expected, got } => {
                 write!(f, "dtype mismatch: expected {expected}, got {got}")
             }
-            ErrorKind::Shape(s) => write!(f, "shape error: {s}"),
             ErrorKind::Rank { expected, got } => {
                 write!(f, "rank mismatch: expected {expected}, got {got}")
             }
@@ -212,15 +236,8 @@ impl core::fmt::Display for ErrorKind {
             ErrorKind::Len { expected, got } => {
                 write!(f, "length mismatch: expected {expected}, got {got}")
             }
-            ErrorKind::MissingTensor => {
-                f.write_str("tensor is used but never produced, initialized or given as input")
-            }
             ErrorKind::MissingInput { index } => write!(f, "required input {index} is missing"),
-            ErrorKind::Cycle => f.write_str("graph has a cycle"),
             ErrorKind::Attribute { name, problem } => write!(f, "attribute '{name}': {problem}"),
-            ErrorKind::Overflow => f.write_str("size overflow (dimensions too large)"),
-            ErrorKind::Binding(s) => write!(f, "binding error: {s}"),
-            ErrorKind::UnknownName => f.write_str("no such input or output"),
             ErrorKind::ArenaTooSmall { needed, got } => {
                 write!(f, "arena too small: needs {needed} bytes, got {got}")
             }
@@ -230,7 +247,6 @@ impl core::fmt::Display for ErrorKind {
                     "memory budget exceeded: needs {needed} bytes, budget {budget}"
                 )
             }
-            ErrorKind::BadFile(s) => write!(f, "bad compiled model: {s}"),
             ErrorKind::Version { supported, got } => write!(
                 f,
                 "compiled model format version {got}, this build reads version {supported} (recompile with `mote compile`)"
@@ -240,7 +256,19 @@ impl core::fmt::Display for ErrorKind {
                 "Loop ran past the session's bound of {limit} iterations (max_loop_iterations)"
             ),
             ErrorKind::Alloc { bytes } => write!(f, "out of memory: could not allocate {bytes} bytes"),
-            ErrorKind::Internal(s) => write!(f, "internal error (a bug in mote): {s}"),
+            // Written by `Display` (listed, not `_`: a new kind must be
+            // placed in one of the two).
+            ErrorKind::Decode
+            | ErrorKind::Invalid(_)
+            | ErrorKind::Unsupported(_)
+            | ErrorKind::Shape(_)
+            | ErrorKind::MissingTensor
+            | ErrorKind::Cycle
+            | ErrorKind::Overflow
+            | ErrorKind::Binding(_)
+            | ErrorKind::UnknownName
+            | ErrorKind::BadFile(_)
+            | ErrorKind::Internal(_) => Ok(()),
         }
     }
 }

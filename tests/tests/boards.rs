@@ -98,7 +98,12 @@ fn as_ints(dtype: DType, bytes: &[u8]) -> Vec<i64> {
 /// Compiles `quant-models/<model>.qdq.onnx` and writes `model.mote`,
 /// `model.rs` and `input.bin` into `target/boards/models/<tag>`.
 fn prepare(model: &str, tag: &str) -> Prepared {
-    let onnx = quant_dir().join(format!("{model}.qdq.onnx"));
+    prepare_variant(model, "qdq", tag)
+}
+
+/// [`prepare`] for `quant-models/<model>.<variant>.onnx`.
+fn prepare_variant(model: &str, variant: &str, tag: &str) -> Prepared {
+    let onnx = quant_dir().join(format!("{model}.{variant}.onnx"));
     let c = compile_onnx(&onnx, &[]).unwrap_or_else(|e| panic!("compiling {onnx:?}: {e}"));
     let f = MoteFile::from_bytes(&c.bytes).unwrap_or_else(|e| panic!("{model}: {e}"));
     let m = f.model().unwrap_or_else(|e| panic!("{model}: {e}"));
@@ -112,7 +117,7 @@ fn prepare(model: &str, tag: &str) -> Prepared {
         }
     };
     write("model.mote", &c.bytes);
-    let rs = emit_rust(&m, "model.mote", &format!("{model}.qdq.onnx"))
+    let rs = emit_rust(&m, "model.mote", &format!("{model}.{variant}.onnx"))
         .unwrap_or_else(|e| panic!("{model}: {e}"));
     write("model.rs", rs.as_bytes());
 
@@ -403,6 +408,36 @@ fn mps3_an547_mbv1() {
 #[test]
 fn mps3_an547_resnet8() {
     check(MPS3_AN547, "resnet8");
+}
+
+/// A uint8 model (onnxruntime's uint8-activation QDQ KWS): the default
+/// firmware links the int8 kernels alone and refuses it at load with a
+/// message naming the feature; with feature `uint8` it runs, exactly as
+/// the host does.
+#[test]
+fn mps2_an386_kws_uint8_needs_its_feature() {
+    let board = MPS2_AN386;
+    let p = prepare_variant("kws", "qdq_u8", "mps2-an386-kws-u8");
+    let elf = build(board, &p.dir, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let run = qemu(board, &elf).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(run.code, 1, "exit status of a refused model:\n{}", run.out);
+    assert!(
+        run.out.contains("MOTE error: ") && run.out.contains("feature `uint8`"),
+        "the refusal does not name the feature:\n{}",
+        run.out
+    );
+
+    let elf = build(board, &p.dir, &["uint8"]).unwrap_or_else(|e| panic!("{e}"));
+    let run = qemu(board, &elf).unwrap_or_else(|e| panic!("{e}"));
+    let r = parse(&run).unwrap_or_else(|e| panic!("kws uint8: {e}"));
+    for (o, want) in p.host.iter().enumerate() {
+        assert_eq!(
+            r.outs.get(&(0, o)),
+            Some(want),
+            "kws uint8 output {o} differs from the host run:\n{}",
+            run.out
+        );
+    }
 }
 
 /// MobileNetV1 (a 260 KB `.mote`) does not fit the lm3s6965's 256 KB

@@ -63,7 +63,10 @@ pub use writer::{compile, report, CompileReport, StepReport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::MAX_RANK;
 use crate::{DType, Element};
-use op::{OpView, Words};
+use op::{Fault, OpView, Words};
+
+/// The loader's internal result (see [`Fault`]).
+type Checked<T> = core::result::Result<T, Fault>;
 
 /// The format version this build reads and writes.
 pub const FORMAT_VERSION: u16 = 1;
@@ -120,30 +123,26 @@ pub fn crc32(bytes: &[u8]) -> u32 {
     !c
 }
 
-/// The `N` bytes at `at`.
-fn rd_bytes<const N: usize>(b: &[u8], at: usize) -> Result<[u8; N]> {
-    let s = b
-        .get(at..at.checked_add(N).ok_or(bad("offset overflow"))?)
-        .ok_or(bad("truncated"))?;
-    s.try_into().map_err(|_| bad("truncated"))
+/// The `u32` at byte `at` (`None` past the end).
+fn rd32(b: &[u8], at: usize) -> Option<u32> {
+    let c = b.get(at..)?.first_chunk::<4>()?;
+    Some(u32::from_le_bytes(*c))
 }
 
-fn rd32(b: &[u8], at: usize) -> Result<u32> {
-    Ok(u32::from_le_bytes(rd_bytes(b, at)?))
+fn rd16(b: &[u8], at: usize) -> Option<u16> {
+    let c = b.get(at..)?.first_chunk::<2>()?;
+    Some(u16::from_le_bytes(*c))
 }
 
-fn rd16(b: &[u8], at: usize) -> Result<u16> {
-    Ok(u16::from_le_bytes(rd_bytes(b, at)?))
-}
-
-fn rdu(b: &[u8], at: usize) -> Result<usize> {
-    usize::try_from(rd32(b, at)?).map_err(|_| Error::new(ErrorKind::Overflow))
+fn rdu(b: &[u8], at: usize) -> Option<usize> {
+    usize::try_from(rd32(b, at)?).ok()
 }
 
 /// `b[off..off+len]`.
-fn section(b: &[u8], off: usize, len: usize) -> Result<&[u8]> {
-    let end = off.checked_add(len).ok_or(bad("section overflow"))?;
-    b.get(off..end).ok_or(bad("section outside the file"))
+fn section(b: &[u8], off: usize, len: usize) -> Checked<&[u8]> {
+    off.checked_add(len)
+        .and_then(|end| b.get(off..end))
+        .ok_or("section outside the file")
 }
 
 /// Where a tensor lives.
@@ -247,21 +246,21 @@ impl<'m> CompiledModel<'m> {
         if bytes.len() < HEADER || bytes.get(..4) != Some(b"MOTE".as_slice()) {
             return Err(bad("not a .mote file (no MOTE magic)"));
         }
-        let version = rd16(bytes, 4)?;
+        let version = rd16(bytes, 4).ok_or(bad("truncated"))?;
         if version != FORMAT_VERSION {
             return Err(Error::new(ErrorKind::Version {
                 supported: FORMAT_VERSION,
                 got: version,
             }));
         }
-        let flags = rd16(bytes, 6)?;
+        let flags = rd16(bytes, 6).ok_or(bad("truncated"))?;
         if flags & !FLAG_SIGNED != 0 {
             return Err(bad("unknown flags"));
         }
         if !(bytes.as_ptr() as usize).is_multiple_of(4) {
             return Err(bad("model bytes must start on a 4-byte boundary"));
         }
-        let total = rdu(bytes, 8)?;
+        let total = rdu(bytes, 8).ok_or(bad("truncated"))?;
         let sig = if flags & FLAG_SIGNED != 0 {
             SIGNATURE_LEN
         } else {
@@ -275,15 +274,23 @@ impl<'m> CompiledModel<'m> {
             return Err(bad("length in the header is shorter than a header"));
         }
         let bytes = bytes.get(..total).ok_or(bad("truncated"))?;
-        if crc32(bytes.get(16..).unwrap_or_default()) != rd32(bytes, 12)? {
+        if Some(crc32(bytes.get(16..).unwrap_or_default())) != rd32(bytes, 12) {
             return Err(bad("checksum mismatch (corrupt file)"));
         }
-        let h = |i: usize| rdu(bytes, i.saturating_mul(4).saturating_add(16));
+        let m = Self::sections(bytes).map_err(bad)?;
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// The header's fields and sections (bounds checked, not yet their
+    /// records).
+    fn sections(bytes: &'m [u8]) -> Checked<Self> {
+        let h = |i: usize| rdu(bytes, i.saturating_mul(4).saturating_add(16)).ok_or("truncated");
         let arena_bytes = h(0)?;
         let lower_bound = h(1)?;
         let counts = [h(2)?, h(3)?, h(4)?, h(5)?];
-        let table = |off: usize, n: usize, rec: usize| -> Result<&'m [u8]> {
-            section(bytes, off, n.checked_mul(rec).ok_or(bad("count overflow"))?)
+        let table = |off: usize, n: usize, rec: usize| -> Checked<&'m [u8]> {
+            section(bytes, off, n.checked_mul(rec).ok_or("count overflow")?)
         };
         let m = CompiledModel {
             arena_bytes,
@@ -293,7 +300,7 @@ impl<'m> CompiledModel<'m> {
             steps: table(h(7)?, counts[1], STEP_REC)?,
             io: table(
                 h(8)?,
-                counts[2].checked_add(counts[3]).ok_or(bad("io count"))?,
+                counts[2].checked_add(counts[3]).ok_or("io count")?,
                 IO_REC,
             )?,
             params: section(bytes, h(9)?, h(10)?)?,
@@ -301,9 +308,8 @@ impl<'m> CompiledModel<'m> {
             data: section(bytes, h(13)?, h(14)?)?,
         };
         if !(m.data.as_ptr() as usize).is_multiple_of(16) {
-            return Err(bad("data section not 16-aligned"));
+            return Err("data section not 16-aligned");
         }
-        m.validate()?;
         Ok(m)
     }
 
@@ -317,10 +323,10 @@ impl<'m> CompiledModel<'m> {
         if bytes.len() < HEADER || bytes.get(..4) != Some(b"MOTE".as_slice()) {
             return Err(bad("not a .mote file (no MOTE magic)"));
         }
-        if rd16(bytes, 6)? & FLAG_SIGNED == 0 {
+        if rd16(bytes, 6).ok_or(bad("truncated"))? & FLAG_SIGNED == 0 {
             return Err(bad("model is not signed (mote compile --sign)"));
         }
-        let total = rdu(bytes, 8)?;
+        let total = rdu(bytes, 8).ok_or(bad("truncated"))?;
         let (signed, sig) = match (bytes.get(..total), bytes.get(total..)) {
             (Some(m), Some(s)) if s.len() == SIGNATURE_LEN => (m, s),
             _ => return Err(bad("length in the header differs from the file's")),
@@ -372,70 +378,77 @@ impl<'m> CompiledModel<'m> {
 
     /// Tensor `i`.
     pub fn tensor(&self, i: usize) -> Result<TensorDesc> {
-        let at = i.checked_mul(TENSOR_REC).ok_or(bad("tensor index"))?;
-        let r = self
-            .tensors
-            .get(at..at.saturating_add(TENSOR_REC))
-            .ok_or(Error::new(ErrorKind::UnknownName))?;
-        let &[code, rank, kind, ..] = r else {
-            return Err(bad("truncated tensor record"));
-        };
-        let dtype = DType::from_onnx(code as i32).ok_or(bad("unknown tensor dtype"))?;
+        if i >= self.counts[0] {
+            return Err(Error::new(ErrorKind::UnknownName));
+        }
+        self.tensor_at(i).map_err(bad)
+    }
+
+    fn tensor_at(&self, i: usize) -> Checked<TensorDesc> {
+        let r = i
+            .checked_mul(TENSOR_REC)
+            .and_then(|at| self.tensors.get(at..))
+            .and_then(<[u8]>::first_chunk::<TENSOR_REC>)
+            .ok_or("tensor index outside the tensor table")?;
+        let &[code, rank, kind, ..] = r;
+        let dtype = DType::from_onnx(code as i32).ok_or("unknown tensor dtype")?;
         let rank = rank as usize;
         if rank > MAX_RANK {
-            return Err(bad("tensor rank above 8"));
+            return Err("tensor rank above 8");
         }
         let storage = match kind {
             KIND_ARENA => Storage::Arena,
             KIND_CONST => Storage::Const,
-            _ => return Err(bad("unknown tensor storage kind")),
+            _ => return Err("unknown tensor storage kind"),
         };
         let mut dims = [0usize; MAX_RANK];
         for (k, d) in dims.iter_mut().enumerate().take(rank) {
-            *d = rdu(r, k.saturating_mul(4).saturating_add(16))?;
+            *d = rdu(r, k.saturating_mul(4).saturating_add(16)).ok_or("truncated tensor record")?;
         }
         Ok(TensorDesc {
             dtype,
             rank,
             dims,
             storage,
-            offset: rdu(r, 4)?,
-            len: rdu(r, 8)?,
+            offset: rdu(r, 4).ok_or("truncated tensor record")?,
+            len: rdu(r, 8).ok_or("truncated tensor record")?,
         })
     }
 
-    fn step(&self, i: usize) -> Result<StepRec> {
-        let at = i.checked_mul(STEP_REC).ok_or(bad("step index"))?;
-        let r = self
-            .steps
-            .get(at..at.saturating_add(STEP_REC))
-            .ok_or(bad("step index"))?;
+    fn step(&self, i: usize) -> Checked<StepRec> {
+        let r = i
+            .checked_mul(STEP_REC)
+            .and_then(|at| self.steps.get(at..))
+            .and_then(<[u8]>::first_chunk::<STEP_REC>)
+            .ok_or("step index outside the step table")?;
+        let w = |k: usize| rd32(r, k).unwrap_or(NONE);
         Ok(StepRec {
-            kid: rd32(r, 0)?,
-            ins: [rd32(r, 4)?, rd32(r, 8)?],
-            out: rd32(r, 12)?,
-            params: (rdu(r, 16)?, rdu(r, 20)?),
+            kid: w(0),
+            ins: [w(4), w(8)],
+            out: w(12),
+            params: (w(16) as usize, w(20) as usize),
         })
     }
 
-    fn op(&self, s: &StepRec) -> Result<OpView<'m>> {
+    fn op(&self, s: &StepRec) -> Checked<OpView<'m>> {
         let p = section(self.params, s.params.0, s.params.1)?;
         op::decode(s.kid, &mut Words::new(p, self.data))
     }
 
-    fn io_desc(&self, i: usize) -> Result<IoDesc<'m>> {
-        let at = i.checked_mul(IO_REC).ok_or(bad("io index"))?;
-        let r = self
-            .io
-            .get(at..at.saturating_add(IO_REC))
-            .ok_or(Error::new(ErrorKind::UnknownName))?;
-        let tensor = self.tensor(rdu(r, 0)?)?;
-        let name = section(self.strings, rdu(r, 4)?, rdu(r, 8)?)?;
-        let name = core::str::from_utf8(name).map_err(|_| bad("IO name not UTF-8"))?;
-        let quant = match rd32(r, 12)? {
+    fn io_desc(&self, i: usize) -> Checked<IoDesc<'m>> {
+        let r = i
+            .checked_mul(IO_REC)
+            .and_then(|at| self.io.get(at..))
+            .and_then(<[u8]>::first_chunk::<IO_REC>)
+            .ok_or("io index outside the io table")?;
+        let w = |k: usize| rd32(r, k).unwrap_or(NONE);
+        let tensor = self.tensor_at(w(0) as usize)?;
+        let name = section(self.strings, w(4) as usize, w(8) as usize)?;
+        let name = core::str::from_utf8(name).map_err(|_| "IO name not UTF-8")?;
+        let quant = match w(12) {
             0 => None,
-            1 => Some((f32::from_bits(rd32(r, 16)?), rd32(r, 20)? as i32)),
-            _ => return Err(bad("unknown IO flags")),
+            1 => Some((f32::from_bits(w(16)), w(20) as i32)),
+            _ => return Err("unknown IO flags"),
         };
         Ok(IoDesc {
             name,
@@ -449,7 +462,7 @@ impl<'m> CompiledModel<'m> {
         if i >= self.counts[2] {
             return Err(Error::new(ErrorKind::UnknownName));
         }
-        self.io_desc(i)
+        self.io_desc(i).map_err(bad)
     }
 
     /// Graph output `i`.
@@ -457,85 +470,89 @@ impl<'m> CompiledModel<'m> {
         if i >= self.counts[3] {
             return Err(Error::new(ErrorKind::UnknownName));
         }
-        self.io_desc(self.counts[2].saturating_add(i))
-    }
-
-    /// The bytes of a constant tensor.
-    fn const_bytes(&self, t: &TensorDesc) -> Result<&'m [u8]> {
-        section(self.data, t.offset, t.len)
+        self.io_desc(self.counts[2].saturating_add(i)).map_err(bad)
     }
 
     fn validate(&self) -> Result<()> {
         for i in 0..self.counts[0] {
-            let t = self.tensor(i).map_err(|e| e.at_tensor(i as u32))?;
-            let at = |e: Error| e.at_tensor(i as u32);
-            let n = crate::checked_numel(t.shape()).map_err(at)?;
-            let want = n
-                .checked_mul(t.dtype.size())
-                .ok_or(at(Error::new(ErrorKind::Overflow)))?;
-            if t.len != want {
-                return Err(at(bad("tensor byte length differs from its shape")));
-            }
-            let end = t
-                .offset
-                .checked_add(t.len)
-                .ok_or(at(bad("tensor range overflow")))?;
-            let limit = match t.storage {
-                Storage::Arena => self.arena_bytes,
-                Storage::Const => {
-                    if t.offset % 16 != 0 {
-                        return Err(at(bad("constant not 16-aligned")));
-                    }
-                    self.data.len()
-                }
-            };
-            if end > limit {
-                return Err(at(bad("tensor outside the arena or data section")));
-            }
+            self.validate_tensor(i)
+                .map_err(|e| bad(e).at_tensor(i as u32))?;
         }
         for i in 0..self.counts[1] {
-            self.validate_step(i).map_err(|e| e.at_node(i as u32))?;
+            self.validate_step(i)
+                .map_err(|e| bad(e).at_node(i as u32))?;
         }
         for i in 0..self.counts[2].saturating_add(self.counts[3]) {
-            let d = self.io_desc(i)?;
-            if d.tensor.storage != Storage::Arena {
-                return Err(bad("graph inputs and outputs must be in the arena"));
-            }
-            if let Some((s, _)) = d.quant {
-                if !(s.is_finite() && s > 0.0) {
-                    return Err(bad("IO scale must be finite and > 0"));
+            self.validate_io(i).map_err(bad)?;
+        }
+        Ok(())
+    }
+
+    fn validate_tensor(&self, i: usize) -> Checked<()> {
+        let t = self.tensor_at(i)?;
+        let len = t
+            .shape()
+            .iter()
+            .try_fold(t.dtype.size(), |a, &d| a.checked_mul(d))
+            .ok_or("tensor size overflows")?;
+        if t.len != len {
+            return Err("tensor byte length differs from its shape");
+        }
+        let end = t.offset.checked_add(t.len).ok_or("tensor range overflow")?;
+        let limit = match t.storage {
+            Storage::Arena => self.arena_bytes,
+            Storage::Const => {
+                if t.offset % 16 != 0 {
+                    return Err("constant not 16-aligned");
                 }
+                self.data.len()
+            }
+        };
+        if end > limit {
+            return Err("tensor outside the arena or data section");
+        }
+        Ok(())
+    }
+
+    fn validate_io(&self, i: usize) -> Checked<()> {
+        let d = self.io_desc(i)?;
+        if d.tensor.storage != Storage::Arena {
+            return Err("graph inputs and outputs must be in the arena");
+        }
+        if let Some((s, _)) = d.quant {
+            if !(s.is_finite() && s > 0.0) {
+                return Err("IO scale must be finite and > 0");
             }
         }
         Ok(())
     }
 
-    fn validate_step(&self, i: usize) -> Result<()> {
+    fn validate_step(&self, i: usize) -> Checked<()> {
         let s = self.step(i)?;
         let op = self.op(&s)?;
-        let out = self.tensor(s.out as usize)?;
+        let out = self.tensor_at(s.out as usize)?;
         if out.storage != Storage::Arena {
-            return Err(bad("step output must be in the arena"));
+            return Err("step output must be in the arena");
         }
         let (in_dt, out_dt) = op.dtypes();
         if out.dtype != out_dt {
-            return Err(bad("step output dtype differs from its kernel's"));
+            return Err("step output dtype differs from its kernel's");
         }
         for (k, (&id, &want)) in s.ins.iter().zip(&in_dt).enumerate() {
             if k >= op.arity() {
                 if id != NONE {
-                    return Err(bad("input given to a kernel that takes none there"));
+                    return Err("input given to a kernel that takes none there");
                 }
                 continue;
             }
-            let t = self.tensor(id as usize)?;
+            let t = self.tensor_at(id as usize)?;
             if t.dtype != want {
-                return Err(bad("step input dtype differs from its kernel's"));
+                return Err("step input dtype differs from its kernel's");
             }
             if t.storage == Storage::Arena && t.offset < out.end() && out.offset < t.end() {
                 let in_place = k == 0 && t.offset == out.offset && t.len == out.len;
                 if !in_place || !op.can_run_in_place() {
-                    return Err(bad("step output overlaps an input"));
+                    return Err("step output overlaps an input");
                 }
             }
         }
@@ -572,7 +589,7 @@ impl<'m, 'a> CompiledSession<'m, 'a> {
     }
 
     fn io_bytes(&self, d: &IoDesc<'_>) -> Result<&[u8]> {
-        section(self.arena, d.tensor.offset, d.tensor.len)
+        section(self.arena, d.tensor.offset, d.tensor.len).map_err(bad)
     }
 
     /// The bytes of graph input `i`, to fill before [`Self::invoke`].
@@ -626,38 +643,45 @@ impl<'m, 'a> CompiledSession<'m, 'a> {
 
     /// Runs step `i` (for per-step timing on a board).
     pub fn run_step(&mut self, i: usize) -> Result<()> {
+        let (op, ins, y) = self.bind(i).map_err(bad)?;
+        op.run(ins, y)
+    }
+
+    /// Step `i`'s kernel, input bytes and output bytes.
+    #[allow(clippy::type_complexity)]
+    fn bind(&mut self, i: usize) -> Checked<(OpView<'m>, [Option<&[u8]>; 2], &mut [u8])> {
         let m = self.model;
         let s = m.step(i)?;
         let op = m.op(&s)?;
-        let out = m.tensor(s.out as usize)?;
+        let out = m.tensor_at(s.out as usize)?;
         // Split the arena around the output: inputs come from the parts
         // before and after it (checked at load never to overlap it, except
         // input 0 exactly in place).
         let (head, rest) = self
             .arena
             .split_at_mut_checked(out.offset)
-            .ok_or(bad("output outside the arena"))?;
+            .ok_or("output outside the arena")?;
         let (y, tail) = rest
             .split_at_mut_checked(out.len)
-            .ok_or(bad("output outside the arena"))?;
+            .ok_or("output outside the arena")?;
         let (head, tail): (&[u8], &[u8]) = (head, tail);
         let mut ins: [Option<&[u8]>; 2] = [None, None];
         for (k, (slot, &id)) in ins.iter_mut().zip(&s.ins).enumerate().take(op.arity()) {
-            let t = m.tensor(id as usize)?;
+            let t = m.tensor_at(id as usize)?;
             *slot = match t.storage {
-                Storage::Const => Some(m.const_bytes(&t)?),
+                Storage::Const => Some(section(m.data, t.offset, t.len)?),
                 Storage::Arena if t.offset == out.offset && k == 0 => None,
                 Storage::Arena if t.end() <= out.offset => Some(section(head, t.offset, t.len)?),
                 Storage::Arena => {
                     let off = t
                         .offset
                         .checked_sub(out.end())
-                        .ok_or(bad("step output overlaps an input"))?;
+                        .ok_or("step output overlaps an input")?;
                     Some(section(tail, off, t.len)?)
                 }
             };
         }
-        op.run(ins, y)
+        Ok((op, ins, y))
     }
 }
 

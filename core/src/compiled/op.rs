@@ -99,6 +99,7 @@ macro_rules! q8_type {
                 type $t = i8;
                 $body
             }
+            #[cfg(feature = "uint8")]
             DType::U8 => {
                 type $t = u8;
                 $body
@@ -227,40 +228,9 @@ impl OpView<'_> {
     }
 
     /// Checks what a kernel cannot check cheaply at each run: multipliers in
-    /// range, clamp bounds inside the output type, nonzero strides.
-    pub(crate) fn validate(&self) -> Result<()> {
-        let out_ok = |o: &OutQ, dt: DType| -> Result<()> {
-            let (lo, hi) = match dt {
-                DType::I8 => (-128, 127),
-                DType::U8 => (0, 255),
-                _ => return Err(bad("compiled integer kernel on a non-8-bit type")),
-            };
-            if o.lo < lo || o.hi > hi || o.lo > o.hi {
-                return Err(bad("output clamp outside the output type"));
-            }
-            Ok(())
-        };
-        // Zero points inside their type keep every `(x - z)·(w - zw)`
-        // product within ±255², far from i32 overflow.
-        let zp_ok = |z: &[i32], dt: DType| -> Result<()> {
-            let (lo, hi) = match dt {
-                DType::I8 => (-128, 127),
-                DType::U8 => (0, 255),
-                _ => return Err(bad("compiled integer kernel on a non-8-bit type")),
-            };
-            if z.iter().all(|v| (lo..=hi).contains(v)) {
-                Ok(())
-            } else {
-                Err(bad("zero point outside its type"))
-            }
-        };
-        let mults_ok = |m: &[Requant]| -> Result<()> {
-            if m.iter().all(Requant::is_valid) {
-                Ok(())
-            } else {
-                Err(bad("requantization multiplier out of range"))
-            }
-        };
+    /// range, clamp bounds inside the output type, nonzero strides, sizes
+    /// whose products do not overflow.
+    pub(crate) fn check(&self) -> core::result::Result<(), Fault> {
         match self {
             OpView::QConv { dt, q } => {
                 out_ok(&q.out, dt[2])?;
@@ -271,13 +241,12 @@ impl OpView<'_> {
                 let p = &q.p;
                 geom_consistent(&p.g)?;
                 if p.c.checked_rem(p.group) != Some(0) || p.m.checked_rem(p.group) != Some(0) {
-                    return Err(bad("QConv: channels must divide into groups"));
+                    return Err("QConv: channels must divide into groups");
                 }
                 let (ins, outs, ks) = sizes(&p.g)?;
                 mul(&[p.batch, p.c, ins])?;
                 mul(&[p.m, p.c.checked_div(p.group).unwrap_or(0), ks])?;
-                mul(&[p.batch, p.m, outs])?;
-                Ok(())
+                mul(&[p.batch, p.m, outs])
             }
             OpView::QMatMul { dt, q } => {
                 out_ok(&q.out, dt[2])?;
@@ -287,8 +256,7 @@ impl OpView<'_> {
                 zp_ok(&[q.out.zy], dt[2])?;
                 mul(&[q.rows, q.k])?;
                 mul(&[q.k, q.n])?;
-                mul(&[q.rows, q.n])?;
-                Ok(())
+                mul(&[q.rows, q.n])
             }
             OpView::QRequant { dt, zx, r, out } => {
                 out_ok(out, dt[1])?;
@@ -300,7 +268,7 @@ impl OpView<'_> {
                 dt, rank, shape, p, ..
             } => {
                 zp_ok(&[p.za, p.zb, p.zc], *dt)?;
-                mul(shape.get(..*rank).ok_or(bad("rank above 8"))?)?;
+                mul(shape.get(..*rank).ok_or("rank above 8")?)?;
                 mults_ok(core::slice::from_ref(&p.mul))
             }
             OpView::QGlobalAvg {
@@ -315,32 +283,78 @@ impl OpView<'_> {
                 mults_ok(core::slice::from_ref(&p.r))?;
                 geom_consistent(g)?;
                 if g.d != [1; MAX_SPATIAL] {
-                    return Err(bad("QLinearAveragePool with dilations"));
+                    return Err("QLinearAveragePool with dilations");
                 }
                 let (ins, outs, _) = sizes(g)?;
                 mul(&[*n, *c, ins])?;
-                mul(&[*n, *c, outs])?;
-                Ok(())
+                mul(&[*n, *c, outs])
             }
         }
     }
 }
 
-/// Checked product (a file's sizes must not overflow the kernels' index
-/// arithmetic).
-fn mul(v: &[usize]) -> Result<usize> {
-    crate::checked_numel(v)
+/// The value range of an 8-bit kernel type.
+fn range_of(dt: DType) -> core::result::Result<(i32, i32), Fault> {
+    match dt {
+        DType::I8 => Ok((-128, 127)),
+        #[cfg(feature = "uint8")]
+        DType::U8 => Ok((0, 255)),
+        #[cfg(not(feature = "uint8"))]
+        DType::U8 => Err("uint8 kernels not built in (feature `uint8` of mote-core)"),
+        _ => Err("compiled integer kernel on a non-8-bit type"),
+    }
 }
 
-fn sizes(g: &Geom) -> Result<(usize, usize, usize)> {
-    Ok((mul(&g.inp)?, mul(&g.out)?, mul(&g.k)?))
+fn out_ok(o: &OutQ, dt: DType) -> core::result::Result<(), Fault> {
+    let (lo, hi) = range_of(dt)?;
+    if o.lo < lo || o.hi > hi || o.lo > o.hi {
+        return Err("output clamp outside the output type");
+    }
+    Ok(())
+}
+
+/// Zero points inside their type keep every `(x - z)·(w - zw)` product
+/// within ±255², far from i32 overflow.
+fn zp_ok(z: &[i32], dt: DType) -> core::result::Result<(), Fault> {
+    let (lo, hi) = range_of(dt)?;
+    if z.iter().all(|v| (lo..=hi).contains(v)) {
+        Ok(())
+    } else {
+        Err("zero point outside its type")
+    }
+}
+
+fn mults_ok(m: &[Requant]) -> core::result::Result<(), Fault> {
+    if m.iter().all(Requant::is_valid) {
+        Ok(())
+    } else {
+        Err("requantization multiplier out of range")
+    }
+}
+
+/// Checked product (a file's sizes must not overflow the kernels' index
+/// arithmetic).
+fn numel(v: &[usize]) -> core::result::Result<usize, Fault> {
+    v.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or("sizes overflow")
+}
+
+fn mul(v: &[usize]) -> core::result::Result<(), Fault> {
+    numel(v).map(|_| ())
+}
+
+fn sizes(g: &Geom) -> core::result::Result<(usize, usize, usize), Fault> {
+    Ok((numel(&g.inp)?, numel(&g.out)?, numel(&g.k)?))
 }
 
 /// A window geometry whose every tap position is computable without
 /// overflow: strides and dilations ≥ 1, and the last window starts inside
 /// the padded input (floor or ceil mode).
-fn geom_consistent(g: &Geom) -> Result<()> {
-    geom_ok(g)?;
+fn geom_consistent(g: &Geom) -> core::result::Result<(), Fault> {
+    if geom_ok(g).is_err() {
+        return Err("window strides and dilations must be >= 1");
+    }
     let axes = (g.inp.iter().zip(&g.pb).zip(&g.pe))
         .zip(g.k.iter().zip(&g.d))
         .zip(g.out.iter().zip(&g.s));
@@ -348,17 +362,17 @@ fn geom_consistent(g: &Geom) -> Result<()> {
         let span = inp
             .checked_add(pb)
             .and_then(|v| v.checked_add(pe))
-            .ok_or(Error::new(ErrorKind::Overflow))?;
+            .ok_or("window: padded size overflows")?;
         let reach = k
             .checked_sub(1)
             .and_then(|k| k.checked_mul(d))
-            .ok_or(bad("window: kernel size 0 or overflow"))?;
+            .ok_or("window: kernel size 0 or overflow")?;
         let last = out
             .saturating_sub(1)
             .checked_mul(s)
-            .ok_or(Error::new(ErrorKind::Overflow))?;
+            .ok_or("window: output positions overflow")?;
         if reach.checked_add(last).is_none() || last >= span.max(1) || pb > span {
-            return Err(bad("window geometry inconsistent"));
+            return Err("window geometry inconsistent");
         }
     }
     Ok(())
@@ -368,11 +382,22 @@ fn geom_consistent(g: &Geom) -> Result<()> {
 // Decoding (no allocation)
 // ---------------------------------------------------------------------------
 
+/// What is wrong with a file's record or kernel parameters. A bare message,
+/// so that the decoder's results stay two words (returned in registers)
+/// and each `?` is one branch: on a Cortex-M3 that halved the loader's
+/// code against `Result<_, Error>` (40 bytes, copied at every `?`). The
+/// public entry points turn it into [`ErrorKind::BadFile`].
+pub(crate) type Fault = &'static str;
+
 /// Reads parameter words; arrays are resolved against the data section.
+/// A kernel's words are taken at once as a fixed-size array (one bounds
+/// check) and named by destructuring; a conversion that fails returns
+/// `None` and leaves its reason in `why`.
 pub(crate) struct Words<'a> {
     w: &'a [u8],
     at: usize,
     data: &'a [u8],
+    why: Fault,
 }
 
 impl<'a> Words<'a> {
@@ -381,219 +406,232 @@ impl<'a> Words<'a> {
             w: params,
             at: 0,
             data,
+            why: "kernel parameters malformed",
         }
     }
 
-    fn u32(&mut self) -> Result<u32> {
-        let b = self
-            .w
-            .get(self.at..self.at.saturating_add(4))
-            .ok_or(bad("kernel parameters truncated"))?;
-        self.at = self.at.saturating_add(4);
-        Ok(u32::from_le_bytes(
-            b.try_into()
-                .map_err(|_| bad("kernel parameters truncated"))?,
-        ))
+    fn fail<T>(&mut self, why: Fault) -> Option<T> {
+        self.why = why;
+        None
     }
 
-    fn i32(&mut self) -> Result<i32> {
-        Ok(self.u32()? as i32)
-    }
-
-    fn usize(&mut self) -> Result<usize> {
-        usize::try_from(self.u32()?).map_err(|_| Error::new(ErrorKind::Overflow))
-    }
-
-    fn bool(&mut self) -> Result<bool> {
-        match self.u32()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(bad("kernel parameter: boolean not 0 or 1")),
+    /// The next `N` words, in place (the parameters section is 4-aligned
+    /// and every kernel's words are a multiple of 4 bytes; the format is
+    /// little-endian, as every target mote builds for).
+    fn take<const N: usize>(&mut self) -> Option<&'a [u32; N]> {
+        let end = N.checked_mul(4).and_then(|n| n.checked_add(self.at));
+        let b = end.and_then(|end| self.w.get(self.at..end));
+        match b.map(bytemuck::try_from_bytes) {
+            Some(Ok(v)) => {
+                self.at = end.unwrap_or(usize::MAX);
+                Some(v)
+            }
+            Some(Err(_)) => self.fail("kernel parameters misaligned"),
+            None => self.fail("kernel parameters truncated"),
         }
     }
 
-    fn i64(&mut self) -> Result<i64> {
-        let lo = self.u32()? as u64;
-        let hi = self.u32()? as u64;
-        Ok((lo | (hi << 32)) as i64)
+    fn dtype(&mut self, code: u32) -> Option<DType> {
+        match DType::from_onnx(code as i32) {
+            Some(d) => Some(d),
+            None => self.fail("kernel parameter: unknown dtype"),
+        }
     }
 
-    fn dtype(&mut self) -> Result<DType> {
-        DType::from_onnx(self.i32()?).ok_or(bad("kernel parameter: unknown dtype"))
+    fn dtypes<const N: usize>(&mut self, codes: [u32; N]) -> Option<[DType; N]> {
+        let mut v = [DType::I8; N];
+        for (d, &c) in v.iter_mut().zip(&codes) {
+            *d = self.dtype(c)?;
+        }
+        Some(v)
     }
 
-    fn array<T: bytemuck::Pod>(&mut self) -> Result<&'a [T]> {
-        let off = self.usize()?;
-        let n = self.usize()?;
-        let len = n
+    fn bool(&mut self, v: u32) -> Option<bool> {
+        match v {
+            0 => Some(false),
+            1 => Some(true),
+            _ => self.fail("kernel parameter: boolean not 0 or 1"),
+        }
+    }
+
+    /// The `[offset, count]` array of `T` in the data section.
+    fn array<T: bytemuck::Pod>(&mut self, [off, n]: [u32; 2]) -> Option<&'a [T]> {
+        let (off, n) = (off as usize, n as usize);
+        let b = n
             .checked_mul(core::mem::size_of::<T>())
-            .ok_or(Error::new(ErrorKind::Overflow))?;
-        let end = off
-            .checked_add(len)
-            .ok_or(Error::new(ErrorKind::Overflow))?;
-        let b = self
-            .data
-            .get(off..end)
-            .ok_or(bad("kernel parameter array outside the data section"))?;
-        bytemuck::try_cast_slice(b).map_err(|_| bad("kernel parameter array misaligned"))
+            .and_then(|len| off.checked_add(len))
+            .and_then(|end| self.data.get(off..end));
+        match b.map(bytemuck::try_cast_slice) {
+            Some(Ok(v)) => Some(v),
+            Some(Err(_)) => self.fail("kernel parameter array misaligned"),
+            None => self.fail("kernel parameter array outside the data section"),
+        }
     }
 
-    fn requant(&mut self) -> Result<Requant> {
-        let (m, s) = (self.i32()?, self.i32()?);
-        let r: Requant = bytemuck::cast([m, s]);
+    fn requant(&mut self, [m, s]: [u32; 2]) -> Option<Requant> {
+        let r: Requant = bytemuck::cast([m as i32, s as i32]);
         if !r.is_valid() {
-            return Err(bad("requantization multiplier out of range"));
+            return self.fail("requantization multiplier out of range");
         }
-        Ok(r)
+        Some(r)
     }
 
-    fn out(&mut self) -> Result<OutQ> {
-        Ok(OutQ {
-            zy: self.i32()?,
-            lo: self.i32()?,
-            hi: self.i32()?,
+    fn pool(&mut self, [zx, zy, m, s]: [u32; 4]) -> Option<PoolParams> {
+        Some(PoolParams {
+            zx: zx as i32,
+            zy: zy as i32,
+            r: self.requant([m, s])?,
         })
-    }
-
-    fn spatial(&mut self) -> Result<[usize; MAX_SPATIAL]> {
-        Ok([self.usize()?, self.usize()?, self.usize()?])
-    }
-
-    fn geom(&mut self) -> Result<Geom> {
-        Ok(Geom {
-            inp: self.spatial()?,
-            out: self.spatial()?,
-            k: self.spatial()?,
-            s: self.spatial()?,
-            d: self.spatial()?,
-            pb: self.spatial()?,
-            pe: self.spatial()?,
-        })
-    }
-
-    fn pool(&mut self) -> Result<PoolParams> {
-        Ok(PoolParams {
-            zx: self.i32()?,
-            zy: self.i32()?,
-            r: self.requant()?,
-        })
-    }
-
-    fn ranked(&mut self) -> Result<[usize; MAX_RANK]> {
-        let mut v = [0usize; MAX_RANK];
-        for d in v.iter_mut() {
-            *d = self.usize()?;
-        }
-        Ok(v)
     }
 }
 
-/// Decodes the parameters of kernel `kid`.
-pub(crate) fn decode<'a>(kid: u32, w: &mut Words<'a>) -> Result<OpView<'a>> {
-    let op = match kid {
+fn out_q([zy, lo, hi]: [u32; 3]) -> OutQ {
+    OutQ {
+        zy: zy as i32,
+        lo: lo as i32,
+        hi: hi as i32,
+    }
+}
+
+fn usizes<const N: usize>(v: [u32; N]) -> [usize; N] {
+    v.map(|x| x as usize)
+}
+
+/// A window geometry: input, output, kernel, strides, dilations, pads
+/// before and after, 3 words each.
+fn geom(v: [u32; 21]) -> Geom {
+    let mut a = [[0usize; MAX_SPATIAL]; 7];
+    for (d, &x) in a.iter_mut().flatten().zip(&v) {
+        *d = x as usize;
+    }
+    let [inp, out, k, s, d, pb, pe] = a;
+    Geom {
+        inp,
+        out,
+        k,
+        s,
+        d,
+        pb,
+        pe,
+    }
+}
+
+/// Decodes and checks the parameters of kernel `kid`.
+pub(crate) fn decode<'a>(kid: u32, w: &mut Words<'a>) -> core::result::Result<OpView<'a>, Fault> {
+    let Some(op) = decode_words(kid, w) else {
+        return Err(w.why);
+    };
+    if w.at != w.w.len() {
+        return Err("kernel parameters: trailing words");
+    }
+    op.check()?;
+    Ok(op)
+}
+
+// The word layout of each kernel mirrors `export::encode`.
+fn decode_words<'a>(kid: u32, w: &mut Words<'a>) -> Option<OpView<'a>> {
+    Some(match kid {
         id::QCONV => {
-            let dt = [w.dtype()?, w.dtype()?, w.dtype()?];
-            let p = IntConv {
-                batch: w.usize()?,
-                c: w.usize()?,
-                m: w.usize()?,
-                group: w.usize()?,
-                g: w.geom()?,
-            };
-            let zx = w.i32()?;
-            let out = w.out()?;
+            let &[d0, d1, d2, batch, c, m, group, g @ .., zx, zy, lo, hi, zw0, zw1, b0, b1, m0, m1] =
+                w.take::<38>()?;
+            let [batch, c, m, group] = usizes([batch, c, m, group]);
             OpView::QConv {
-                dt,
+                dt: w.dtypes([d0, d1, d2])?,
                 q: QConvView {
-                    p,
-                    zx,
-                    zw: w.array()?,
-                    bias: w.array()?,
-                    mult: w.array()?,
-                    out,
+                    p: IntConv {
+                        batch,
+                        c,
+                        m,
+                        group,
+                        g: geom(g),
+                    },
+                    zx: zx as i32,
+                    zw: w.array([zw0, zw1])?,
+                    bias: w.array([b0, b1])?,
+                    mult: w.array([m0, m1])?,
+                    out: out_q([zy, lo, hi]),
                     packed: &[],
                 },
             }
         }
         id::QMATMUL => {
-            let dt = [w.dtype()?, w.dtype()?, w.dtype()?];
-            let (rows, k, n, trans_b) = (w.usize()?, w.usize()?, w.usize()?, w.bool()?);
-            let za = w.i32()?;
-            let out = w.out()?;
+            let &[d0, d1, d2, rows, k, n, trans_b, za, zy, lo, hi, zb0, zb1, b0, b1, m0, m1] =
+                w.take::<17>()?;
+            let [rows, k, n] = usizes([rows, k, n]);
             OpView::QMatMul {
-                dt,
+                dt: w.dtypes([d0, d1, d2])?,
                 q: QMmView {
                     rows,
                     k,
                     n,
-                    trans_b,
-                    za,
-                    zb: w.array()?,
-                    bias: w.array()?,
-                    mult: w.array()?,
-                    out,
+                    trans_b: w.bool(trans_b)?,
+                    za: za as i32,
+                    zb: w.array([zb0, zb1])?,
+                    bias: w.array([b0, b1])?,
+                    mult: w.array([m0, m1])?,
+                    out: out_q([zy, lo, hi]),
                 },
             }
         }
-        id::QREQUANT => OpView::QRequant {
-            dt: [w.dtype()?, w.dtype()?],
-            zx: w.i32()?,
-            r: w.requant()?,
-            out: w.out()?,
-        },
+        id::QREQUANT => {
+            let &[d0, d1, zx, m, s, zy, lo, hi] = w.take::<8>()?;
+            OpView::QRequant {
+                dt: w.dtypes([d0, d1])?,
+                zx: zx as i32,
+                r: w.requant([m, s])?,
+                out: out_q([zy, lo, hi]),
+            }
+        }
         id::QBINARY => {
-            let dt = w.dtype()?;
-            let is_add = w.bool()?;
-            let rank = w.usize()?;
-            let shape = w.ranked()?;
-            let strides = [w.ranked()?, w.ranked()?];
-            let (za, zb, zc) = (w.i32()?, w.i32()?, w.i32()?);
-            let (ma, mb) = (w.i64()?, w.i64()?);
-            let shift = w.u32()?;
-            let add = Requant2::from_parts(ma, mb, shift)
-                .ok_or(bad("requantization multiplier out of range"))?;
-            let mul = w.requant()?;
+            let &[d, is_add, rank] = w.take::<3>()?;
+            let shape = usizes(*w.take::<MAX_RANK>()?);
+            let strides = [
+                usizes(*w.take::<MAX_RANK>()?),
+                usizes(*w.take::<MAX_RANK>()?),
+            ];
+            let &[za, zb, zc, ma0, ma1, mb0, mb1, shift, m, s] = w.take::<10>()?;
+            let wide = |lo: u32, hi: u32| (lo as u64 | (hi as u64) << 32) as i64;
+            let Some(add) = Requant2::from_parts(wide(ma0, ma1), wide(mb0, mb1), shift) else {
+                return w.fail("requantization multiplier out of range");
+            };
             OpView::QBinary {
-                dt,
-                is_add,
-                rank,
+                dt: w.dtype(d)?,
+                is_add: w.bool(is_add)?,
+                rank: rank as usize,
                 shape,
                 strides,
                 p: BinParams {
-                    za,
-                    zb,
-                    zc,
+                    za: za as i32,
+                    zb: zb as i32,
+                    zc: zc as i32,
                     add,
-                    mul,
+                    mul: w.requant([m, s])?,
                 },
             }
         }
-        id::QGLOBAL_AVG => OpView::QGlobalAvg {
-            dt: w.dtype()?,
-            n: w.usize()?,
-            c: w.usize()?,
-            img: w.usize()?,
-            cl: w.bool()?,
-            p: w.pool()?,
-        },
-        id::QAVG_POOL => OpView::QAvgPool {
-            dt: w.dtype()?,
-            n: w.usize()?,
-            c: w.usize()?,
-            cl: w.bool()?,
-            include: w.bool()?,
-            g: w.geom()?,
-            p: w.pool()?,
-        },
-        _ => {
-            return Err(Error::new(ErrorKind::Unsupported(
-                "unknown compiled kernel id",
-            )))
+        id::QGLOBAL_AVG => {
+            let &[d, n, c, img, cl, pool @ ..] = w.take::<9>()?;
+            OpView::QGlobalAvg {
+                dt: w.dtype(d)?,
+                n: n as usize,
+                c: c as usize,
+                img: img as usize,
+                cl: w.bool(cl)?,
+                p: w.pool(pool)?,
+            }
         }
-    };
-    if w.at != w.w.len() {
-        return Err(bad("kernel parameters: trailing words"));
-    }
-    op.validate()?;
-    Ok(op)
+        id::QAVG_POOL => {
+            let &[d, n, c, cl, include, g @ .., z0, z1, m, s] = w.take::<30>()?;
+            OpView::QAvgPool {
+                dt: w.dtype(d)?,
+                n: n as usize,
+                c: c as usize,
+                cl: w.bool(cl)?,
+                include: w.bool(include)?,
+                g: geom(g),
+                p: w.pool([z0, z1, m, s])?,
+            }
+        }
+        _ => return w.fail("unknown compiled kernel id"),
+    })
 }
