@@ -138,6 +138,11 @@ fn rdu(b: &[u8], at: usize) -> Option<usize> {
     usize::try_from(rd32(b, at)?).ok()
 }
 
+/// Record `i` of a table of `N`-byte records.
+fn record<const N: usize>(table: &[u8], i: usize) -> Option<&[u8; N]> {
+    table.get(i.checked_mul(N)?..)?.first_chunk::<N>()
+}
+
 /// `b[off..off+len]`.
 fn section(b: &[u8], off: usize, len: usize) -> Checked<&[u8]> {
     off.checked_add(len)
@@ -385,11 +390,8 @@ impl<'m> CompiledModel<'m> {
     }
 
     fn tensor_at(&self, i: usize) -> Checked<TensorDesc> {
-        let r = i
-            .checked_mul(TENSOR_REC)
-            .and_then(|at| self.tensors.get(at..))
-            .and_then(<[u8]>::first_chunk::<TENSOR_REC>)
-            .ok_or("tensor index outside the tensor table")?;
+        let r =
+            record::<TENSOR_REC>(self.tensors, i).ok_or("tensor index outside the tensor table")?;
         let &[code, rank, kind, ..] = r;
         let dtype = DType::from_onnx(code as i32).ok_or("unknown tensor dtype")?;
         let rank = rank as usize;
@@ -416,11 +418,7 @@ impl<'m> CompiledModel<'m> {
     }
 
     fn step(&self, i: usize) -> Checked<StepRec> {
-        let r = i
-            .checked_mul(STEP_REC)
-            .and_then(|at| self.steps.get(at..))
-            .and_then(<[u8]>::first_chunk::<STEP_REC>)
-            .ok_or("step index outside the step table")?;
+        let r = record::<STEP_REC>(self.steps, i).ok_or("step index outside the step table")?;
         let w = |k: usize| rd32(r, k).unwrap_or(NONE);
         Ok(StepRec {
             kid: w(0),
@@ -436,11 +434,7 @@ impl<'m> CompiledModel<'m> {
     }
 
     fn io_desc(&self, i: usize) -> Checked<IoDesc<'m>> {
-        let r = i
-            .checked_mul(IO_REC)
-            .and_then(|at| self.io.get(at..))
-            .and_then(<[u8]>::first_chunk::<IO_REC>)
-            .ok_or("io index outside the io table")?;
+        let r = record::<IO_REC>(self.io, i).ok_or("io index outside the io table")?;
         let w = |k: usize| rd32(r, k).unwrap_or(NONE);
         let tensor = self.tensor_at(w(0) as usize)?;
         let name = section(self.strings, w(4) as usize, w(8) as usize)?;
