@@ -41,9 +41,12 @@ const _: () = assert!(KCV >= super::qgemm::KC && MC * NRV <= ACCV);
 /// Most rows of a product that runs on the small buffers (k at most
 /// `qgemm::KC`): clearing the big ones (100 KiB) on every call costs a
 /// small model as much as some of its layers.
+#[cfg(target_arch = "x86_64")]
 const SMALL_M: usize = 64;
 /// i32 sums of the small buffers: `SMALL_M × NC`.
+#[cfg(target_arch = "x86_64")]
 const SMALL_ACC: usize = SMALL_M * NC;
+#[cfg(target_arch = "x86_64")]
 const SMALL_KC: usize = super::qgemm::KC;
 
 /// The signed byte of A's value `v` (type bounds `lo ..= lo + 255`).
