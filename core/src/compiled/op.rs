@@ -384,9 +384,10 @@ fn geom_consistent(g: &Geom) -> core::result::Result<(), Fault> {
 
 /// What is wrong with a file's record or kernel parameters. A bare message,
 /// so that the decoder's results stay two words (returned in registers)
-/// and each `?` is one branch: on a Cortex-M3 that halved the loader's
-/// code against `Result<_, Error>` (40 bytes, copied at every `?`). The
-/// public entry points turn it into [`ErrorKind::BadFile`].
+/// and each `?` is one branch, where `Result<_, Error>` copied 40 bytes:
+/// that took the runtime code of the KWS firmware on a Cortex-M3 from
+/// 15.1 to 11.5 KB. The public entry points turn it into
+/// [`ErrorKind::BadFile`].
 pub(crate) type Fault = &'static str;
 
 /// Reads parameter words; arrays are resolved against the data section.
