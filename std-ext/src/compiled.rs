@@ -192,10 +192,11 @@ fn core_err(e: mote_core::Error) -> Error {
 
 /// The bytes to store for input `d` from `t`.
 fn input_bytes(d: &IoDesc<'_>, t: &Tensor) -> Result<Vec<u8>> {
+    let name = d.name().map_err(core_err)?;
     if t.shape() != d.tensor.shape() {
         return Err(Error::Input(format!(
             "input '{}': shape {:?} given, the compiled model takes {:?}",
-            d.name,
+            name,
             t.shape(),
             d.tensor.shape()
         )));
@@ -211,7 +212,7 @@ fn input_bytes(d: &IoDesc<'_>, t: &Tensor) -> Result<Vec<u8>> {
             .collect()),
         _ => Err(Error::Input(format!(
             "input '{}': {} given, the compiled model takes {}{}",
-            d.name,
+            name,
             t.dtype(),
             d.tensor.dtype,
             if d.quant.is_some() {
@@ -287,6 +288,7 @@ pub fn emit_rust(m: &CompiledModel<'_>, mote_file: &str, source: &str) -> Result
     ] {
         for i in 0..n {
             let d = get(m, i).map_err(core_err)?;
+            let name = d.name().map_err(core_err)?;
             let t = &d.tensor;
             let numel: usize = t.shape().iter().product();
             w(
@@ -297,10 +299,10 @@ pub fn emit_rust(m: &CompiledModel<'_>, mote_file: &str, source: &str) -> Result
                  pub const {kind}{i}_LEN: usize = {numel};\n\
                  #[allow(non_camel_case_types)]\npub type {kind}{i}_TYPE = {};\n",
                     kind.to_lowercase(),
-                    d.name,
+                    name,
                     t.dtype,
                     t.shape(),
-                    d.name,
+                    name,
                     t.rank,
                     t.shape(),
                     rust_dtype(t.dtype)

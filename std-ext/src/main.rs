@@ -1295,13 +1295,14 @@ fn compile(
                 m.output(i)
             }
             .map_err(|e| anyhow!("{e}"))?;
+            let name = d.name().map_err(|e| anyhow!("{e}"))?;
             let q = match d.quant {
                 Some((s, z)) => format!(": real = (q - {z}) * {s:e}"),
                 None => String::new(),
             };
             out.line(format!(
                 "{kind} '{}': {} {}{q}",
-                d.name,
+                name,
                 d.tensor.dtype,
                 fmt_shape(d.tensor.shape())
             ));
@@ -1340,21 +1341,22 @@ fn mote_inputs(
     let mut rng = Rng::new(seed);
     let mut inputs = Vec::new();
     for (name, _) in given {
-        if !(0..m.num_inputs()).any(|i| m.input(i).map(|d| d.name == name).unwrap_or(false)) {
+        if !(0..m.num_inputs()).any(|i| m.input(i).is_ok_and(|d| d.name().is_ok_and(|n| n == name)))
+        {
             bail!("the compiled model has no input '{name}'");
         }
     }
     for i in 0..m.num_inputs() {
         let d = m.input(i).map_err(|e| anyhow!("{e}"))?;
-        let t = match given.iter().find(|(n, _)| n == d.name) {
+        let name = d.name().map_err(|e| anyhow!("{e}"))?;
+        let t = match given.iter().find(|(n, _)| n == name) {
             Some((_, file)) => {
-                out.note(format!("input '{}': from {}", d.name, file.display()));
+                out.note(format!("input '{name}': from {}", file.display()));
                 mote_std::read_npy(file)?
             }
             None => {
                 out.note(format!(
-                    "input '{}': random (seed {seed}) {} {}",
-                    d.name,
+                    "input '{name}': random (seed {seed}) {} {}",
                     d.tensor.dtype,
                     fmt_shape(d.tensor.shape())
                 ));
@@ -1402,22 +1404,23 @@ fn run_mote(
     let mut outputs_json = Vec::new();
     for (i, t) in outputs.iter().enumerate() {
         let d = m.output(i).map_err(|e| anyhow!("{e}"))?;
+        let name = d.name().map_err(|e| anyhow!("{e}"))?;
         if let Some(dir) = output_dir {
-            let p = dir.join(format!("{}.npy", safe_name(d.name)));
+            let p = dir.join(format!("{}.npy", safe_name(name)));
             mote_std::write_npy(&p, &t.view())?;
-            out.note(format!("output '{}' -> {}", d.name, p.display()));
+            out.note(format!("output '{name}' -> {}", p.display()));
         }
         let s = stats(t);
         let deq = mote_std::compiled::dequantize(&d, t);
         if out.json {
             outputs_json.push(json!({
-                "name": d.name, "dtype": t.dtype().name(), "shape": t.shape(),
+                "name": name, "dtype": t.dtype().name(), "shape": t.shape(),
                 "values": t.to_f64_vec(), "dequantized": deq,
             }));
         } else {
             out.line(format!(
                 "output '{}': {} {}  min {} max {} mean {:.4}",
-                d.name,
+                name,
                 t.dtype(),
                 fmt_shape(t.shape()),
                 s.min,

@@ -76,9 +76,13 @@ const PAIRS: [(Board, &str); 6] = [
 /// CI fails if it grows more than 3%.
 const KWS_ARENA_BASELINE: usize = 8496;
 /// Runtime code and kernel bytes of the KWS firmware on lm3s6965evb
-/// (`scripts/board-costs.sh` at c4dab12).
-const KWS_M3_RUNTIME_BASELINE: u64 = 9930;
-const KWS_M3_KERNELS_BASELINE: u64 = 12276;
+/// (`scripts/board-costs.sh`, with lazily checked IO names and the column
+/// convolution kernel `kern/qcol.rs`).
+const KWS_M3_RUNTIME_BASELINE: u64 = 9612;
+const KWS_M3_KERNELS_BASELINE: u64 = 15818;
+/// TFLM's framework without kernels on the Cortex-M3: the runtime code
+/// must stay at or below it whatever the 3 % margin allows.
+const TFLM_M3_RUNTIME: u64 = 9732;
 
 const QEMU_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -381,6 +385,10 @@ fn lm3s6965evb_kws() {
     assert!(
         runtime * 100 <= KWS_M3_RUNTIME_BASELINE * 103,
         "KWS runtime code on the Cortex-M3 grew more than 3%: {runtime} bytes, baseline {KWS_M3_RUNTIME_BASELINE}"
+    );
+    assert!(
+        runtime <= TFLM_M3_RUNTIME,
+        "KWS runtime code on the Cortex-M3 is {runtime} bytes, above TFLM's framework ({TFLM_M3_RUNTIME} B)"
     );
     assert!(
         kern * 100 <= KWS_M3_KERNELS_BASELINE * 103,

@@ -179,6 +179,36 @@ fn corrupt_truncated_and_foreign_files_are_errors() {
     assert!(kind(&onnx).is_err());
 }
 
+/// IO names are checked for UTF-8 when asked for, not at load (firmware
+/// that never reads a name does not link the validator): a file whose
+/// input name is not UTF-8 loads and runs, and `name()` says what is wrong.
+#[test]
+fn non_utf8_io_names_are_an_error_when_asked_for() {
+    let good = compiled("kws.qdq.onnx").bytes().to_vec();
+    let (mut buf, s) = aligned(&good, 0);
+    let name = {
+        let m = CompiledModel::from_bytes(view(&mut buf, s, good.len())).expect("good");
+        m.input(0).expect("input").name().expect("name").to_owned()
+    };
+    let at = good
+        .windows(name.len())
+        .position(|w| w == name.as_bytes())
+        .expect("the name is stored");
+    let mut b = good.clone();
+    b[at] = 0xff;
+    fix_crc(&mut b);
+    let (mut buf, s) = aligned(&b, 0);
+    let m = CompiledModel::from_bytes(view(&mut buf, s, b.len())).expect("loads");
+    let d = m.input(0).expect("input 0");
+    assert_eq!(
+        d.name().map_err(|e| e.kind),
+        Err(ErrorKind::BadFile("IO name not UTF-8"))
+    );
+    let mut arena = vec![0u8; m.arena_bytes()];
+    let mut sess = CompiledSession::new(&m, &mut arena).expect("session");
+    sess.invoke().expect("runs");
+}
+
 /// Random mutations with a valid checksum: the validator and the kernels
 /// must return `Err` or run, never panic (they check every record).
 #[test]

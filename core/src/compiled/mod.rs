@@ -192,8 +192,10 @@ impl TensorDesc {
 /// A graph input or output of a compiled model.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct IoDesc<'m> {
-    /// Tensor name in the source model.
-    pub name: &'m str,
+    /// Tensor name in the source model, as stored; UTF-8 is checked by
+    /// [`IoDesc::name`], so firmware that never asks for a name does not
+    /// link the UTF-8 validator (about 300 B of flash on a Cortex-M3).
+    name: &'m [u8],
     /// Its tensor (dtype, shape, arena place).
     pub tensor: TensorDesc,
     /// `(scale, zero_point)` of an 8-bit input or output standing for a
@@ -201,7 +203,13 @@ pub struct IoDesc<'m> {
     pub quant: Option<(f32, i32)>,
 }
 
-impl IoDesc<'_> {
+impl<'m> IoDesc<'m> {
+    /// Tensor name in the source model; `Err` (`BadFile`) if the file
+    /// stores a name that is not UTF-8.
+    pub fn name(&self) -> Result<&'m str> {
+        core::str::from_utf8(self.name).map_err(|_| bad("IO name not UTF-8"))
+    }
+
     /// Quantizes a float value for this input (round half to even,
     /// saturating), as QuantizeLinear does; `None` if not quantized.
     pub fn quantize(&self, v: f32) -> Option<i32> {
@@ -438,7 +446,6 @@ impl<'m> CompiledModel<'m> {
         let w = |k: usize| rd32(r, k).unwrap_or(NONE);
         let tensor = self.tensor_at(w(0) as usize)?;
         let name = section(self.strings, w(4) as usize, w(8) as usize)?;
-        let name = core::str::from_utf8(name).map_err(|_| "IO name not UTF-8")?;
         let quant = match w(12) {
             0 => None,
             1 => Some((f32::from_bits(w(16)), w(20) as i32)),

@@ -15,6 +15,7 @@ pub mod cpu;
 pub(crate) mod dwconv;
 pub mod par;
 pub(crate) mod qbin;
+pub(crate) mod qcol;
 pub(crate) mod qconv;
 pub(crate) mod qdw;
 pub(crate) mod qgemm;

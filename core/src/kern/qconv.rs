@@ -3,6 +3,7 @@
 //! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
 
 use super::par::SharedMut;
+use super::qcol;
 use super::qdw;
 use super::qgemm::{self, zero_points_fit, QIo, QMatA, Zero};
 use super::requant::{clamp, Requant};
@@ -87,7 +88,7 @@ pub(super) fn tap_range(g: &Geom, ax: usize, o: usize) -> (usize, usize) {
 }
 
 #[inline]
-fn finish<Y: QInt>(acc: i32, r: &Requant, o: &OutQ) -> Y {
+pub(super) fn finish<Y: QInt>(acc: i32, r: &Requant, o: &OutQ) -> Y {
     Y::from_sat(clamp(r.apply(acc), o.zy, o.lo, o.hi))
 }
 
@@ -152,6 +153,10 @@ pub(crate) fn qconv<X: QInt, W: QInt, Y: QInt>(
     check_conv(x, w, y, q)?;
     if fast(q) {
         return conv_gemm(x, w, y, q);
+    }
+    if !CONTIGUOUS && qcol::fits(q) {
+        // 32-bit targets: the column kernel (SMLAD on Cortex-M4/M7).
+        return qcol::conv::<X, W, Y, { qcol::DSP }>(x, w, y, q).ok_or_else(out_of_bounds);
     }
     qconv_body(x, w, y, q).ok_or_else(out_of_bounds)
 }
@@ -616,6 +621,9 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
             }
         }
         return Ok(());
+    }
+    if !CONTIGUOUS && zero_points_fit(&[q.zx]) {
+        return qcol::pointwise_in_place::<T, W, { qcol::DSP }>(w, y, q).ok_or_else(out_of_bounds);
     }
     pointwise_in_place(w, y, q, &mut buf).ok_or_else(out_of_bounds)
 }
@@ -1138,7 +1146,7 @@ mod tests {
 
     fn conv_cases<X: QInt, W: QInt>(seed: u64) {
         let mut rng = Rng(seed);
-        let mut flat_cases = 0;
+        let (mut flat_cases, mut col_cases) = (0, 0);
         for n in 0..crate::kern::count(300, 4) {
             let cs = case::<X, W>(&mut rng, n % 3 == 0);
             let q = cs.view();
@@ -1175,6 +1183,15 @@ mod tests {
                 conv_gemm(&x, &w, &mut got, &qp).unwrap();
                 assert_eq!(got, want, "GEMM {sel:?}, packed weights, case {n}: {p:?}");
             }
+            if qcol::fits(&q) {
+                let mut plain = vec![i8::MIN; want.len()];
+                qcol::conv::<X, W, i8, false>(&x, &w, &mut plain, &q).unwrap();
+                assert_eq!(plain, want, "column kernel, case {n}: {p:?}");
+                let mut dsp = vec![i8::MIN; want.len()];
+                qcol::conv::<X, W, i8, true>(&x, &w, &mut dsp, &q).unwrap();
+                assert_eq!(dsp, want, "column kernel, DSP order, case {n}: {p:?}");
+                col_cases += 1;
+            }
             if p.is_depthwise() {
                 let k_sz = p.g.k_size();
                 let (in_sz, out_sz) = (p.g.in_size(), p.g.out_size());
@@ -1207,6 +1224,10 @@ mod tests {
         assert!(
             flat_cases > crate::kern::count(30, 0),
             "flat depthwise path taken {flat_cases} times"
+        );
+        assert!(
+            col_cases > crate::kern::count(100, 0),
+            "column kernel taken {col_cases} times"
         );
     }
 
@@ -1375,6 +1396,15 @@ mod tests {
                 qconv_in_place(&w, &mut y, &q).unwrap();
                 assert_eq!(y, want, "in place {sel:?}, case {n}: {p:?}");
             }
+            let mut y = x.clone();
+            qcol::pointwise_in_place::<i8, i8, false>(&w, &mut y, &cs.view()).unwrap();
+            assert_eq!(y, want, "in place, column kernel, case {n}: {p:?}");
+            let mut y = x.clone();
+            qcol::pointwise_in_place::<i8, i8, true>(&w, &mut y, &cs.view()).unwrap();
+            assert_eq!(
+                y, want,
+                "in place, column kernel, DSP order, case {n}: {p:?}"
+            );
         }
     }
 

@@ -1,0 +1,413 @@
+//! Integer convolution for 32-bit targets (Cortex-M), CMSIS-NN's scheme
+//! in mote's NCHW layout: for each output position, the patch `x - zx`
+//! (`cg·k` values, 0 over the padding) is gathered once into an i16
+//! column on the stack, then every output channel of the group takes the
+//! dot product of its 8-bit weight row with it, four channels at a time.
+//! The gather is paid once per position for all output channels, and the
+//! inner loop is loads and multiply-accumulates with no index arithmetic.
+//!
+//! On Armv7E-M (`thumbv7em`, Cortex-M4/M7: build script cfg `mote_dsp`)
+//! the dot product is the DSP extension's: a word of four weights is
+//! widened by `SXTB16` (bytes 0, 2) and `SXTB16 ROR #8` (bytes 1, 3), and
+//! two `SMLAD`s take four products with the column stored in that order
+//! (`[x0, x2, x1, x3]` per group of four). Elsewhere (Cortex-M3, hosts
+//! running the reference kernels) the column keeps its natural order and
+//! the products are plain. Both orders are tested on the host, the DSP one
+//! through a Rust model of the two instructions; the board tests compare
+//! the firmware's outputs with the host's exactly.
+//!
+//! Exactness: the weights are taken raw and their zero point applied to
+//! the column sum, `Σ (w - zw)(x - zx) = Σ w·(x - zx) - zw·Σ (x - zx)`, and
+//! `SMLAD` adds its two products to the accumulator modulo 2^32: every
+//! sum is the reference loops' wrapping sum (integer addition is
+//! associative), whatever the order.
+
+use super::qconv::{finish, OutQ, QConvView};
+use super::qgemm::zero_points_fit;
+use super::requant::Requant;
+use super::{valid_range, win, QInt};
+
+/// Most patch values of one output position (the column: 2 × this many
+/// bytes of stack). ResNet-8's 3×3×64 patch is 576.
+pub(crate) const KMAX: usize = 640;
+
+/// Whether the DSP (`SMLAD`) dot product is built in.
+pub(crate) const DSP: bool = cfg!(mote_dsp);
+
+/// Whether [`conv`] takes this (not depthwise) convolution: its patch fits
+/// the column and `x - zx` fits an i16.
+pub(crate) fn fits(q: &QConvView<'_>) -> bool {
+    let p = &q.p;
+    let cg = p.c / p.group.max(1);
+    cg.checked_mul(p.g.k_size()).is_some_and(|kk| kk <= KMAX)
+        && zero_points_fit(&[q.zx])
+        && !p.is_depthwise()
+}
+
+/// A column: `KMAX` i16 values in u32 words (the DSP loop reads pairs).
+struct Col([u32; KMAX / 2]);
+
+impl Col {
+    fn new() -> Self {
+        Col([0; KMAX / 2])
+    }
+
+    fn values(&mut self) -> &mut [i16] {
+        bytemuck::cast_slice_mut(&mut self.0)
+    }
+
+    /// Puts the first `kk / 4` groups of four in the DSP order
+    /// `[x0, x2, x1, x3]` (the tail stays natural).
+    fn reorder(&mut self, kk: usize) {
+        for quad in self.values().chunks_exact_mut(4).take(kk / 4) {
+            quad.swap(1, 2);
+        }
+    }
+}
+
+/// The convolution `y = conv(x, w)` (all images and groups), with
+/// `DSP_ORDER` choosing the dot product. `None` if a geometry disagrees
+/// with the slices (checked by the caller; never happens).
+pub(crate) fn conv<X: QInt, W: QInt, Y: QInt, const DSP_ORDER: bool>(
+    x: &[X],
+    w: &[W],
+    y: &mut [Y],
+    q: &QConvView<'_>,
+) -> Option<()> {
+    let p = &q.p;
+    let g = &p.g;
+    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let cg = p.c / p.group.max(1);
+    let mg = p.m / p.group.max(1);
+    let kk = cg * k_sz;
+    if kk > KMAX {
+        return None;
+    }
+    let [_, o1, o2] = g.out;
+    let mut col = Col::new();
+    for ni in 0..p.batch {
+        for grp in 0..p.group {
+            let xg = win(x, (ni * p.c + grp * cg) * in_sz, cg * in_sz)?;
+            let oc0 = grp * mg;
+            let rows = Rows {
+                w: win(w, oc0 * kk, mg * kk)?,
+                kk,
+                zw: win(q.zw, oc0, mg)?,
+                bias: win(q.bias, oc0, mg)?,
+                mult: win(q.mult, oc0, mg)?,
+                out: &q.out,
+            };
+            let yg = y.get_mut((ni * p.m + oc0) * out_sz..)?;
+            for j in 0..out_sz {
+                let at = [
+                    j / (o1 * o2).max(1),
+                    (j / o2.max(1)) % o1.max(1),
+                    j % o2.max(1),
+                ];
+                let sum = gather(xg, q, at, col.values())?;
+                if DSP_ORDER {
+                    col.reorder(kk);
+                }
+                rows.outputs::<DSP_ORDER, Y>(&col, sum, |oc, v| {
+                    if let Some(d) = yg.get_mut(oc * out_sz + j) {
+                        *d = v;
+                    }
+                })?;
+            }
+        }
+    }
+    Some(())
+}
+
+/// Gathers the patch of output position `at` (`[d, h, w]`) of one group's
+/// input planes `xg` into `col`, as `x - zx`; returns the patch's sum.
+/// The in-bounds taps of a kernel row are the same on every row
+/// (`valid_range`, once per position): each row is zeros, a run read from
+/// the input line, zeros.
+#[inline(always)]
+fn gather<X: QInt>(xg: &[X], q: &QConvView<'_>, at: [usize; 3], col: &mut [i16]) -> Option<i32> {
+    let g = &q.p.g;
+    let (in_sz, k_sz) = (g.in_size(), g.k_size());
+    let [i0, i1, i2] = g.inp;
+    let [k0, k1, k2] = g.k;
+    let (zx, d2) = (q.zx, g.d[2].max(1));
+    let cg = q.p.c / q.p.group.max(1);
+    let (lo, hi) = valid_range(k2, d2, at[2] * g.s[2], g.pb[2], i2);
+    let first = (at[2] * g.s[2] + lo * d2).wrapping_sub(g.pb[2]);
+    let mut rows = col.get_mut(..cg * k_sz)?.chunks_exact_mut(k2.max(1));
+    let mut sum = 0i32;
+    for plane in xg.chunks_exact(in_sz.max(1)).take(cg) {
+        for kd in 0..k0 {
+            let id = (at[0] * g.s[0] + kd * g.d[0]).wrapping_sub(g.pb[0]);
+            for kh in 0..k1 {
+                let ih = (at[1] * g.s[1] + kh * g.d[1]).wrapping_sub(g.pb[1]);
+                let dst = rows.next()?;
+                dst.fill(0);
+                if id >= i0 || ih >= i1 || lo >= hi {
+                    continue;
+                }
+                let src = win(plane, (id * i1 + ih) * i2, i2)?.get(first..)?;
+                let run = dst.get_mut(lo..hi)?;
+                if d2 == 1 {
+                    for (d, v) in run.iter_mut().zip(src) {
+                        let v = v.get() - zx;
+                        *d = v as i16;
+                        sum = sum.wrapping_add(v);
+                    }
+                } else {
+                    for (d, v) in run.iter_mut().zip(src.iter().step_by(d2)) {
+                        let v = v.get() - zx;
+                        *d = v as i16;
+                        sum = sum.wrapping_add(v);
+                    }
+                }
+            }
+        }
+    }
+    Some(sum)
+}
+
+/// One group's output channels: weight rows (`kk` each), zero points,
+/// bias, multipliers and output clamp.
+struct Rows<'a, W> {
+    w: &'a [W],
+    kk: usize,
+    zw: &'a [i32],
+    bias: &'a [i32],
+    mult: &'a [Requant],
+    out: &'a OutQ,
+}
+
+impl<W: QInt> Rows<'_, W> {
+    /// Every output channel's value at one position from its column
+    /// (`sum` = Σ column), handed to `store(channel, value)`.
+    #[inline(always)]
+    fn outputs<const DSP_ORDER: bool, Y: QInt>(
+        &self,
+        col: &Col,
+        sum: i32,
+        mut store: impl FnMut(usize, Y),
+    ) -> Option<()> {
+        let kk = self.kk;
+        let col = col.0.get(..kk.div_ceil(2))?;
+        let mut oc = 0;
+        while oc < self.zw.len() {
+            // Four rows at a time; past the last row, repeat it (the extra
+            // sums are not stored).
+            let last = self.zw.len() - 1;
+            let row = |r: usize| win(self.w, (oc + r).min(last) * kk, kk);
+            let rows = [row(0)?, row(1)?, row(2)?, row(3)?];
+            let acc = if DSP_ORDER {
+                dot_dsp(rows, col, kk)
+            } else {
+                dot_plain(rows, col, kk)
+            };
+            for (r, a) in acc.iter().enumerate().take(self.zw.len() - oc) {
+                let i = oc + r;
+                let (zw, b, m) = (*self.zw.get(i)?, *self.bias.get(i)?, self.mult.get(i)?);
+                let a = b.wrapping_add(*a).wrapping_sub(zw.wrapping_mul(sum));
+                store(i, finish(a, m, self.out));
+            }
+            oc += 4;
+        }
+        Some(())
+    }
+}
+
+/// The column's i16 values (natural order from `4 * (kk / 4)` on).
+fn halves(col: &[u32]) -> &[i16] {
+    bytemuck::cast_slice(col)
+}
+
+/// Four rows' dot products with a natural-order column (four separate
+/// accumulators: an array indexed in the loop stays in memory).
+#[inline(always)]
+fn dot_plain<W: QInt>(rows: [&[W]; 4], col: &[u32], kk: usize) -> [i32; 4] {
+    let [r0, r1, r2, r3] = rows;
+    let (mut a0, mut a1, mut a2, mut a3) = (0i32, 0i32, 0i32, 0i32);
+    let xs = halves(col).get(..kk).unwrap_or(&[]);
+    let it = xs.iter().zip(r0).zip(r1).zip(r2).zip(r3);
+    for ((((&x, w0), w1), w2), w3) in it {
+        let x = i32::from(x);
+        a0 = a0.wrapping_add(w0.get() * x);
+        a1 = a1.wrapping_add(w1.get() * x);
+        a2 = a2.wrapping_add(w2.get() * x);
+        a3 = a3.wrapping_add(w3.get() * x);
+    }
+    [a0, a1, a2, a3]
+}
+
+/// Four rows' dot products with a DSP-order column ([`Col::reorder`]):
+/// two `SMLAD`s per four weights and row, the tail plain.
+#[inline(always)]
+fn dot_dsp<W: QInt>(rows: [&[W]; 4], col: &[u32], kk: usize) -> [i32; 4] {
+    let [r0, r1, r2, r3] = rows;
+    let (mut a0, mut a1, mut a2, mut a3) = (0i32, 0i32, 0i32, 0i32);
+    let quads = col.chunks_exact(2).take(kk / 4);
+    let it = quads
+        .zip(r0.chunks_exact(4))
+        .zip(r1.chunks_exact(4))
+        .zip(r2.chunks_exact(4))
+        .zip(r3.chunks_exact(4));
+    for ((((b, w0), w1), w2), w3) in it {
+        let (b02, b13) = match b {
+            [lo, hi] => (*lo, *hi),
+            _ => (0, 0),
+        };
+        a0 = mac4::<W>(a0, word(w0), b02, b13);
+        a1 = mac4::<W>(a1, word(w1), b02, b13);
+        a2 = mac4::<W>(a2, word(w2), b02, b13);
+        a3 = mac4::<W>(a3, word(w3), b02, b13);
+    }
+    let mut a = [a0, a1, a2, a3];
+    let k4 = kk / 4 * 4;
+    let tail = halves(col).get(k4..kk).unwrap_or(&[]);
+    for (p, &x) in tail.iter().enumerate() {
+        let x = i32::from(x);
+        for (acc, row) in a.iter_mut().zip([r0, r1, r2, r3]) {
+            let w = row.get(k4 + p).map_or(0, |v| v.get());
+            *acc = acc.wrapping_add(w * x);
+        }
+    }
+    a
+}
+
+/// `acc` plus four products: weights `v` (four bytes) with the column
+/// pairs `b02` (values 0 and 2) and `b13` (1 and 3).
+#[inline(always)]
+fn mac4<W: QInt>(acc: i32, v: u32, b02: u32, b13: u32) -> i32 {
+    let (w02, w13) = if W::LO < 0 {
+        (sxtb16(v), sxtb16(v.rotate_right(8)))
+    } else {
+        (v & 0x00ff_00ff, (v >> 8) & 0x00ff_00ff)
+    };
+    smlad(w13, b13, smlad(w02, b02, acc))
+}
+
+/// Four weights as one little-endian word (one load on Cortex-M4/M7).
+#[inline(always)]
+fn word<W: QInt>(w: &[W]) -> u32 {
+    match w {
+        [a, b, c, d, ..] => u32::from_le_bytes([a.bits(), b.bits(), c.bits(), d.bits()]),
+        _ => 0,
+    }
+}
+
+/// `SMLAD acc, a, b`: `acc + a.lo·b.lo + a.hi·b.hi` (signed halves),
+/// modulo 2^32.
+#[inline(always)]
+fn smlad(a: u32, b: u32, acc: i32) -> i32 {
+    #[cfg(mote_dsp)]
+    {
+        let r: i32;
+        // SAFETY: register-only arithmetic (it may set the sticky Q flag,
+        // which nothing reads).
+        unsafe {
+            core::arch::asm!(
+                "smlad {r}, {a}, {b}, {c}",
+                r = lateout(reg) r,
+                a = in(reg) a,
+                b = in(reg) b,
+                c = in(reg) acc,
+                options(pure, nomem, nostack),
+            );
+        }
+        r
+    }
+    #[cfg(not(mote_dsp))]
+    {
+        let lo = (a as u16 as i16 as i32) * (b as u16 as i16 as i32);
+        let hi = ((a >> 16) as u16 as i16 as i32) * ((b >> 16) as u16 as i16 as i32);
+        acc.wrapping_add(lo).wrapping_add(hi)
+    }
+}
+
+/// `SXTB16 v`: bytes 0 and 2 sign-extended into the two halves.
+#[inline(always)]
+fn sxtb16(v: u32) -> u32 {
+    #[cfg(mote_dsp)]
+    {
+        let r: u32;
+        // SAFETY: register-only arithmetic.
+        unsafe {
+            core::arch::asm!(
+                "sxtb16 {r}, {v}",
+                r = lateout(reg) r,
+                v = in(reg) v,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        r
+    }
+    #[cfg(not(mote_dsp))]
+    {
+        let lo = v as u8 as i8 as i16 as u16 as u32;
+        let hi = (v >> 16) as u8 as i8 as i16 as u16 as u32;
+        lo | (hi << 16)
+    }
+}
+
+/// Pointwise convolution in place, `m == c` (see
+/// [`super::qconv::can_conv_in_place`]): each pixel's channels are
+/// gathered into the column before its outputs overwrite them.
+pub(crate) fn pointwise_in_place<T: QInt, W: QInt, const DSP_ORDER: bool>(
+    w: &[W],
+    y: &mut [T],
+    q: &QConvView<'_>,
+) -> Option<()> {
+    let (p, sz) = (&q.p, q.p.g.in_size());
+    let c_n = p.c;
+    if c_n > KMAX || !zero_points_fit(&[q.zx]) {
+        return None;
+    }
+    let rows = Rows {
+        w: win(w, 0, p.m * c_n)?,
+        kk: c_n,
+        zw: q.zw.get(..p.m)?,
+        bias: q.bias.get(..p.m)?,
+        mult: q.mult.get(..p.m)?,
+        out: &q.out,
+    };
+    let mut col = Col::new();
+    for img in y.chunks_exact_mut((c_n * sz).max(1)) {
+        for px in 0..sz {
+            let mut sum = 0i32;
+            for (ch, d) in col.values().iter_mut().take(c_n).enumerate() {
+                let v = img.get(ch * sz + px)?.get() - q.zx;
+                *d = v as i16;
+                sum = sum.wrapping_add(v);
+            }
+            if DSP_ORDER {
+                col.reorder(c_n);
+            }
+            rows.outputs::<DSP_ORDER, T>(&col, sum, |oc, v| {
+                if let Some(d) = img.get_mut(oc * sz + px) {
+                    *d = v;
+                }
+            })?;
+        }
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsp_model_matches_the_plain_sums() {
+        // smlad / sxtb16 models against their definitions on edge values.
+        for &(a, b) in &[
+            (0x8000_7fffu32, 0x7fff_8000u32),
+            (0xffff_ffff, 0x0001_0001),
+            (0, 0),
+        ] {
+            let want = 7i32
+                .wrapping_add((a as u16 as i16 as i32) * (b as u16 as i16 as i32))
+                .wrapping_add(((a >> 16) as i16 as i32) * ((b >> 16) as i16 as i32));
+            assert_eq!(smlad(a, b, 7), want);
+        }
+        assert_eq!(sxtb16(0x7f80_ff01), 0x0080_0001 | 0xff80_0000);
+        assert_eq!(sxtb16(0x12ff_34fe), 0xffff_fffe);
+    }
+}
