@@ -25,7 +25,7 @@
 use super::qconv::{finish, OutQ, QConvView};
 use super::qgemm::zero_points_fit;
 use super::requant::Requant;
-use super::{valid_range, win, QInt};
+use super::{valid_range, win, win_mut, QInt};
 
 /// Most patch values of one output position (the column: 2 × this many
 /// bytes of stack). ResNet-8's 3×3×64 patch is 576.
@@ -277,7 +277,7 @@ fn dot_dsp<W: QInt>(rows: [&[W]; 4], col: &[u32], kk: usize) -> [i32; 4] {
 #[inline(always)]
 fn mac4<W: QInt>(acc: i32, v: u32, b02: u32, b13: u32) -> i32 {
     let (w02, w13) = if W::LO < 0 {
-        (sxtb16(v), sxtb16(v.rotate_right(8)))
+        (sxtb16(v), sxtb16_ror8(v))
     } else {
         (v & 0x00ff_00ff, (v >> 8) & 0x00ff_00ff)
     };
@@ -347,6 +347,29 @@ fn sxtb16(v: u32) -> u32 {
     }
 }
 
+/// `SXTB16 v, ROR #8`: bytes 1 and 3 sign-extended into the two halves.
+#[inline(always)]
+fn sxtb16_ror8(v: u32) -> u32 {
+    #[cfg(mote_dsp)]
+    {
+        let r: u32;
+        // SAFETY: register-only arithmetic.
+        unsafe {
+            core::arch::asm!(
+                "sxtb16 {r}, {v}, ror #8",
+                r = lateout(reg) r,
+                v = in(reg) v,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        r
+    }
+    #[cfg(not(mote_dsp))]
+    {
+        sxtb16(v.rotate_right(8))
+    }
+}
+
 /// Pointwise convolution in place, `m == c` (see
 /// [`super::qconv::can_conv_in_place`]): each pixel's channels are
 /// gathered into the column before its outputs overwrite them.
@@ -390,6 +413,125 @@ pub(crate) fn pointwise_in_place<T: QInt, W: QInt, const DSP_ORDER: bool>(
     Some(())
 }
 
+/// Most values of a depthwise band: `k_h` padded input rows, each as wide
+/// as the output row reads (2 × this many bytes of stack).
+pub(crate) const DW_BAND: usize = 384;
+/// Most taps of a depthwise kernel.
+pub(crate) const DW_TAPS: usize = 64;
+
+/// Padded width of a depthwise band row: the input columns one output row
+/// reads, `(o_w - 1)·s_w + (k_w - 1)·d_w + 1`.
+fn band_width(g: &super::Geom) -> Option<usize> {
+    let [_, _, o2] = g.out;
+    let [_, _, k2] = g.k;
+    if o2 == 0 || k2 == 0 {
+        return Some(0);
+    }
+    (o2 - 1)
+        .checked_mul(g.s[2])?
+        .checked_add((k2 - 1).checked_mul(g.d[2])?)?
+        .checked_add(1)
+}
+
+/// Whether [`dw_plane`] takes this depthwise convolution: 2-D, its band
+/// and taps fit, and `x - zx` fits an i16.
+pub(crate) fn dw_fits(q: &QConvView<'_>) -> bool {
+    let g = &q.p.g;
+    let band = band_width(g).and_then(|w| w.checked_mul(g.k[1]));
+    g.k[0] == 1
+        && g.inp[0] == 1
+        && g.out[0] == 1
+        && g.pb[0] == 0
+        && band.is_some_and(|b| b <= DW_BAND)
+        && g.k[1].checked_mul(g.k[2]).is_some_and(|t| t <= DW_TAPS)
+        && zero_points_fit(&[q.zx])
+}
+
+/// One channel `c` of a depthwise convolution ([`dw_fits`]): for each
+/// output row, the `k_h` input rows it reads are copied as `x - zx` into a
+/// band with the padding as zeros, so the taps run with no bounds tests;
+/// the weights minus their zero point are taken once per plane.
+/// `band` is the caller's scratch of [`DW_BAND`] values (zeroing it once
+/// per convolution rather than per plane).
+pub(crate) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
+    xp: &[X],
+    wp: &[W],
+    yo: &mut [Y],
+    c: usize,
+    q: &QConvView<'_>,
+    band: &mut [i16],
+) -> Option<()> {
+    let g = &q.p.g;
+    let ([_, o1, o2], [_, i1, i2], [_, k1, k2]) = (g.out, g.inp, g.k);
+    let (s1, s2, d1, d2) = (g.s[1], g.s[2].max(1), g.d[1], g.d[2].max(1));
+    let (pb1, pb2, zx) = (g.pb[1], g.pb[2], q.zx);
+    let bw = band_width(g)?;
+    let (zw, b, r) = (*q.zw.get(c)?, *q.bias.get(c)?, q.mult.get(c)?);
+    let mut wz = [0i32; DW_TAPS];
+    for (d, v) in wz.iter_mut().zip(wp.get(..k1 * k2)?) {
+        *d = v.get() - zw;
+    }
+    let band = band.get_mut(..k1 * bw)?;
+    // The padding columns stay zero: rows only ever write their interior
+    // (a row over the top or bottom padding is zeroed whole).
+    band.fill(0);
+    for oh in 0..o1 {
+        for kh in 0..k1 {
+            let dst = win_mut(band, kh * bw, bw)?;
+            let ih = (oh * s1 + kh * d1).wrapping_sub(pb1);
+            if ih >= i1 {
+                dst.fill(0);
+                continue;
+            }
+            // Band column t reads input column t - pb_w.
+            if let Some(d) = dst.get_mut(pb2..) {
+                for (d, v) in d.iter_mut().zip(win(xp, ih * i2, i2)?) {
+                    *d = (v.get() - zx) as i16;
+                }
+            }
+        }
+        let yrow = yo.get_mut(oh * o2..(oh + 1) * o2)?;
+        if k1 == 3 && k2 == 3 && d2 == 1 {
+            // The common 3×3 kernel: nine taps in straight-line code.
+            let (r0, rest) = band.split_at_checked(bw)?;
+            let (r1, r2) = rest.split_at_checked(bw)?;
+            let [w0, w1, w2, w3, w4, w5, w6, w7, w8, ..] = wz;
+            for (ow, yv) in yrow.iter_mut().enumerate() {
+                let i = ow * s2;
+                let (Some(&[a0, a1, a2]), Some(&[b0, b1, b2]), Some(&[c0, c1, c2])) =
+                    (r0.get(i..i + 3), r1.get(i..i + 3), r2.get(i..i + 3))
+                else {
+                    return None;
+                };
+                let t = |x: i16, w: i32| i32::from(x).wrapping_mul(w);
+                let acc = b
+                    .wrapping_add(t(a0, w0).wrapping_add(t(a1, w1)).wrapping_add(t(a2, w2)))
+                    .wrapping_add(t(b0, w3).wrapping_add(t(b1, w4)).wrapping_add(t(b2, w5)))
+                    .wrapping_add(t(c0, w6).wrapping_add(t(c1, w7)).wrapping_add(t(c2, w8)));
+                *yv = finish(acc, r, &q.out);
+            }
+            continue;
+        }
+        for (ow, yv) in yrow.iter_mut().enumerate() {
+            let mut acc = b;
+            for (kh, wr) in wz.chunks_exact(k2.max(1)).take(k1).enumerate() {
+                let row = band.get(kh * bw + ow * s2..)?;
+                if d2 == 1 {
+                    for (x, w) in row.iter().zip(wr) {
+                        acc = acc.wrapping_add(i32::from(*x) * w);
+                    }
+                } else {
+                    for (x, w) in row.iter().step_by(d2).zip(wr) {
+                        acc = acc.wrapping_add(i32::from(*x) * w);
+                    }
+                }
+            }
+            *yv = finish(acc, r, &q.out);
+        }
+    }
+    Some(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,5 +551,6 @@ mod tests {
         }
         assert_eq!(sxtb16(0x7f80_ff01), 0x0080_0001 | 0xff80_0000);
         assert_eq!(sxtb16(0x12ff_34fe), 0xffff_fffe);
+        assert_eq!(sxtb16_ror8(0x80ff_7f01), 0xff80_007f);
     }
 }

@@ -131,6 +131,9 @@ pub(crate) fn geom_ok(g: &Geom) -> Result<()> {
 /// the strided loop.
 const CONTIGUOUS: bool = cfg!(target_pointer_width = "64");
 
+/// Scratch of the banded depthwise kernel (32-bit targets only).
+const BAND: usize = if CONTIGUOUS { 0 } else { qcol::DW_BAND };
+
 /// Output positions of one row accumulated at a time, on the stack.
 const ROW: usize = 64;
 /// Fewest rows of a QMatMul run as a GEMM (below, packing B costs more
@@ -484,11 +487,17 @@ pub(crate) fn qconv_dw<X: QInt, W: QInt, Y: QInt>(
     }
     let g = &p.g;
     let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let mut band = [0i16; BAND];
     for ni in 0..p.batch {
         for c in 0..p.c {
             let xp = win(x, (ni * p.c + c) * in_sz, in_sz).ok_or_else(out_of_bounds)?;
             let yo = win_mut(y, (ni * p.c + c) * out_sz, out_sz).ok_or_else(out_of_bounds)?;
             let wp = win(w, c * k_sz, k_sz).ok_or_else(out_of_bounds)?;
+            if !CONTIGUOUS && qcol::dw_fits(q) {
+                // 32-bit targets: the banded kernel.
+                qcol::dw_plane(xp, wp, yo, c, q, &mut band).ok_or_else(out_of_bounds)?;
+                continue;
+            }
             dw_plane(xp, wp, yo, c, q).ok_or_else(out_of_bounds)?;
         }
     }
@@ -589,11 +598,16 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
     }
     if p.is_depthwise() && sz <= INPLACE_PLANE {
         let k_sz = p.g.k_size();
+        let mut band = [0i16; BAND];
         for (c, plane) in y.chunks_exact_mut(sz.max(1)).enumerate() {
             let c = c % p.c.max(1);
             let saved = buf.get_mut(..plane.len()).ok_or_else(out_of_bounds)?;
             saved.copy_from_slice(plane);
             let wp = win(w, c * k_sz, k_sz).ok_or_else(out_of_bounds)?;
+            if !CONTIGUOUS && qcol::dw_fits(q) {
+                qcol::dw_plane(saved, wp, plane, c, q, &mut band).ok_or_else(out_of_bounds)?;
+                continue;
+            }
             dw_plane(saved, wp, plane, c, q).ok_or_else(out_of_bounds)?;
         }
         return Ok(());
@@ -1146,7 +1160,7 @@ mod tests {
 
     fn conv_cases<X: QInt, W: QInt>(seed: u64) {
         let mut rng = Rng(seed);
-        let (mut flat_cases, mut col_cases) = (0, 0);
+        let (mut flat_cases, mut col_cases, mut band_cases) = (0, 0, 0);
         for n in 0..crate::kern::count(300, 4) {
             let cs = case::<X, W>(&mut rng, n % 3 == 0);
             let q = cs.view();
@@ -1213,6 +1227,18 @@ mod tests {
                         assert_eq!(flat, want, "depthwise flat {sel:?}, case {n}: {p:?}");
                     }
                 }
+                if qcol::dw_fits(&q) {
+                    let mut band = vec![i8::MIN; want.len()];
+                    for pl in 0..p.batch * p.c {
+                        let ch = pl % p.c;
+                        let xp = &x[pl * in_sz..][..in_sz];
+                        let wc = &w[ch * k_sz..][..k_sz];
+                        let yo = &mut band[pl * out_sz..][..out_sz];
+                        qcol::dw_plane(xp, wc, yo, ch, &q, &mut [0; qcol::DW_BAND]).unwrap();
+                    }
+                    assert_eq!(band, want, "depthwise band, case {n}: {p:?}");
+                    band_cases += 1;
+                }
                 for sel in qgemm::testing::selections() {
                     let _g = qgemm::testing::with(sel);
                     let mut all = vec![i8::MIN; want.len()];
@@ -1228,6 +1254,10 @@ mod tests {
         assert!(
             col_cases > crate::kern::count(100, 0),
             "column kernel taken {col_cases} times"
+        );
+        assert!(
+            band_cases > crate::kern::count(50, 0),
+            "depthwise band kernel taken {band_cases} times"
         );
     }
 
@@ -1267,6 +1297,55 @@ mod tests {
         let sel = (Kernels::Blocked, false);
         assert!(!qdw::DwScratch::<{ qdw::FLAT }>::with(sel).flat(&x, &w, &mut y, 0, &cs.view()));
         qconv_dw(&x, &w, &mut y, &cs.view()).expect("the row path takes it");
+    }
+
+    /// The banded depthwise kernel of 32-bit targets on its 3×3 fast path
+    /// (strides 1 and 2, padding 0 to 2) and others, against the
+    /// reference loop, plain and in place.
+    #[test]
+    fn depthwise_band_matches_the_reference() {
+        let mut rng = Rng(21);
+        let mut taken = 0;
+        for n in 0..crate::kern::count(200, 4) {
+            let mut cs = case::<i8, i8>(&mut rng, true);
+            let g = &mut cs.p.g;
+            if n % 4 != 3 {
+                for ax in 1..3 {
+                    g.k[ax] = 3;
+                    g.d[ax] = 1;
+                    g.s[ax] = 1 + rng.below(2);
+                    g.pb[ax] = rng.below(3);
+                    g.pe[ax] = if n % 2 == 0 { g.pb[ax] } else { rng.below(3) };
+                    g.inp[ax] = 1 + rng.below(30);
+                    let padded = g.inp[ax] + g.pb[ax] + g.pe[ax];
+                    g.out[ax] = if padded >= 3 {
+                        (padded - 3) / g.s[ax] + 1
+                    } else {
+                        0
+                    };
+                }
+            }
+            let q = cs.view();
+            let p = &cs.p;
+            if !qcol::dw_fits(&q) {
+                continue;
+            }
+            taken += 1;
+            let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
+            let x: Vec<i8> = rng.q(p.batch * p.c * in_sz);
+            let w: Vec<i8> = rng.q(p.c * k_sz);
+            for pl in 0..p.batch * p.c {
+                let ch = pl % p.c;
+                let xp = &x[pl * in_sz..][..in_sz];
+                let wc = &w[ch * k_sz..][..k_sz];
+                let mut want = vec![0i8; out_sz];
+                dw_plane(xp, wc, &mut want, ch, &q).unwrap();
+                let mut got = vec![i8::MIN; out_sz];
+                qcol::dw_plane(xp, wc, &mut got, ch, &q, &mut [0; qcol::DW_BAND]).unwrap();
+                assert_eq!(got, want, "case {n}, plane {pl}: {p:?}");
+            }
+        }
+        assert!(taken > crate::kern::count(150, 0), "taken {taken} times");
     }
 
     #[test]

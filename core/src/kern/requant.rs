@@ -91,7 +91,12 @@ impl Requant {
     /// `round_half_even(acc · m)`.
     #[inline]
     pub fn apply(&self, acc: i32) -> i64 {
-        round_shift(acc as i64 * self.mult as i64, self.shift as u32)
+        let (p, shift) = (acc as i64 * self.mult as i64, self.shift as u32);
+        if (32..=62).contains(&shift) {
+            // Every multiplier below 1/2 (all the usual ones).
+            return round_shift_hi(p, shift);
+        }
+        round_shift_out_of_line(p, shift)
     }
 
     /// `clamp(round_half_even((bias + acc) · m) + zy, lo, hi)` for a row of
@@ -238,6 +243,34 @@ fn round_shift(p: i64, shift: u32) -> i64 {
     }
 }
 
+/// [`round_shift`] not inlined: [`Requant::apply`]'s rare path (multipliers
+/// of 1/2 and more), kept out of the many kernels that inline `apply`.
+#[inline(never)]
+fn round_shift_out_of_line(p: i64, shift: u32) -> i64 {
+    round_shift(p, shift)
+}
+
+/// [`round_shift`] for `shift` in `[32, 62]` and `|p| < 2^62` on 32-bit
+/// words (a Cortex-M has no 64-bit shifter: the generic version's two
+/// variable 64-bit shifts cost about 40 instructions there): the floor is
+/// the high word shifted by `shift - 32`, and the remainder, the masked
+/// high word over the low word, is compared with half as one u64.
+#[inline]
+fn round_shift_hi(p: i64, shift: u32) -> i64 {
+    let t = shift.wrapping_sub(32) & 31;
+    let (hi, lo) = ((p >> 32) as i32, p as u32);
+    let q = hi >> t;
+    let r_hi = (hi as u32) & ((1u32 << t) - 1);
+    let r = (u64::from(r_hi) << 32) | u64::from(lo);
+    let half = if t == 0 {
+        1u64 << 31
+    } else {
+        u64::from(1u32 << (t - 1)) << 32
+    };
+    let up = r > half || (r == half && q & 1 == 1);
+    i64::from(q) + i64::from(up)
+}
+
 /// [`round_shift`] without branches (so that a row of outputs vectorizes
 /// and an unpredictable tie test costs nothing), for `|p| < 2^62` and
 /// `shift <= 62`: `floor((p + half - 1 + q_odd) / 2^shift)` where `q_odd`
@@ -327,6 +360,44 @@ mod tests {
                 let p = if i % 2 == 0 { p } else { -p };
                 assert_eq!(
                     round_shift_small(p, shift),
+                    round_shift(p, shift),
+                    "{p} >> {shift}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn word_rounding_is_the_generic_one() {
+        let mut seed = 5u64;
+        for shift in 32..=62u32 {
+            for i in 0..crate::kern::count(20_000, 200) {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Ties and their neighbours, then arbitrary values.
+                let p = match i % 4 {
+                    0 | 1 => {
+                        let q = (seed >> 20) as i64 % (1i64 << (62 - shift).min(40));
+                        let r = (1i64 << (shift - 1)) + (i % 3) as i64 - 1;
+                        q * (1i64 << shift) + r
+                    }
+                    _ => (seed as i64) >> 2,
+                };
+                let p = if i % 2 == 0 { p } else { -p };
+                assert_eq!(
+                    round_shift_hi(p, shift),
+                    round_shift(p, shift),
+                    "{p} >> {shift}"
+                );
+            }
+        }
+        // Products at the extremes.
+        for (acc, mult) in [(i32::MIN, i32::MAX), (i32::MAX, i32::MAX), (-1, 1), (1, 1)] {
+            let p = acc as i64 * mult as i64;
+            for shift in 32..=62 {
+                assert_eq!(
+                    round_shift_hi(p, shift),
                     round_shift(p, shift),
                     "{p} >> {shift}"
                 );
