@@ -340,15 +340,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn branch_free_rounding_is_the_branchy_one() {
-        let mut seed = 3u64;
-        for shift in 0..=62u32 {
-            for i in 0..crate::kern::count(4000, 200) {
+    /// `(p, shift)` cases for the rounding variants: per shift, `n`
+    /// values, mostly ties and their neighbours, then arbitrary ones (all
+    /// with `|p| < 2^62`), of both signs.
+    fn shift_cases(
+        seed: u64,
+        shifts: core::ops::RangeInclusive<u32>,
+        n: usize,
+    ) -> alloc::vec::Vec<(i64, u32)> {
+        let mut seed = seed;
+        let mut out = alloc::vec::Vec::new();
+        for shift in shifts {
+            for i in 0..n {
                 seed = seed
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                // Mostly ties and their neighbours, then arbitrary values.
                 let p = match i % 4 {
                     0 | 1 if shift > 0 => {
                         let q = (seed >> 20) as i64 % (1i64 << (62 - shift).min(40));
@@ -357,40 +363,31 @@ mod tests {
                     }
                     _ => (seed as i64) >> 2,
                 };
-                let p = if i % 2 == 0 { p } else { -p };
-                assert_eq!(
-                    round_shift_small(p, shift),
-                    round_shift(p, shift),
-                    "{p} >> {shift}"
-                );
+                out.push((if i % 2 == 0 { p } else { -p }, shift));
             }
+        }
+        out
+    }
+
+    #[test]
+    fn branch_free_rounding_is_the_branchy_one() {
+        for (p, shift) in shift_cases(3, 0..=62, crate::kern::count(4000, 200)) {
+            assert_eq!(
+                round_shift_small(p, shift),
+                round_shift(p, shift),
+                "{p} >> {shift}"
+            );
         }
     }
 
     #[test]
     fn word_rounding_is_the_generic_one() {
-        let mut seed = 5u64;
-        for shift in 32..=62u32 {
-            for i in 0..crate::kern::count(20_000, 200) {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                // Ties and their neighbours, then arbitrary values.
-                let p = match i % 4 {
-                    0 | 1 => {
-                        let q = (seed >> 20) as i64 % (1i64 << (62 - shift).min(40));
-                        let r = (1i64 << (shift - 1)) + (i % 3) as i64 - 1;
-                        q * (1i64 << shift) + r
-                    }
-                    _ => (seed as i64) >> 2,
-                };
-                let p = if i % 2 == 0 { p } else { -p };
-                assert_eq!(
-                    round_shift_hi(p, shift),
-                    round_shift(p, shift),
-                    "{p} >> {shift}"
-                );
-            }
+        for (p, shift) in shift_cases(5, 32..=62, crate::kern::count(20_000, 200)) {
+            assert_eq!(
+                round_shift_hi(p, shift),
+                round_shift(p, shift),
+                "{p} >> {shift}"
+            );
         }
         // Products at the extremes.
         for (acc, mult) in [(i32::MIN, i32::MAX), (i32::MAX, i32::MAX), (-1, 1), (1, 1)] {
