@@ -78,8 +78,8 @@ const KWS_ARENA_BASELINE: usize = 8496;
 /// Runtime code and kernel bytes of the KWS firmware on lm3s6965evb
 /// (`scripts/board-costs.sh`, with lazily checked IO names and the column
 /// and depthwise kernels of `kern/qcol.rs`).
-const KWS_M3_RUNTIME_BASELINE: u64 = 9454;
-const KWS_M3_KERNELS_BASELINE: u64 = 17306;
+const KWS_M3_RUNTIME_BASELINE: u64 = 9554;
+const KWS_M3_KERNELS_BASELINE: u64 = 17626;
 /// TFLM's framework without kernels on the Cortex-M3: the runtime code
 /// must stay at or below it whatever the 3 % margin allows.
 const TFLM_M3_RUNTIME: u64 = 9732;

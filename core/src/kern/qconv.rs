@@ -6,7 +6,7 @@ use super::par::SharedMut;
 use super::qcol;
 use super::qdw;
 use super::qgemm::{self, zero_points_fit, QIo, QMatA, Zero};
-use super::requant::{clamp, Requant};
+use super::requant::Requant;
 use super::{check_len, out_of_bounds, valid_range, win, win_mut, Geom, QInt};
 use crate::error::Result;
 
@@ -89,7 +89,7 @@ pub(super) fn tap_range(g: &Geom, ax: usize, o: usize) -> (usize, usize) {
 
 #[inline]
 pub(super) fn finish<Y: QInt>(acc: i32, r: &Requant, o: &OutQ) -> Y {
-    Y::from_sat(clamp(r.apply(acc), o.zy, o.lo, o.hi))
+    Y::from_sat(r.apply_clamp(acc, o.zy, o.lo, o.hi))
 }
 
 /// [`finish`] over a row of sums with one bias and multiplier.

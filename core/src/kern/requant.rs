@@ -94,9 +94,24 @@ impl Requant {
         let (p, shift) = (acc as i64 * self.mult as i64, self.shift as u32);
         if (32..=62).contains(&shift) {
             // Every multiplier below 1/2 (all the usual ones).
-            return round_shift_hi(p, shift);
+            return i64::from(round_shift_hi(p, shift));
         }
         round_shift_out_of_line(p, shift)
+    }
+
+    /// `clamp(apply(acc) + zero_point, lo, hi)` ([`clamp`]), in 32-bit
+    /// arithmetic when the shift is 32 or more (the rounded value then
+    /// lies within ±2^30): what the 32-bit kernels store per output.
+    #[inline(always)]
+    pub(crate) fn apply_clamp(&self, acc: i32, zero_point: i32, lo: i32, hi: i32) -> i32 {
+        let shift = self.shift as u32;
+        if (32..=62).contains(&shift) {
+            let q = round_shift_hi(acc as i64 * self.mult as i64, shift);
+            // As `clamp`: a sum past the i32 range saturates, and then
+            // clamps to the same bound as the i64 sum would.
+            return q.saturating_add(zero_point).max(lo).min(hi);
+        }
+        clamp(self.apply(acc), zero_point, lo, hi)
     }
 
     /// `clamp(round_half_even((bias + acc) · m) + zy, lo, hi)` for a row of
@@ -256,7 +271,7 @@ fn round_shift_out_of_line(p: i64, shift: u32) -> i64 {
 /// the high word shifted by `shift - 32`, and the remainder, the masked
 /// high word over the low word, is compared with half as one u64.
 #[inline]
-fn round_shift_hi(p: i64, shift: u32) -> i64 {
+fn round_shift_hi(p: i64, shift: u32) -> i32 {
     let t = shift.wrapping_sub(32) & 31;
     let (hi, lo) = ((p >> 32) as i32, p as u32);
     let q = hi >> t;
@@ -268,7 +283,8 @@ fn round_shift_hi(p: i64, shift: u32) -> i64 {
         u64::from(1u32 << (t - 1)) << 32
     };
     let up = r > half || (r == half && q & 1 == 1);
-    i64::from(q) + i64::from(up)
+    // |p| < 2^62: |q| < 2^30, so q + 1 does not overflow.
+    q.wrapping_add(i32::from(up))
 }
 
 /// [`round_shift`] without branches (so that a row of outputs vectorizes
@@ -381,10 +397,33 @@ mod tests {
     }
 
     #[test]
+    fn apply_clamp_is_apply_then_clamp() {
+        let (ms, accs) = (rnd(5_000, 17), rnd(5_000, 18));
+        let zps = [0, -128, 255, -3, i32::MAX, i32::MIN];
+        let bounds = [(-128, 127), (0, 255), (-3, 127), (i32::MIN, i32::MAX)];
+        for (i, (&u, &a)) in ms.iter().zip(&accs).enumerate() {
+            // Multipliers from 2^-40 to 2^4: shifts on both sides of 32.
+            let r = Requant::new(libm::exp2(u as f64 * 44.0 - 40.0)).unwrap();
+            let acc = match i % 5 {
+                0 => i32::MAX,
+                1 => i32::MIN,
+                _ => (a * 2.0e9) as i32,
+            };
+            let zy = zps[i % zps.len()];
+            let (lo, hi) = bounds[i % bounds.len()];
+            assert_eq!(
+                r.apply_clamp(acc, zy, lo, hi),
+                clamp(r.apply(acc), zy, lo, hi),
+                "acc {acc} {r:?} zy {zy} [{lo}, {hi}]"
+            );
+        }
+    }
+
+    #[test]
     fn word_rounding_is_the_generic_one() {
         for (p, shift) in shift_cases(5, 32..=62, crate::kern::count(20_000, 200)) {
             assert_eq!(
-                round_shift_hi(p, shift),
+                i64::from(round_shift_hi(p, shift)),
                 round_shift(p, shift),
                 "{p} >> {shift}"
             );
@@ -394,7 +433,7 @@ mod tests {
             let p = acc as i64 * mult as i64;
             for shift in 32..=62 {
                 assert_eq!(
-                    round_shift_hi(p, shift),
+                    i64::from(round_shift_hi(p, shift)),
                     round_shift(p, shift),
                     "{p} >> {shift}"
                 );
