@@ -525,7 +525,8 @@ impl Model {
             .map(|t| t.name.as_str())
     }
 
-    /// Stores the f32 weights of Conv, ConvTranspose, MatMul and Gemm as f16,
+    /// Stores the f32 weights of Conv, ConvTranspose, MatMul and Gemm (and of
+    /// the optimizer's FusedConv / FusedGemm) as f16,
     /// halving their bytes: every f32 initializer read only as input 1 (the
     /// weight) of those ops, and not a graph input or output nor named by a
     /// control-flow body, is rounded to f16 (nearest even). Those kernels
@@ -549,11 +550,15 @@ impl Model {
         let mut weight_use = alloc::vec![false; n];
         let mut captured: Vec<&str> = Vec::new();
         for node in &g.nodes {
-            let weighty = node.domain.is_empty()
-                && matches!(
+            let weighty = match node.domain.as_str() {
+                "" => matches!(
                     node.op_type.as_str(),
                     "Conv" | "ConvTranspose" | "MatMul" | "Gemm"
-                );
+                ),
+                // The optimizer's Conv / Gemm with a fused activation.
+                "com.microsoft" => matches!(node.op_type.as_str(), "FusedConv" | "FusedGemm"),
+                _ => false,
+            };
             for (i, t) in node.inputs.iter().enumerate() {
                 if let Some(&t) = t.as_ref() {
                     let slot = if weighty && i == 1 {

@@ -42,13 +42,12 @@ fn convbn_folds_batchnorm_and_matches_onnxruntime() {
         .iter()
         .map(|n| n.op_type.as_str())
         .collect();
+    assert_eq!(count(Pass::Activation), 2, "{:#?}", model.rewrites);
     assert_eq!(
         ops,
         [
-            "Conv",
-            "Relu",
-            "Conv",
-            "Relu",
+            "FusedConv",
+            "FusedConv",
             "GlobalAveragePool",
             "Flatten",
             "Gemm"

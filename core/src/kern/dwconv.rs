@@ -17,7 +17,7 @@
 //! discarded. No bounds tests in the loop, and vectors of the plane's size
 //! instead of the row's (5 floats in KWS).
 
-use super::{valid_range, win, win_mut, Geom};
+use super::{copy_row, valid_range, win, win_mut, Geom};
 
 /// `y[t] += w0 * x[t] + w1 * x[t + 1] + w2 * x[t + 2]` over `y`: three taps
 /// of stride 1 at once (`x` has `y.len() + 2` values); `false` if short.
@@ -29,6 +29,42 @@ fn three_taps(y: &mut [f32], x: &[f32], [w0, w1, w2]: [f32; 3]) -> bool {
     };
     for (((yv, &a), &b), &c) in y.iter_mut().zip(x0).zip(x1).zip(x2) {
         *yv += w0 * a + w1 * b + w2 * c;
+    }
+    true
+}
+
+/// `y[t] = bias + w[0]·x[0][t] + … + w[8]·x[8][t]`, added tap by tap in
+/// that order: a 3 × 3 window in one pass over the grid, with the
+/// operations per element of the reference loops (bias, then one product
+/// per tap), so f16 / bf16 planes that accumulate in f32 round the same
+/// value. `false` if a run is short.
+#[inline(always)]
+fn nine_taps(y: &mut [f32], bias: f32, x: [&[f32]; 9], w: [f32; 9]) -> bool {
+    let n = y.len();
+    let [x0, x1, x2, x3, x4, x5, x6, x7, x8] = x;
+    let (Some(x0), Some(x1), Some(x2)) = (x0.get(..n), x1.get(..n), x2.get(..n)) else {
+        return false;
+    };
+    let (Some(x3), Some(x4), Some(x5)) = (x3.get(..n), x4.get(..n), x5.get(..n)) else {
+        return false;
+    };
+    let (Some(x6), Some(x7), Some(x8)) = (x6.get(..n), x7.get(..n), x8.get(..n)) else {
+        return false;
+    };
+    let [w0, w1, w2, w3, w4, w5, w6, w7, w8] = w;
+    let r0 = x0.iter().zip(x1).zip(x2);
+    let r1 = x3.iter().zip(x4).zip(x5);
+    let r2 = x6.iter().zip(x7).zip(x8);
+    for (yv, (((&a0, &a1), &a2), (((&a3, &a4), &a5), ((&a6, &a7), &a8)))) in
+        y.iter_mut().zip(r0.zip(r1.zip(r2)))
+    {
+        // Tap by tap, as the reference loops add them (same bits).
+        let mut v = bias;
+        let taps = [a0, a1, a2, a3, a4, a5, a6, a7, a8];
+        for (w, a) in [w0, w1, w2, w3, w4, w5, w6, w7, w8].into_iter().zip(taps) {
+            v += w * a;
+        }
+        *yv = v;
     }
     true
 }
@@ -79,6 +115,13 @@ pub(crate) const FLAT: usize = 4096;
 pub(crate) struct Flat {
     xp: [f32; FLAT],
     yq: [f32; FLAT],
+    /// The even columns of `xp`, then its odd ones (3 × 3, stride 2).
+    de: [f32; FLAT],
+    /// The layout `(len, wp, p1, p2, i1, i2)` of the last plane copied in:
+    /// `xp[..len]` is zero outside that layout's data rectangle, so a plane
+    /// of the same layout need not clear the padding again. `None`: all of
+    /// `xp` is zero.
+    layout: Option<[usize; 6]>,
 }
 
 impl Flat {
@@ -87,6 +130,8 @@ impl Flat {
         Flat {
             xp: [0.0; FLAT],
             yq: [0.0; FLAT],
+            de: [0.0; FLAT],
+            layout: None,
         }
     }
 
@@ -140,15 +185,71 @@ impl Flat {
         ) else {
             return false;
         };
-        xp.fill(0.0);
+        let layout = [len, wp, p1, p2, i1, i2];
+        if self.layout.is_some_and(|l| l != layout) {
+            xp.fill(0.0);
+        }
+        // Only the data rectangle of `layout` is written below.
+        self.layout = Some(layout);
         for (r, src) in x.chunks_exact(i2).take(i1).enumerate() {
             let Some(dst) = win_mut(xp, (r + p1) * wp + p2, i2) else {
                 return false;
             };
-            dst.copy_from_slice(src);
+            copy_row(dst, src);
         }
-        yq.fill(bias);
+        if k1 == 3 && k2 == 3 && (s == 1 || s == 2) {
+            // 3 × 3 (MobileNet's and KWS's depthwise layers): the nine taps
+            // in one pass over the grid. With stride 2 the plane is first
+            // split into its even and odd columns, so that every tap reads
+            // a contiguous run of one of them.
+            let src: &[f32] = if s == 1 {
+                xp
+            } else {
+                let h = len.div_ceil(2);
+                let Some((even, odd)) = self.de.split_at_mut_checked(h) else {
+                    return false;
+                };
+                for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(xp.chunks_exact(2)) {
+                    if let &[a, b] = pair {
+                        (*e, *o) = (a, b);
+                    }
+                }
+                if len % 2 == 1 {
+                    if let (Some(e), Some(&a)) = (even.get_mut(h - 1), xp.get(len - 1)) {
+                        *e = a;
+                    }
+                }
+                &self.de[..]
+            };
+            let half = len.div_ceil(2);
+            let mut taps = [&[][..]; 9];
+            for (t, tap) in taps.iter_mut().enumerate() {
+                let off = (t / 3) * d1 * wp + (t % 3) * d2;
+                // xp[s·u + off] for u < grid: xp[u + off], or the even
+                // (odd) half at u + off / 2 for an even (odd) offset.
+                let at = if s == 1 {
+                    off
+                } else {
+                    (off % 2) * half + off / 2
+                };
+                let Some(run) = win(src, at, grid) else {
+                    return false;
+                };
+                *tap = run;
+            }
+            let Ok(wv) = <[f32; 9]>::try_from(w.get(..9).unwrap_or(&[])) else {
+                return false;
+            };
+            if !nine_taps(yq, bias, taps, wv) {
+                return false;
+            }
+        } else {
+            yq.fill(bias);
+        }
         for (kh, wr) in w.chunks_exact(k2).take(k1).enumerate() {
+            if k1 == 3 && k2 == 3 && (s == 1 || s == 2) {
+                break;
+            }
             let row = kh * d1 * wp;
             if s == 1 && k2 == 3 && d2 == 1 {
                 let (Some(ws), Some(xs)) = (row3(wr, 0), win(xp, row, grid + 2)) else {
@@ -180,7 +281,7 @@ impl Flat {
             let Some(src) = src.get(..o2) else {
                 return false;
             };
-            dst.copy_from_slice(src);
+            copy_row(dst, src);
         }
         true
     }

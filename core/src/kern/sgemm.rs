@@ -969,48 +969,70 @@ mod tests {
 
     #[test]
     fn im2col_matches_direct_convolution() {
-        // 2 channels, 5x6 input, 3x2 kernel, stride (2,1), dilation (1,2),
-        // pads (1,0,2,1): B(p, j) against the definition.
-        let g = Geom {
-            inp: [1, 5, 6],
-            out: [1, 0, 0],
-            k: [1, 3, 2],
-            s: [1, 2, 1],
-            d: [1, 1, 2],
-            pb: [0, 1, 0],
-            pe: [0, 2, 1],
-        };
-        let o1 = (5 + 1 + 2 - 3) / 2 + 1;
-        // (6 + pad 1 - dilated span 3) / 1 + 1.
-        let o2 = 5;
-        let g = Geom {
-            out: [1, o1, o2],
-            ..g
-        };
+        // B(p, j) of the packed panels against the definition, from k
+        // offsets inside a channel, over several geometries: strides 1 to
+        // 3, dilation, pads on both sides, output rows wider than a panel.
+        // (channels, inp [h, w], k, s, d, pads [top, left, bottom, right])
+        type Case = (
+            usize,
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 4],
+        );
+        let cases: [Case; 5] = [
+            (2, [5, 6], [3, 2], [2, 1], [1, 2], [1, 0, 2, 1]),
+            (3, [9, 70], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            (2, [12, 11], [3, 3], [2, 2], [1, 1], [1, 1, 0, 0]),
+            (2, [4, 40], [1, 7], [1, 3], [1, 1], [0, 3, 0, 3]),
+            (1, [3, 3], [3, 3], [1, 1], [1, 1], [2, 2, 2, 2]),
+        ];
         let mut seed = 3;
-        let x = rand(2 * 30, &mut seed);
-        let src = Im2col { x: &x, g: &g };
-        let (kk, nn) = (2 * 6, o1 * o2);
-        let mut panel = vec![0f32; KC * NR];
-        for j0 in (0..nn).step_by(NR) {
-            let nr = NR.min(nn - j0);
-            assert!(src.pack(0, kk, j0, nr, &mut panel));
-            for p in 0..kk {
-                for j in 0..NR {
-                    let want = if j >= nr {
-                        0.0
-                    } else {
-                        let (c, kh, kw) = (p / 6, (p % 6) / 2, p % 2);
-                        let (oh, ow) = ((j0 + j) / o2, (j0 + j) % o2);
-                        let ih = (oh * 2 + kh) as isize - 1;
-                        let iw = (ow + kw * 2) as isize;
-                        if !(0..5).contains(&ih) || iw >= 6 {
-                            0.0
-                        } else {
-                            x[c * 30 + ih as usize * 6 + iw as usize]
+        for (ch, [h, w], k, st, d, pads) in cases {
+            let ext = |i: usize, k: usize, s: usize, d: usize, pa: usize, pb: usize| {
+                (i + pa + pb - (k - 1) * d - 1) / s + 1
+            };
+            let (o1, o2) = (
+                ext(h, k[0], st[0], d[0], pads[0], pads[2]),
+                ext(w, k[1], st[1], d[1], pads[1], pads[3]),
+            );
+            let g = Geom {
+                inp: [1, h, w],
+                out: [1, o1, o2],
+                k: [1, k[0], k[1]],
+                s: [1, st[0], st[1]],
+                d: [1, d[0], d[1]],
+                pb: [0, pads[0], pads[1]],
+                pe: [0, pads[2], pads[3]],
+            };
+            let x = rand(ch * h * w, &mut seed);
+            let src = Im2col { x: &x, g: &g };
+            let ksz = k[0] * k[1];
+            let (kk, nn) = (ch * ksz, o1 * o2);
+            let want = |p: usize, j: usize| {
+                let (c, kh, kw) = (p / ksz, (p % ksz) / k[1], p % k[1]);
+                let (oh, ow) = (j / o2, j % o2);
+                let ih = (oh * st[0] + kh * d[0]) as isize - pads[0] as isize;
+                let iw = (ow * st[1] + kw * d[1]) as isize - pads[1] as isize;
+                if !(0..h as isize).contains(&ih) || !(0..w as isize).contains(&iw) {
+                    0.0
+                } else {
+                    x[c * h * w + ih as usize * w + iw as usize]
+                }
+            };
+            for p0 in [0, 1, kk / 2] {
+                let kc = kk - p0;
+                let mut buf = vec![f32::NAN; KC * NR];
+                for j0 in (0..nn).step_by(NR) {
+                    let nr = NR.min(nn - j0);
+                    assert!(src.pack(p0, kc, j0, nr, &mut buf));
+                    for p in 0..kc {
+                        for j in 0..NR {
+                            let v = if j >= nr { 0.0 } else { want(p0 + p, j0 + j) };
+                            assert_eq!(buf[p * NR + j], v, "{g:?} p{} j{}", p0 + p, j0 + j);
                         }
-                    };
-                    assert_eq!(panel[p * NR + j], want, "p{p} j{}", j0 + j);
+                    }
                 }
             }
         }

@@ -71,6 +71,123 @@ fn prepare_leaky_relu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     )
 }
 
+/// An activation fused into the op before it (`com.microsoft.FusedConv`,
+/// made by the `activation` pass of `optimize::float`): the same f32
+/// formulas as the standalone operators.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Act {
+    Relu,
+    /// `Clip(min, max)`.
+    Clip(f32, f32),
+    /// `LeakyRelu(alpha)`.
+    LeakyRelu(f32),
+    Sigmoid,
+    Tanh,
+    /// `HardSigmoid(alpha, beta)`.
+    HardSigmoid(f32, f32),
+    HardSwish,
+}
+
+impl Act {
+    /// From onnxruntime's FusedConv attributes: `activation` and
+    /// `activation_params` (Clip: min, max; LeakyRelu: alpha; HardSigmoid:
+    /// alpha, beta).
+    pub(crate) fn from_attrs(name: &str, params: &[f32]) -> Result<Act> {
+        let bad = || {
+            Err(Error::new(ErrorKind::Attribute {
+                name: "activation_params",
+                problem: "wrong count for the activation",
+            }))
+        };
+        Ok(match (name, params) {
+            ("Relu", []) => Act::Relu,
+            ("Sigmoid", []) => Act::Sigmoid,
+            ("Tanh", []) => Act::Tanh,
+            ("HardSwish", []) => Act::HardSwish,
+            ("Clip", &[lo, hi]) => Act::Clip(lo, hi),
+            ("LeakyRelu", &[a]) => Act::LeakyRelu(a),
+            ("HardSigmoid", &[a, b]) => Act::HardSigmoid(a, b),
+            (
+                "Relu" | "Sigmoid" | "Tanh" | "HardSwish" | "Clip" | "LeakyRelu" | "HardSigmoid",
+                _,
+            ) => return bad(),
+            _ => {
+                return Err(Error::new(ErrorKind::Attribute {
+                    name: "activation",
+                    problem:
+                        "not one of Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish",
+                }))
+            }
+        })
+    }
+
+    /// From onnxruntime's FusedGemm attributes: `activation`, and
+    /// `activation_alpha` / `activation_beta` (NaN: absent, the operator's
+    /// default). No Clip or HardSwish there.
+    pub(crate) fn from_gemm_attrs(name: &str, alpha: f32, beta: f32) -> Result<Act> {
+        let or = |v: f32, d: f32| if v.is_nan() { d } else { v };
+        Ok(match name {
+            "Relu" => Act::Relu,
+            "Sigmoid" => Act::Sigmoid,
+            "Tanh" => Act::Tanh,
+            "LeakyRelu" => Act::LeakyRelu(or(alpha, 0.01)),
+            "HardSigmoid" => Act::HardSigmoid(or(alpha, 0.2), or(beta, 0.5)),
+            _ => {
+                return Err(Error::new(ErrorKind::Attribute {
+                    name: "activation",
+                    problem: "not one of Relu, LeakyRelu, Sigmoid, Tanh, HardSigmoid",
+                }))
+            }
+        })
+    }
+
+    /// FusedGemm's `(activation, activation_alpha, activation_beta)`;
+    /// `None` for the activations it does not take.
+    pub(crate) fn to_gemm_attrs(self) -> Option<(&'static str, Option<f32>, Option<f32>)> {
+        match self {
+            Act::Relu => Some(("Relu", None, None)),
+            Act::Sigmoid => Some(("Sigmoid", None, None)),
+            Act::Tanh => Some(("Tanh", None, None)),
+            Act::LeakyRelu(a) => Some(("LeakyRelu", Some(a), None)),
+            Act::HardSigmoid(a, b) => Some(("HardSigmoid", Some(a), Some(b))),
+            Act::Clip(..) | Act::HardSwish => None,
+        }
+    }
+
+    /// The attributes [`Act::from_attrs`] reads back.
+    pub(crate) fn to_attrs(self) -> (&'static str, alloc::vec::Vec<f32>) {
+        match self {
+            Act::Relu => ("Relu", alloc::vec![]),
+            Act::Sigmoid => ("Sigmoid", alloc::vec![]),
+            Act::Tanh => ("Tanh", alloc::vec![]),
+            Act::HardSwish => ("HardSwish", alloc::vec![]),
+            Act::Clip(lo, hi) => ("Clip", alloc::vec![lo, hi]),
+            Act::LeakyRelu(a) => ("LeakyRelu", alloc::vec![a]),
+            Act::HardSigmoid(a, b) => ("HardSigmoid", alloc::vec![a, b]),
+        }
+    }
+
+    /// Applies the activation to every value of `y`.
+    pub(crate) fn apply(self, y: &mut [f32]) {
+        match self {
+            // NaN stays NaN.
+            Act::Relu => y
+                .iter_mut()
+                .for_each(|v| *v = if *v < 0.0 { 0.0 } else { *v }),
+            Act::Clip(lo, hi) => y.iter_mut().for_each(|v| *v = clip(*v, lo, hi)),
+            Act::LeakyRelu(a) => y
+                .iter_mut()
+                .for_each(|v| *v = if *v < 0.0 { a * *v } else { *v }),
+            Act::Sigmoid => y.iter_mut().for_each(|v| *v = math::sigmoid(*v)),
+            Act::Tanh => y.iter_mut().for_each(|v| *v = math::tanh(*v)),
+            Act::HardSigmoid(a, b) => y.iter_mut().for_each(|v| *v = clip(a * *v + b, 0.0, 1.0)),
+            Act::HardSwish => y
+                .iter_mut()
+                .for_each(|v| *v = *v * clip(*v * (1.0 / 6.0) + 0.5, 0.0, 1.0)),
+        }
+    }
+}
+
 /// `min(max(x, lo), hi)`, NaN-propagating; `lo > hi` gives `hi`.
 #[inline]
 fn clip<T: PartialOrd>(v: T, lo: T, hi: T) -> T {

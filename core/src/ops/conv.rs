@@ -12,6 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::kern::dwconv;
 use crate::kern::par;
 use crate::kern::sgemm::{self, MatA};
+use crate::ops::activation::Act;
 use crate::ops::util::{div, div_rem, divides, rem, Acc, Float};
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
@@ -22,6 +23,7 @@ use core::num::NonZeroUsize;
 pub const OPS: &[OpDef] = &[
     OpDef::onnx("Conv", 1, prepare_conv),
     OpDef::onnx("ConvTranspose", 1, prepare_conv_transpose),
+    OpDef::domain("com.microsoft", "FusedConv", 1, prepare_fused_conv),
 ];
 
 pub(crate) use crate::kern::{valid_range, Geom, MAX_SPATIAL};
@@ -352,6 +354,36 @@ fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "Conv", ConvDir::Forward)
+}
+
+/// onnxruntime's `com.microsoft.FusedConv` (f32): Conv, then the activation
+/// named by `activation` / `activation_params` on each output value. mote's
+/// optimizer makes it from Conv → Relu / Clip / LeakyRelu / Sigmoid / Tanh /
+/// HardSigmoid / HardSwish (`optimize::float`, pass `activation`); the
+/// optional fourth input Z (a sum) is not supported.
+fn prepare_fused_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    if ctx.num_inputs() > 3 {
+        return Err(Error::new(ErrorKind::Unsupported(
+            "FusedConv with a Z (sum) input",
+        )));
+    }
+    let dt = ctx.input(0)?.dtype;
+    if dt != DType::F32 {
+        return Err(Error::new(ErrorKind::UnsupportedDType {
+            what: "FusedConv",
+            code: dt.onnx_code(),
+        }));
+    }
+    let params = ctx.attr_floats("activation_params")?.unwrap_or(&[]);
+    let act = Act::from_attrs(ctx.attr_str("activation", "")?, params)?;
+    let mut p = prepare_conv(ctx)?;
+    let conv = p.kernel;
+    p.kernel = alloc::boxed::Box::new(kernel("FusedConv", move |io| {
+        conv.run(io)?;
+        act.apply(io.output_slice::<f32>(0)?);
+        Ok(())
+    }));
+    Ok(p)
 }
 
 /// Which direct form a Conv-like kernel runs.

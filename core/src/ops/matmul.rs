@@ -3,6 +3,7 @@
 //! `Model::weights_to_f16`).
 use crate::error::{Error, ErrorKind, Result};
 use crate::kern::sgemm::{self, Dense, MatA, Trans};
+use crate::ops::activation::Act;
 use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
@@ -13,6 +14,7 @@ use alloc::vec::Vec;
 /// Operators of this family.
 pub const OPS: &[OpDef] = &[
     OpDef::onnx("Gemm", 7, prepare_gemm),
+    OpDef::domain("com.microsoft", "FusedGemm", 1, prepare_fused_gemm),
     OpDef::onnx("MatMul", 1, prepare_matmul),
     OpDef::onnx("Det", 11, prepare_det),
 ];
@@ -400,6 +402,34 @@ pub(crate) fn gemm_geom(
         transb,
         c,
     })
+}
+
+/// onnxruntime's `com.microsoft.FusedGemm` (f32): Gemm, then the activation
+/// named by `activation` (Relu, LeakyRelu with `activation_alpha`, Sigmoid,
+/// Tanh, HardSigmoid with `activation_alpha` / `activation_beta`) on each
+/// output value. mote's optimizer makes it from Gemm → one of those
+/// (`optimize::float`, pass `activation`).
+fn prepare_fused_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    let dt = ctx.input(0)?.dtype;
+    if dt != DType::F32 {
+        return Err(Error::new(ErrorKind::UnsupportedDType {
+            what: "FusedGemm",
+            code: dt.onnx_code(),
+        }));
+    }
+    let act = Act::from_gemm_attrs(
+        ctx.attr_str("activation", "")?,
+        ctx.attr_float("activation_alpha", f32::NAN)?,
+        ctx.attr_float("activation_beta", f32::NAN)?,
+    )?;
+    let mut p = prepare_gemm(ctx)?;
+    let gemm = p.kernel;
+    p.kernel = alloc::boxed::Box::new(kernel("FusedGemm", move |io| {
+        gemm.run(io)?;
+        act.apply(io.output_slice::<f32>(0)?);
+        Ok(())
+    }));
+    Ok(p)
 }
 
 fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {

@@ -332,6 +332,36 @@ fn pool<T: PoolElem>(
                 };
                 for (ow, out) in yrow.iter_mut().enumerate() {
                     let (aw, bw) = valid_range(k2, d2, ow * s2, p2, i2);
+                    if let (Mode::Avg(include), [1, 1, 0, 0], 1, 1) =
+                        (mode, [i0, k0, p0, e0], d1, d2)
+                    {
+                        // A 2-D average whose taps in a row are contiguous:
+                        // rows summed with partial sums; when the window
+                        // spans whole rows (KWS's 25 × 5 pool), its rows are
+                        // one contiguous run.
+                        let cnt = if include {
+                            ph * taps_below(ow, s2, d2, k2, p2, i2 + e2)
+                        } else {
+                            (bh - ah) * (bw - aw)
+                        };
+                        let mut acc = 0.0f32;
+                        if aw < bw && ah < bh {
+                            let iw0 = ow * s2 + aw - p2;
+                            let (ih0, ih1) = (oh * s1 + ah - p1, oh * s1 + bh - 1 - p1);
+                            if iw0 == 0 && bw - aw == i2 {
+                                let run = xp.get(ih0 * i2..(ih1 + 1) * i2).ok_or(short)?;
+                                acc = sum_lanes(run, T::to_f32);
+                            } else {
+                                for ih in ih0..=ih1 {
+                                    let r = ih * i2 + iw0;
+                                    let taps = xp.get(r..r + (bw - aw)).ok_or(short)?;
+                                    acc += sum_lanes(taps, T::to_f32);
+                                }
+                            }
+                        }
+                        *out = T::from_f32(if cnt == 0 { 0.0 } else { acc / cnt as f32 });
+                        continue;
+                    }
                     let mut acc = 0.0f32;
                     let mut best = T::LOWEST;
                     // (d, h, w) of the maximum, for Indices.
@@ -427,6 +457,28 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
     })))
 }
 
+/// Sum of `xs` in the accumulator type with eight partial sums (element
+/// `i` goes to lane `i mod 8`), combined pairwise at the end. The adds of a
+/// lane do not wait on each other's latency and vectorize; the order differs
+/// from a left-to-right sum only by rounding, as in onnxruntime's own
+/// vectorized pools.
+#[inline(always)]
+fn sum_lanes<T: Copy, A: Acc>(xs: &[T], widen: impl Fn(T) -> A) -> A {
+    let mut lanes = [A::ZERO; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += widen(v);
+        }
+    }
+    let mut tail = A::ZERO;
+    for &v in chunks.remainder() {
+        tail += widen(v);
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    ((a + e) + (b + f)) + ((c + g) + (d + h)) + tail
+}
+
 /// A global pool over `planes` planes of `plane` elements, accumulated in
 /// f32 (f64 for f64).
 fn run_global<T: Float>(
@@ -443,7 +495,6 @@ fn run_global<T: Float>(
         y.fill(T::from_f32(if mode == Mode::Max { f32::MIN } else { 0.0 }));
         return Ok(());
     }
-    let zero = <T::Acc as Acc>::ZERO;
     let cnt = T::Acc::from_f64(plane as f64);
     for (o, xp) in y.iter_mut().zip(x.chunks_of(plane)) {
         *o = match mode {
@@ -458,7 +509,7 @@ fn run_global<T: Float>(
                     }
                 },
             ),
-            Mode::Avg(_) => T::from_acc(xp.iter().fold(zero, |s, &v| s + v.to_acc()) / cnt),
+            Mode::Avg(_) => T::from_acc(sum_lanes(xp, T::to_acc) / cnt),
             Mode::Lp(p) => T::from_f32(root(
                 xp.iter().map(|&v| abs_pow(v.to_f32(), p)).sum::<f32>(),
                 p,
@@ -836,6 +887,15 @@ mod tests {
                 Some(inc),
                 Some("SAME_UPPER"),
             );
+            // Windows of whole rows (one contiguous run: KWS's 25 × 5 pool,
+            // and two rows of 20) and long partial rows (the lane sums).
+            for (xs, k, s, p) in [
+                ([1, 3, 25, 5], [25, 5], [1, 1], [0, 0, 0, 0]),
+                ([1, 2, 6, 20], [2, 20], [2, 1], [0, 0, 0, 0]),
+                ([1, 2, 5, 19], [3, 17], [1, 1], [1, 1, 1, 1]),
+            ] {
+                check_pool(xs, k, s, [1, 1], p, false, Some(inc), None);
+            }
         }
     }
 

@@ -13,9 +13,10 @@
 //! | `batchnorm` | Conv / ConvTranspose → BatchNormalization → one Conv with W·s, (b−mean)·s+β, s = γ/√(var+ε) (f64) |
 //! | `bias` | Conv / Gemm → Add of a per-channel constant → into the bias; Conv / Gemm / MatMul → Mul of a per-channel constant → into the weights |
 //! | `gemm` | MatMul (2-D A, constant 2-D B) → Add of a constant along N → Gemm |
+//! | `activation` | Conv (constant f32 W) → Relu / Clip (constant bounds) / LeakyRelu / Sigmoid / Tanh / HardSigmoid / HardSwish → one `com.microsoft.FusedConv`; Gemm (constant f32 B) → Relu / LeakyRelu / Sigmoid / Tanh / HardSigmoid → one `com.microsoft.FusedGemm` (onnxruntime's ops and attributes, plus HardSwish in FusedConv; the activation runs on the output in the same step) |
 //! | `dead` | nodes nobody reads removed; then tensors nobody names dropped (unused initializers with them) |
 //!
-//! The first five repeat until none applies (a BN fold may expose an Add
+//! The first six repeat until none applies (a BN fold may expose an Add
 //! fold behind it); `dead` runs last. A tensor that is a graph output or is
 //! read by a control-flow node (whose body may capture it by name) is
 //! *pinned*: no rewrite removes it or renames its producer away, so graph
@@ -26,6 +27,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::model::{Attr, AttrValue, Const, Dim, Graph, Node, TensorInfo};
+use crate::ops::activation::Act;
 use crate::{DType, TensorId};
 
 /// The float passes, in the order they run.
@@ -42,18 +44,22 @@ pub enum Pass {
     Bias,
     /// MatMul + constant Add turned into Gemm.
     Gemm,
+    /// An activation after a Conv / Gemm fused into it (`FusedConv`,
+    /// `FusedGemm`).
+    Activation,
     /// Nodes whose outputs nobody reads, and unused tensors, removed.
     Dead,
 }
 
 impl Pass {
     /// Every pass, in run order.
-    pub const ALL: [Pass; 6] = [
+    pub const ALL: [Pass; 7] = [
         Pass::Transpose,
         Pass::Identity,
         Pass::BatchNorm,
         Pass::Bias,
         Pass::Gemm,
+        Pass::Activation,
         Pass::Dead,
     ];
     /// Short name (`mote inspect --optimized`).
@@ -64,6 +70,7 @@ impl Pass {
             Pass::BatchNorm => "batchnorm",
             Pass::Bias => "bias",
             Pass::Gemm => "gemm",
+            Pass::Activation => "activation",
             Pass::Dead => "dead",
         }
     }
@@ -89,6 +96,9 @@ pub fn run(g: &mut Graph) -> Vec<Rewrite> {
         Pass::BatchNorm,
         Pass::Bias,
         Pass::Gemm,
+        // Last: BatchNormalization and bias folds into a Conv come first
+        // (a FusedConv is no longer a default-domain Conv).
+        Pass::Activation,
     ];
     // Every rewrite removes a node or moves a Transpose one producer up;
     // the bound only guards against a pattern that would undo another.
@@ -283,6 +293,7 @@ fn find(g: &Graph, ix: &Ix, pass: Pass, i: usize) -> Option<Edit> {
         Pass::BatchNorm => batchnorm(g, ix, i, n),
         Pass::Bias => bias(g, ix, i, n),
         Pass::Gemm => gemm(g, ix, i, n),
+        Pass::Activation => activation(g, ix, i, n),
         Pass::Dead => None,
     }
 }
@@ -934,6 +945,109 @@ fn gemm(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
 }
 
 // ---------------------------------------------------------------------------
+// activation
+
+/// A scalar f32 constant input `k` of `n`; `Some(None)` when absent.
+fn const_scalar(g: &Graph, n: &Node, k: usize) -> Option<Option<f32>> {
+    let Some(t) = input(n, k) else {
+        return Some(None);
+    };
+    match const_f32(g, Some(t))? {
+        (_, &[v]) => Some(Some(v)),
+        _ => None,
+    }
+}
+
+/// The activation node `n` as a fused one, if its parameters are known.
+fn fusable_act(g: &Graph, n: &Node) -> Option<Act> {
+    if !n.domain.is_empty() {
+        return None;
+    }
+    Some(match n.op_type.as_str() {
+        "Relu" => Act::Relu,
+        "Sigmoid" => Act::Sigmoid,
+        "Tanh" => Act::Tanh,
+        "HardSwish" => Act::HardSwish,
+        "LeakyRelu" => Act::LeakyRelu(attr_f(n, "alpha", 0.01)),
+        "HardSigmoid" => Act::HardSigmoid(attr_f(n, "alpha", 0.2), attr_f(n, "beta", 0.5)),
+        "Clip" if n.opset < 11 => Act::Clip(
+            attr_f(n, "min", f32::NEG_INFINITY),
+            attr_f(n, "max", f32::INFINITY),
+        ),
+        "Clip" => Act::Clip(
+            const_scalar(g, n, 1)?.unwrap_or(f32::NEG_INFINITY),
+            const_scalar(g, n, 2)?.unwrap_or(f32::INFINITY),
+        ),
+        _ => return None,
+    })
+}
+
+fn activation(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
+    let act = fusable_act(g, n)?;
+    let y = output(n, 0)?;
+    let (pi, p) = ix.producer(g, input(n, 0)?)?;
+    let x = output(p, 0)?;
+    let conv = is_op(p, "Conv");
+    if !(conv || is_op(p, "Gemm"))
+        || p.outputs.len() != 1
+        || p.inputs.len() > 3
+        || !ix.only_read_by(x, i)
+        || n.outputs.len() != 1
+    {
+        return None;
+    }
+    // f32 weights, hence f32 X (the fused ops are f32 only).
+    const_f32(g, input(p, 1))?;
+    let mut attrs = p.attrs.clone();
+    attrs.retain(|a| !a.name.starts_with("activation"));
+    let str_attr = |name: &str, v: &str| Attr {
+        name: name.into(),
+        value: AttrValue::Str(v.as_bytes().to_vec()),
+    };
+    let float_attr = |name: &str, v: f32| Attr {
+        name: name.into(),
+        value: AttrValue::Float(v),
+    };
+    if conv {
+        let (name, params) = act.to_attrs();
+        attrs.push(str_attr("activation", name));
+        if !params.is_empty() {
+            attrs.push(Attr {
+                name: "activation_params".into(),
+                value: AttrValue::Floats(params),
+            });
+        }
+    } else {
+        let (name, alpha, beta) = act.to_gemm_attrs()?;
+        attrs.push(str_attr("activation", name));
+        attrs.extend(alpha.map(|a| float_attr("activation_alpha", a)));
+        attrs.extend(beta.map(|b| float_attr("activation_beta", b)));
+    }
+    let op = if conv { "FusedConv" } else { "FusedGemm" };
+    let fused = Node {
+        op_type: op.into(),
+        domain: "com.microsoft".into(),
+        opset: 1,
+        outputs: alloc::vec![Some(y)],
+        attrs,
+        ..p.clone()
+    };
+    let mut e = Edit::new(
+        Pass::Activation,
+        label(p, pi),
+        alloc::format!(
+            "{} '{}' fused into the {} ({op})",
+            n.op_type,
+            label(n, i),
+            p.op_type
+        ),
+    );
+    e.set.push((pi, fused));
+    e.remove.push(i);
+    Some(e)
+}
+
+// ---------------------------------------------------------------------------
 // dead
 
 fn dead_nodes(g: &mut Graph, notes: &mut Vec<Rewrite>) {
@@ -1139,7 +1253,7 @@ mod tests {
         let c2 = b.node("Conv", &[h, w2], vec![("group", AttrValue::Int(6))]);
         let y = b.bn(c2, 6);
         let m = check(b, &[y], 1e-5);
-        assert_eq!(ops(&m), ["Conv", "Relu", "Conv"]);
+        assert_eq!(ops(&m), ["FusedConv", "Conv"]);
         assert_eq!(count(&m, Pass::BatchNorm), 2);
         // The BN output (a graph output) keeps its name; old weights dropped.
         assert_eq!(m.output_names().next(), Some(y_name(y).as_str()));
@@ -1152,6 +1266,131 @@ mod tests {
 
     fn y_name(t: TensorId) -> String {
         alloc::format!("t{t}")
+    }
+
+    #[test]
+    fn activations_fuse_into_conv() {
+        // Each activation after a Conv (and a Conv → BN → Relu6 chain):
+        // one FusedConv with the outputs of the graph as built.
+        type Case<'a> = (&'a str, i64, Vec<(&'a str, AttrValue)>, &'a str);
+        let acts: Vec<Case> = vec![
+            ("Relu", 13, vec![], "Relu"),
+            (
+                "LeakyRelu",
+                13,
+                vec![("alpha", AttrValue::Float(0.3))],
+                "LeakyRelu",
+            ),
+            ("Sigmoid", 13, vec![], "Sigmoid"),
+            ("Tanh", 13, vec![], "Tanh"),
+            (
+                "HardSigmoid",
+                13,
+                vec![("alpha", AttrValue::Float(0.25))],
+                "HardSigmoid",
+            ),
+            ("HardSwish", 14, vec![], "HardSwish"),
+            (
+                "Clip",
+                6,
+                vec![
+                    ("min", AttrValue::Float(-0.2)),
+                    ("max", AttrValue::Float(0.3)),
+                ],
+                "Clip",
+            ),
+        ];
+        for (op, opset, attrs, name) in acts {
+            let mut b = G::new(7);
+            let x = b.input("x", &[1, 3, 6, 6]);
+            let (w, bias) = (b.rc(&[4, 3, 3, 3]), b.rc(&[4]));
+            let c = b.node("Conv", &[x, w, bias], vec![("pads", ints(&[1, 1, 1, 1]))]);
+            let y = b.node(op, &[c], attrs);
+            if let Some(n) = b.g.nodes.last_mut() {
+                n.opset = opset;
+            }
+            let m = check(b, &[y], 1e-5);
+            assert_eq!(ops(&m), ["FusedConv"], "{op}");
+            assert_eq!(m.graph.nodes[0].domain, "com.microsoft");
+            assert!(matches!(m.graph.nodes[0].attr("activation"),
+                Some(AttrValue::Str(s)) if s == name.as_bytes()));
+            assert_eq!(count(&m, Pass::Activation), 1);
+            // The activation's output (a graph output) keeps its name.
+            assert_eq!(m.output_names().next(), Some(y_name(y).as_str()));
+        }
+        // Clip (opset 13) with constant bounds after Conv → BN; depthwise.
+        let mut b = G::new(9);
+        let x = b.input("x", &[1, 4, 7, 7]);
+        let w = b.rc(&[4, 1, 3, 3]);
+        let c = b.node("Conv", &[x, w], vec![("group", AttrValue::Int(4))]);
+        let h = b.bn(c, 4);
+        let (lo, hi) = (b.cf(&[], &[0.0]), b.cf(&[], &[0.5]));
+        let y = b.node("Clip", &[h, lo, hi], vec![]);
+        let m = check(b, &[y], 1e-5);
+        assert_eq!(ops(&m), ["FusedConv"]);
+        // Not fused: a Clip bound computed at run time, the Conv output also
+        // read elsewhere, or a graph output.
+        let mut b = G::new(9);
+        let x = b.input("x", &[1, 2, 4, 4]);
+        let hi = b.input("hi", &[]);
+        let w = b.rc(&[2, 2, 1, 1]);
+        let c = b.node("Conv", &[x, w], vec![]);
+        let y = b.node("Clip", &[c, hi], vec![]);
+        let m = check(b, &[y], 1e-6);
+        assert_eq!(ops(&m), ["Conv", "Clip"]);
+        let mut b = G::new(9);
+        let x = b.input("x", &[1, 2, 4, 4]);
+        let w = b.rc(&[2, 2, 1, 1]);
+        let c = b.node("Conv", &[x, w], vec![]);
+        let y = b.node("Relu", &[c], vec![]);
+        let m = check(b, &[y, c], 1e-6);
+        assert_eq!(ops(&m), ["Conv", "Relu"]);
+        // Gemm: LeakyRelu and HardSigmoid fuse (FusedGemm's attributes);
+        // Clip does not (FusedGemm has no Clip).
+        for (op, attrs, fused) in [
+            ("LeakyRelu", vec![("alpha", AttrValue::Float(0.3))], true),
+            ("HardSigmoid", vec![("beta", AttrValue::Float(0.4))], true),
+            ("Relu", vec![], true),
+            ("Clip", vec![], false),
+        ] {
+            let mut b = G::new(9);
+            let x = b.input("x", &[3, 5]);
+            let (w, c) = (b.rc(&[4, 5]), b.rc(&[4]));
+            let h = b.node("Gemm", &[x, w, c], vec![("transB", AttrValue::Int(1))]);
+            let y = b.node(op, &[h], attrs);
+            let m = check(b, &[y], 1e-6);
+            let want: &[&str] = if fused {
+                &["FusedGemm"]
+            } else {
+                &["Gemm", "Clip"]
+            };
+            assert_eq!(ops(&m), want, "{op}");
+        }
+    }
+
+    #[test]
+    fn fused_conv_refuses_what_it_cannot_run() {
+        for (act, params) in [("Gelu", vec![]), ("Clip", vec![1.0]), ("Relu", vec![2.0])] {
+            let r = Act::from_attrs(act, &params);
+            assert!(r.is_err(), "{act} {params:?}");
+        }
+        // Round trip of every activation's attributes.
+        for a in [
+            Act::Relu,
+            Act::Clip(-1.0, 2.0),
+            Act::LeakyRelu(0.1),
+            Act::Sigmoid,
+            Act::Tanh,
+            Act::HardSigmoid(0.2, 0.5),
+            Act::HardSwish,
+        ] {
+            let (n, p) = a.to_attrs();
+            assert_eq!(Act::from_attrs(n, &p).ok(), Some(a));
+            if let Some((n, al, be)) = a.to_gemm_attrs() {
+                let (al, be) = (al.unwrap_or(f32::NAN), be.unwrap_or(f32::NAN));
+                assert_eq!(Act::from_gemm_attrs(n, al, be).ok(), Some(a));
+            }
+        }
     }
 
     #[test]
@@ -1307,7 +1546,7 @@ mod tests {
         let a2 = b.rc(&[1, 2]);
         let y = b.node("Add", &[a2, mm2], vec![]);
         let m = check(b, &[y], 1e-5);
-        assert_eq!(ops(&m), ["Gemm", "Relu", "Gemm"]);
+        assert_eq!(ops(&m), ["FusedGemm", "Gemm"]);
         assert_eq!(count(&m, Pass::Gemm), 2);
         // A of rank 3, an (M, N) operand, a second reader: all kept.
         let mut b = G::new(7);
