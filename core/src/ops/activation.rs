@@ -167,6 +167,29 @@ impl Act {
         }
     }
 
+    /// `p` (a prepared f32 op) with the activation applied to its output 0
+    /// after its kernel runs, in the same step (`FusedConv`, `FusedGemm`).
+    pub(crate) fn fuse(self, name: &'static str, mut p: Prepared) -> Prepared {
+        let inner = p.kernel;
+        p.kernel = alloc::boxed::Box::new(kernel(name, move |io| {
+            inner.run(io)?;
+            self.apply(io.output_slice::<f32>(0)?);
+            Ok(())
+        }));
+        p
+    }
+
+    /// Errs unless input 0 of the fused op `what` is f32.
+    pub(crate) fn check_f32(ctx: &PrepareCtx<'_>, what: &'static str) -> Result<()> {
+        match ctx.input(0)?.dtype {
+            DType::F32 => Ok(()),
+            dt => Err(Error::new(ErrorKind::UnsupportedDType {
+                what,
+                code: dt.onnx_code(),
+            })),
+        }
+    }
+
     /// Applies the activation to every value of `y`.
     pub(crate) fn apply(self, y: &mut [f32]) {
         match self {

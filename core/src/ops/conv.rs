@@ -367,23 +367,10 @@ fn prepare_fused_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "FusedConv with a Z (sum) input",
         )));
     }
-    let dt = ctx.input(0)?.dtype;
-    if dt != DType::F32 {
-        return Err(Error::new(ErrorKind::UnsupportedDType {
-            what: "FusedConv",
-            code: dt.onnx_code(),
-        }));
-    }
+    Act::check_f32(ctx, "FusedConv")?;
     let params = ctx.attr_floats("activation_params")?.unwrap_or(&[]);
     let act = Act::from_attrs(ctx.attr_str("activation", "")?, params)?;
-    let mut p = prepare_conv(ctx)?;
-    let conv = p.kernel;
-    p.kernel = alloc::boxed::Box::new(kernel("FusedConv", move |io| {
-        conv.run(io)?;
-        act.apply(io.output_slice::<f32>(0)?);
-        Ok(())
-    }));
-    Ok(p)
+    Ok(act.fuse("FusedConv", prepare_conv(ctx)?))
 }
 
 /// Which direct form a Conv-like kernel runs.

@@ -410,26 +410,13 @@ pub(crate) fn gemm_geom(
 /// output value. mote's optimizer makes it from Gemm → one of those
 /// (`optimize::float`, pass `activation`).
 fn prepare_fused_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    let dt = ctx.input(0)?.dtype;
-    if dt != DType::F32 {
-        return Err(Error::new(ErrorKind::UnsupportedDType {
-            what: "FusedGemm",
-            code: dt.onnx_code(),
-        }));
-    }
+    Act::check_f32(ctx, "FusedGemm")?;
     let act = Act::from_gemm_attrs(
         ctx.attr_str("activation", "")?,
         ctx.attr_float("activation_alpha", f32::NAN)?,
         ctx.attr_float("activation_beta", f32::NAN)?,
     )?;
-    let mut p = prepare_gemm(ctx)?;
-    let gemm = p.kernel;
-    p.kernel = alloc::boxed::Box::new(kernel("FusedGemm", move |io| {
-        gemm.run(io)?;
-        act.apply(io.output_slice::<f32>(0)?);
-        Ok(())
-    }));
-    Ok(p)
+    Ok(act.fuse("FusedGemm", prepare_gemm(ctx)?))
 }
 
 fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
