@@ -296,6 +296,29 @@ fn bcast_meta(out: &[usize], a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
     Some(m)
 }
 
+/// The epilogue of a `FusedConv`: Relu or Clip (what the GPU conv epilogue
+/// takes); `None` (CPU) for the others.
+fn fused_conv_act(node: &Node) -> Option<Act> {
+    let params: &[f32] = match node.attr("activation_params") {
+        None => &[],
+        Some(AttrValue::Floats(v)) => v,
+        Some(_) => return None,
+    };
+    match (string(node, "activation")?.as_slice(), params) {
+        (b"Relu", []) => Some(Act {
+            op: 1,
+            a: 0.0,
+            b: 0.0,
+        }),
+        (b"Clip", &[lo, hi]) => Some(Act {
+            op: 4,
+            a: lo,
+            b: hi,
+        }),
+        _ => None,
+    }
+}
+
 fn unary_code(node: &Node) -> Option<Act> {
     let (op, a, b) = match node.op_type.as_str() {
         "Relu" => (1, 0.0, 0.0),
@@ -423,7 +446,11 @@ pub fn lower(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
 
 fn lower_op(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
     let node = st.node;
-    if st.dynamic || !node.domain.is_empty() {
+    // mote's optimizer turns Conv → Relu / Clip into `com.microsoft.FusedConv`:
+    // lowered as the Conv with that epilogue (the fusion `fuse_activations`
+    // makes for Conv → Relu / Clip steps).
+    let fused_conv = node.domain == "com.microsoft" && node.op_type == "FusedConv";
+    if st.dynamic || (!node.domain.is_empty() && !fused_conv) {
         return None;
     }
     let f32_in = |i| input(model, plan, st, i).filter(|(dt, _, _)| *dt == DType::F32);
@@ -431,7 +458,11 @@ fn lower_op(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
     if st.outputs.iter().flatten().count() != 1 {
         return None; // MaxPool's Indices, Dropout's mask, ...: CPU
     }
-    let op = node.op_type.as_str();
+    let op = if fused_conv {
+        "Conv"
+    } else {
+        node.op_type.as_str()
+    };
     if let Some(act) = unary_code(node) {
         let (_, xs, x) = f32_in(0)?;
         let (_, ys, y) = f32_out(0)?;
@@ -578,6 +609,14 @@ fn lower_op(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
             }
         }
         "Conv" => {
+            let act = if fused_conv {
+                fused_conv_act(node)?
+            } else {
+                Act::NONE
+            };
+            if st.inputs.len() > 3 {
+                return None; // FusedConv's Z: CPU (which refuses it)
+            }
             let (_, xs, x) = f32_in(0)?;
             let (_, ws, w) = f32_in(1)?;
             let (_, ys, y) = f32_out(0)?;
@@ -609,7 +648,7 @@ fn lower_op(model: &Model, plan: &Plan, st: &StepInfo<'_>) -> Option<GpuOp> {
                 m,
                 group,
                 win,
-                act: Act::NONE,
+                act,
             })
         }
         "MaxPool" | "AveragePool" => {
@@ -801,5 +840,48 @@ mod tests {
         );
         assert_eq!(bcast_strides(&[4], &[2, 3]), None);
         assert_eq!(bcast_strides(&[1, 2, 3], &[2, 3]), None);
+    }
+
+    #[test]
+    fn fused_conv_epilogues() {
+        use mote_core::model::Attr;
+        let node = |act: &str, params: Option<Vec<f32>>| {
+            let mut attrs = vec![Attr {
+                name: "activation".into(),
+                value: AttrValue::Str(act.as_bytes().to_vec()),
+            }];
+            attrs.extend(params.map(|p| Attr {
+                name: "activation_params".into(),
+                value: AttrValue::Floats(p),
+            }));
+            Node {
+                name: String::new(),
+                op_type: "FusedConv".into(),
+                domain: "com.microsoft".into(),
+                opset: 1,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                attrs,
+            }
+        };
+        assert_eq!(
+            fused_conv_act(&node("Relu", None)),
+            Some(Act {
+                op: 1,
+                a: 0.0,
+                b: 0.0
+            })
+        );
+        assert_eq!(
+            fused_conv_act(&node("Clip", Some(vec![0.0, 6.0]))),
+            Some(Act {
+                op: 4,
+                a: 0.0,
+                b: 6.0
+            })
+        );
+        // What the GPU conv epilogue does not take stays on the CPU.
+        assert_eq!(fused_conv_act(&node("Sigmoid", None)), None);
+        assert_eq!(fused_conv_act(&node("Clip", Some(vec![0.0]))), None);
     }
 }

@@ -141,19 +141,6 @@ impl Act {
         })
     }
 
-    /// FusedGemm's `(activation, activation_alpha, activation_beta)`;
-    /// `None` for the activations it does not take.
-    pub(crate) fn to_gemm_attrs(self) -> Option<(&'static str, Option<f32>, Option<f32>)> {
-        match self {
-            Act::Relu => Some(("Relu", None, None)),
-            Act::Sigmoid => Some(("Sigmoid", None, None)),
-            Act::Tanh => Some(("Tanh", None, None)),
-            Act::LeakyRelu(a) => Some(("LeakyRelu", Some(a), None)),
-            Act::HardSigmoid(a, b) => Some(("HardSigmoid", Some(a), Some(b))),
-            Act::Clip(..) | Act::HardSwish => None,
-        }
-    }
-
     /// The attributes [`Act::from_attrs`] reads back.
     pub(crate) fn to_attrs(self) -> (&'static str, alloc::vec::Vec<f32>) {
         match self {

@@ -13,7 +13,7 @@
 //! | `batchnorm` | Conv / ConvTranspose → BatchNormalization → one Conv with W·s, (b−mean)·s+β, s = γ/√(var+ε) (f64) |
 //! | `bias` | Conv / Gemm → Add of a per-channel constant → into the bias; Conv / Gemm / MatMul → Mul of a per-channel constant → into the weights |
 //! | `gemm` | MatMul (2-D A, constant 2-D B) → Add of a constant along N → Gemm |
-//! | `activation` | Conv (constant f32 W) → Relu / Clip (constant bounds) / LeakyRelu / Sigmoid / Tanh / HardSigmoid / HardSwish → one `com.microsoft.FusedConv`; Gemm (constant f32 B) → Relu / LeakyRelu / Sigmoid / Tanh / HardSigmoid → one `com.microsoft.FusedGemm` (onnxruntime's ops and attributes, plus HardSwish in FusedConv; the activation runs on the output in the same step) |
+//! | `activation` | Conv (constant f32 W) → Relu / Clip (constant bounds) / LeakyRelu / Sigmoid / Tanh / HardSigmoid / HardSwish → one `com.microsoft.FusedConv` (onnxruntime's op and attributes, plus HardSwish; the activation runs on the output in the same step); Gemm → activation is left alone |
 //! | `dead` | nodes nobody reads removed; then tensors nobody names dropped (unused initializers with them) |
 //!
 //! The first six repeat until none applies (a BN fold may expose an Add
@@ -44,8 +44,7 @@ pub enum Pass {
     Bias,
     /// MatMul + constant Add turned into Gemm.
     Gemm,
-    /// An activation after a Conv / Gemm fused into it (`FusedConv`,
-    /// `FusedGemm`).
+    /// An activation after a Conv fused into it (`FusedConv`).
     Activation,
     /// Nodes whose outputs nobody reads, and unused tensors, removed.
     Dead,
@@ -987,8 +986,12 @@ fn activation(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
     let y = output(n, 0)?;
     let (pi, p) = ix.producer(g, input(n, 0)?)?;
     let x = output(p, 0)?;
+    // Gemm → activation is left as it is: the CUDA provider's Gemm has no
+    // epilogue (a FusedGemm step would fall back to the CPU there), and on
+    // the CPU the in-place activation step after it costs nothing
+    // measurable. FusedGemm files from onnxruntime still load.
     let conv = is_op(p, "Conv");
-    if !(conv || is_op(p, "Gemm"))
+    if !conv
         || p.outputs.len() != 1
         || p.inputs.len() > 3
         || !ix.only_read_by(x, i)
@@ -996,36 +999,23 @@ fn activation(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
     {
         return None;
     }
-    // f32 weights, hence f32 X (the fused ops are f32 only).
+    // f32 weights, hence f32 X (FusedConv is f32 only).
     const_f32(g, input(p, 1))?;
     let mut attrs = p.attrs.clone();
     attrs.retain(|a| !a.name.starts_with("activation"));
-    let str_attr = |name: &str, v: &str| Attr {
-        name: name.into(),
-        value: AttrValue::Str(v.as_bytes().to_vec()),
-    };
-    let float_attr = |name: &str, v: f32| Attr {
-        name: name.into(),
-        value: AttrValue::Float(v),
-    };
-    if conv {
-        let (name, params) = act.to_attrs();
-        attrs.push(str_attr("activation", name));
-        if !params.is_empty() {
-            attrs.push(Attr {
-                name: "activation_params".into(),
-                value: AttrValue::Floats(params),
-            });
-        }
-    } else {
-        let (name, alpha, beta) = act.to_gemm_attrs()?;
-        attrs.push(str_attr("activation", name));
-        attrs.extend(alpha.map(|a| float_attr("activation_alpha", a)));
-        attrs.extend(beta.map(|b| float_attr("activation_beta", b)));
+    let (name, params) = act.to_attrs();
+    attrs.push(Attr {
+        name: "activation".into(),
+        value: AttrValue::Str(name.as_bytes().to_vec()),
+    });
+    if !params.is_empty() {
+        attrs.push(Attr {
+            name: "activation_params".into(),
+            value: AttrValue::Floats(params),
+        });
     }
-    let op = if conv { "FusedConv" } else { "FusedGemm" };
     let fused = Node {
-        op_type: op.into(),
+        op_type: "FusedConv".into(),
         domain: "com.microsoft".into(),
         opset: 1,
         outputs: alloc::vec![Some(y)],
@@ -1036,10 +1026,9 @@ fn activation(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
         Pass::Activation,
         label(p, pi),
         alloc::format!(
-            "{} '{}' fused into the {} ({op})",
+            "{} '{}' fused into the Conv (FusedConv)",
             n.op_type,
-            label(n, i),
-            p.op_type
+            label(n, i)
         ),
     );
     e.set.push((pi, fused));
@@ -1345,26 +1334,58 @@ mod tests {
         let y = b.node("Relu", &[c], vec![]);
         let m = check(b, &[y, c], 1e-6);
         assert_eq!(ops(&m), ["Conv", "Relu"]);
-        // Gemm: LeakyRelu and HardSigmoid fuse (FusedGemm's attributes);
-        // Clip does not (FusedGemm has no Clip).
-        for (op, attrs, fused) in [
-            ("LeakyRelu", vec![("alpha", AttrValue::Float(0.3))], true),
-            ("HardSigmoid", vec![("beta", AttrValue::Float(0.4))], true),
-            ("Relu", vec![], true),
-            ("Clip", vec![], false),
+        // Gemm → activation is not fused (see `activation`).
+        let mut b = G::new(9);
+        let x = b.input("x", &[3, 5]);
+        let (w, c) = (b.rc(&[4, 5]), b.rc(&[4]));
+        let h = b.node("Gemm", &[x, w, c], vec![("transB", AttrValue::Int(1))]);
+        let y = b.node("Relu", &[h], vec![]);
+        let m = check(b, &[y], 1e-6);
+        assert_eq!(ops(&m), ["Gemm", "Relu"]);
+    }
+
+    #[test]
+    fn fused_gemm_is_gemm_then_its_activation() {
+        // onnxruntime's com.microsoft.FusedGemm (as in its optimized files)
+        // against the Gemm → activation it stands for: the same bits.
+        for (op, attrs, fattrs) in [
+            (
+                "LeakyRelu",
+                vec![("alpha", AttrValue::Float(0.3))],
+                vec![("activation_alpha", AttrValue::Float(0.3))],
+            ),
+            (
+                "HardSigmoid",
+                vec![("beta", AttrValue::Float(0.4))],
+                vec![("activation_beta", AttrValue::Float(0.4))],
+            ),
+            ("Tanh", vec![], vec![]),
         ] {
             let mut b = G::new(9);
             let x = b.input("x", &[3, 5]);
             let (w, c) = (b.rc(&[4, 5]), b.rc(&[4]));
             let h = b.node("Gemm", &[x, w, c], vec![("transB", AttrValue::Int(1))]);
             let y = b.node(op, &[h], attrs);
-            let m = check(b, &[y], 1e-6);
-            let want: &[&str] = if fused {
-                &["FusedGemm"]
-            } else {
-                &["Gemm", "Clip"]
-            };
-            assert_eq!(ops(&m), want, "{op}");
+            let (m, data) = b.model(&[y]);
+            let want = run_model(&m, &data);
+            let mut f = m.clone();
+            let act = f.graph.nodes.remove(1);
+            let g = &mut f.graph.nodes[0];
+            g.op_type = "FusedGemm".into();
+            g.domain = "com.microsoft".into();
+            g.opset = 1;
+            g.outputs = act.outputs;
+            g.attrs.push(Attr {
+                name: "activation".into(),
+                value: AttrValue::Str(op.as_bytes().to_vec()),
+            });
+            for (name, value) in fattrs {
+                g.attrs.push(Attr {
+                    name: name.into(),
+                    value,
+                });
+            }
+            assert_eq!(run_model(&f, &data), want, "{op}");
         }
     }
 
@@ -1386,10 +1407,6 @@ mod tests {
         ] {
             let (n, p) = a.to_attrs();
             assert_eq!(Act::from_attrs(n, &p).ok(), Some(a));
-            if let Some((n, al, be)) = a.to_gemm_attrs() {
-                let (al, be) = (al.unwrap_or(f32::NAN), be.unwrap_or(f32::NAN));
-                assert_eq!(Act::from_gemm_attrs(n, al, be).ok(), Some(a));
-            }
         }
     }
 
@@ -1546,7 +1563,7 @@ mod tests {
         let a2 = b.rc(&[1, 2]);
         let y = b.node("Add", &[a2, mm2], vec![]);
         let m = check(b, &[y], 1e-5);
-        assert_eq!(ops(&m), ["FusedGemm", "Gemm"]);
+        assert_eq!(ops(&m), ["Gemm", "Relu", "Gemm"]);
         assert_eq!(count(&m, Pass::Gemm), 2);
         // A of rank 3, an (M, N) operand, a second reader: all kept.
         let mut b = G::new(7);
