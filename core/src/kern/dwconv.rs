@@ -244,36 +244,35 @@ impl Flat {
                 return false;
             }
         } else {
+            // Other windows: a pass per tap (three per row for 3-wide rows
+            // at stride 1) over the grid filled with the bias.
             yq.fill(bias);
-        }
-        for (kh, wr) in w.chunks_exact(k2).take(k1).enumerate() {
-            if k1 == 3 && k2 == 3 && (s == 1 || s == 2) {
-                break;
-            }
-            let row = kh * d1 * wp;
-            if s == 1 && k2 == 3 && d2 == 1 {
-                let (Some(ws), Some(xs)) = (row3(wr, 0), win(xp, row, grid + 2)) else {
-                    return false;
-                };
-                if !three_taps(yq, xs, ws) {
-                    return false;
-                }
-                continue;
-            }
-            for (kw, &wv) in wr.iter().enumerate() {
-                let off = row + kw * d2;
-                if s == 1 {
-                    let Some(xs) = win(xp, off, grid) else {
+            for (kh, wr) in w.chunks_exact(k2).take(k1).enumerate() {
+                let row = kh * d1 * wp;
+                if s == 1 && k2 == 3 && d2 == 1 {
+                    let (Some(ws), Some(xs)) = (row3(wr, 0), win(xp, row, grid + 2)) else {
                         return false;
                     };
-                    for (yv, &xv) in yq.iter_mut().zip(xs) {
-                        *yv += wv * xv;
+                    if !three_taps(yq, xs, ws) {
+                        return false;
                     }
-                } else {
-                    let Some(xs) = xp.get(off..) else {
-                        return false;
-                    };
-                    axpy_strided(yq, xs, s, wv);
+                    continue;
+                }
+                for (kw, &wv) in wr.iter().enumerate() {
+                    let off = row + kw * d2;
+                    if s == 1 {
+                        let Some(xs) = win(xp, off, grid) else {
+                            return false;
+                        };
+                        for (yv, &xv) in yq.iter_mut().zip(xs) {
+                            *yv += wv * xv;
+                        }
+                    } else {
+                        let Some(xs) = xp.get(off..) else {
+                            return false;
+                        };
+                        axpy_strided(yq, xs, s, wv);
+                    }
                 }
             }
         }
