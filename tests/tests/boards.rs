@@ -163,15 +163,18 @@ fn prepare_variant(model: &str, variant: &str, tag: &str) -> Prepared {
     }
 }
 
-/// Firmware builds share each board's target dir: one at a time, each
-/// ELF copied out before the next build overwrites it.
+/// Firmware builds share one target dir (`target/boards`, with
+/// c_example.rs and onnx_on_device.rs): the host-side proc-macros and
+/// build-script dependencies are built once, not once per board (CI disk).
+/// One build at a time, each ELF copied out before the next build of the
+/// same board overwrites it.
 static BUILD: Mutex<()> = Mutex::new(());
 
 /// Builds the firmware of `board` for the model in `model_dir`; the ELF
 /// (copied into `model_dir`) or cargo's stderr.
 fn build(board: Board, model_dir: &Path, features: &[&str]) -> Result<PathBuf, String> {
     let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let target_dir = repo().join("target/boards").join(board.dir);
+    let target_dir = repo().join("target/boards");
     let mut cmd = Command::new(env!("CARGO"));
     cmd.current_dir(repo().join("boards").join(board.dir))
         .args(["build", "--release", "--quiet"])
