@@ -32,10 +32,13 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
-// Integer arithmetic: outside the operators and kernels (`ops`, `kern`),
-// every `+ - * / %` on integers is checked, saturating or wrapping by
-// name (clippy `arithmetic_side_effects`, denied per module below); an
-// overflow of a size there is an `Err`, never a wrap or a debug panic.
+// Integer arithmetic: every `+ - * / %` on integers is checked, saturating
+// or wrapping by name (clippy `arithmetic_side_effects`, denied per module
+// below); an overflow of a size is an `Err`, never a wrap or a debug panic.
+// In `ops` and `kern` the files not yet converted allow the lint at their
+// top, with their count of sites (issue 8); a new file there is held to it.
+// `RUSTFLAGS="--cfg mote_arith_debt" cargo clippy -p mote-core
+// --all-features -- -W clippy::arithmetic_side_effects` lists what is left.
 
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod compiled;
@@ -43,6 +46,10 @@ pub mod compiled;
 mod dtype;
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 mod error;
+#[cfg_attr(
+    all(not(test), not(mote_arith_debt)),
+    deny(clippy::arithmetic_side_effects)
+)]
 mod kern;
 pub use kern::cpu;
 pub use kern::par;
@@ -58,6 +65,10 @@ pub mod model;
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod onnx;
 #[cfg(feature = "alloc")]
+#[cfg_attr(
+    all(not(test), not(mote_arith_debt)),
+    deny(clippy::arithmetic_side_effects)
+)]
 pub mod ops;
 #[cfg(feature = "alloc")]
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]

@@ -82,14 +82,23 @@ pub(crate) fn valid_range(
     pb: usize,
     limit: usize,
 ) -> (usize, usize) {
-    // Strides are checked nonzero (`geom_ok`); `max(1)` keeps a zero from
-    // ever being a division by zero.
-    let s = s.max(1);
-    let lo = if off >= pb { 0 } else { (pb - off).div_ceil(s) };
-    let hi = if limit + pb <= off {
+    // Strides are checked nonzero (`geom_ok`); a zero would count as 1 here,
+    // never a division by zero.
+    let s = core::num::NonZeroUsize::new(s).unwrap_or(core::num::NonZeroUsize::MIN);
+    // The differences are taken only where the branch keeps them positive,
+    // and `x / s + 1` cannot pass usize::MAX for x < usize::MAX.
+    let lo = if off >= pb {
         0
     } else {
-        (limit - 1 + pb - off) / s + 1
+        let x = pb.wrapping_sub(off);
+        // A remainder means s >= 2: x / s + 1 fits.
+        (x / s).wrapping_add(usize::from(x % s != 0))
+    };
+    let end = limit.saturating_add(pb);
+    let hi = if end <= off {
+        0
+    } else {
+        (end.wrapping_sub(1).wrapping_sub(off) / s).wrapping_add(1)
     };
     let hi = hi.min(count);
     (lo.min(hi), hi)
@@ -193,13 +202,14 @@ pub(crate) fn copy_row(dst: &mut [f32], src: &[f32]) {
     let n = d.len().min(s.len());
     let mut at = 0;
     for step in [4, 2, 1] {
-        if n - at >= step {
+        if n.saturating_sub(at) >= step {
             match step {
                 4 => copy_n::<4>(d, s, at),
                 2 => copy_n::<2>(d, s, at),
                 _ => copy_n::<1>(d, s, at),
             }
-            at += step;
+            // at + step <= n < 8.
+            at = at.wrapping_add(step);
         }
     }
 }

@@ -15,6 +15,7 @@
 //! target has, thumbv6m included): no lock, no allocation.
 
 use core::marker::PhantomData;
+use core::num::NonZeroUsize;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
@@ -95,10 +96,14 @@ pub(crate) fn tasks(workers: usize, work: usize, max_tasks: usize) -> usize {
 /// The range of units `[lo, hi)` of task `t` when `units` are cut into
 /// `tasks` contiguous, nearly equal ranges.
 pub(crate) fn chunk(units: usize, tasks: usize, t: usize) -> (usize, usize) {
-    let tasks = tasks.max(1);
+    let tasks = NonZeroUsize::new(tasks).unwrap_or(NonZeroUsize::MIN);
+    if t >= tasks.get() {
+        return (units, units);
+    }
     let (q, r) = (units / tasks, units % tasks);
-    let lo = t * q + t.min(r);
-    let hi = lo + q + usize::from(t < r);
+    // t < tasks: t * q + min(t, r) <= units, and hi <= units likewise.
+    let lo = t.wrapping_mul(q).wrapping_add(t.min(r));
+    let hi = lo.wrapping_add(q).wrapping_add(usize::from(t < r));
     (lo.min(units), hi.min(units))
 }
 

@@ -90,11 +90,13 @@ pub(crate) fn qbinary<T: QInt>(
         let (Some(va), Some(vb)) = (a.get(ia), b.get(ib)) else {
             return Err(super::out_of_bounds());
         };
-        let (da, db) = (va.get() - p.za, vb.get() - p.zb);
+        // 8-bit values less 8-bit zero points: |da|, |db| <= 255, so the
+        // differences and the product (<= 65,025) are exact in i32.
+        let (da, db) = (va.get().wrapping_sub(p.za), vb.get().wrapping_sub(p.zb));
         let v = if is_add {
             p.add.apply(da, db)
         } else {
-            p.mul.apply(da * db)
+            p.mul.apply(da.wrapping_mul(db))
         };
         *o = T::from_sat(clamp(v, p.zc, T::LO, T::HI));
     }
@@ -106,7 +108,10 @@ pub(crate) fn qbinary<T: QInt>(
 #[inline(always)]
 fn dense_add<T: QInt>(a: &[T], b: &[T], y: &mut [T], p: &BinParams) {
     for ((o, x), z) in y.iter_mut().zip(a).zip(b) {
-        let v = p.add.apply_small(x.get() - p.za, z.get() - p.zb);
+        // |x - za|, |z - zb| <= 255: exact (as in `qbinary`).
+        let v = p
+            .add
+            .apply_small(x.get().wrapping_sub(p.za), z.get().wrapping_sub(p.zb));
         *o = T::from_sat(clamp(v, p.zc, T::LO, T::HI));
     }
 }

@@ -519,7 +519,8 @@ fn hardmax_kernel<T: Num>(shape: &[usize], outer: usize, len: usize, inner: usiz
         kernel("Hardmax", move |io| {
             let x = io.input_slice::<T>(0)?;
             let y = io.output_slice::<T>(0)?;
-            if x.len() != y.len() || x.len() != outer * len * inner {
+            let plane = len.checked_mul(inner);
+            if x.len() != y.len() || Some(x.len()) != plane.and_then(|p| p.checked_mul(outer)) {
                 return Err(Error::new(ErrorKind::Internal("Hardmax length")));
             }
             for v in y.iter_mut() {
@@ -530,21 +531,22 @@ fn hardmax_kernel<T: Num>(shape: &[usize], outer: usize, len: usize, inner: usiz
             }
             // One plane of `len * inner` elements per outer index; lane `i`
             // of a plane is every `inner`-th element from `i`.
-            let plane = len * inner;
+            let plane = plane.unwrap_or(0);
             for (xp, yp) in x.chunks_of(plane).zip(y.chunks_of_mut(plane)) {
                 for i in 0..inner {
                     let mut lane = xp.iter().skip(i).step_by(inner);
                     let Some(&first) = lane.next() else {
                         return Err(Error::new(ErrorKind::Internal("Hardmax: empty lane")));
                     };
-                    let (mut best, mut bv) = (0, first);
+                    let (mut best, mut bv) = (0usize, first);
                     for (k, &v) in (1..).zip(lane) {
                         if v > bv || (is_nan(v) && !is_nan(bv)) {
                             best = k;
                             bv = v;
                         }
                     }
-                    *yp.get_mut(best * inner + i)
+                    // best < len and i < inner: inside the plane.
+                    *yp.get_mut(best.saturating_mul(inner).saturating_add(i))
                         .ok_or(Error::new(ErrorKind::Internal(
                             "Hardmax: maximum past the plane",
                         )))? = one;
@@ -563,7 +565,7 @@ fn prepare_hardmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let legacy = ctx.opset < 13;
     let r = rank as i64;
     let a = ctx.attr_int("axis", if legacy { 1 } else { -1 })?;
-    let a = if a < 0 { a + r } else { a };
+    let a = if a < 0 { a.saturating_add(r) } else { a };
     // The 2-D coercion accepts axis = rank (a trailing size-1 dimension).
     if a < 0 || a > r || (a == r && !legacy) {
         return Err(Error::new(ErrorKind::Attribute {

@@ -9,6 +9,10 @@
 //! the contracted labels sums into one output element. Correctness over
 //! speed: no contraction reordering or GEMM.
 
+// 19 integer `+ - * / %` sites here are not yet checked, saturating or
+// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
+#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::{kernel, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::MAX_RANK;

@@ -378,18 +378,13 @@ macro_rules! num_common_int {
             self.wrapping_mul(o)
         }
         fn div(self, o: Self) -> Self {
-            if o == 0 {
-                0
-            } else {
-                self.wrapping_div(o)
-            }
+            // x / 0 is 0 here; MIN / -1 wraps to MIN (= -MIN), as numpy.
+            self.checked_div(o)
+                .unwrap_or(if o == 0 { 0 } else { self.wrapping_neg() })
         }
         fn rem_trunc(self, o: Self) -> Self {
-            if o == 0 {
-                0
-            } else {
-                self.wrapping_rem(o)
-            }
+            // x % 0 is 0 here, and MIN % -1 is 0.
+            self.checked_rem(o).unwrap_or(0)
         }
         fn from_usize(n: usize) -> Self {
             n as Self
@@ -405,7 +400,7 @@ macro_rules! num_signed {
                 if o == 0 {
                     return 0;
                 }
-                let r = self.wrapping_rem(o);
+                let r = self.checked_rem(o).unwrap_or(0);
                 if r != 0 && ((r < 0) != (o < 0)) {
                     r.wrapping_add(o)
                 } else {

@@ -11,6 +11,10 @@
 //! counts from the end) and checked there, and an out-of-range one is an
 //! `Err`, never an out-of-bounds access.
 
+// 73 integer `+ - * / %` sites here are not yet checked, saturating or
+// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
+#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+
 use alloc::vec::Vec;
 use core::cmp::Ordering;
 

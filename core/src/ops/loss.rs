@@ -160,9 +160,10 @@ fn accumulate<T: Real>(
     mut neg_score: impl FnMut(usize, usize, usize) -> Result<f64>,
 ) -> Result<()> {
     let (n, c, d) = (g.n, g.c, g.d);
-    if t.len() != n * d
+    let nd = n.checked_mul(d);
+    if Some(t.len()) != nd
         || w.is_some_and(|w| w.len() != c)
-        || (g.reduction == Reduction::None && y.len() != n * d)
+        || (g.reduction == Reduction::None && Some(y.len()) != nd)
         || (g.reduction != Reduction::None && y.len() != 1)
     {
         return Err(Error::new(ErrorKind::Internal("loss size")));
@@ -170,7 +171,8 @@ fn accumulate<T: Real>(
     let (mut sum, mut wsum) = (0.0f64, 0.0f64);
     for i in 0..n {
         for j in 0..d {
-            let k = i * d + j;
+            // i < n, j < d: below n * d (checked above).
+            let k = i.wrapping_mul(d).wrapping_add(j);
             let tv = t.get(k).ok_or(Error::internal("loss target index"))?;
             let loss = if g.ignore == Some(tv) {
                 0.0
@@ -218,14 +220,14 @@ fn run_nll<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom) -> Result<()> {
     let x = io.input_slice::<T>(0)?;
     let t = targets(io, g.target_dt)?;
     let w = weight::<T>(io, g)?;
-    if x.len() != g.n * g.c * g.d {
+    if Some(x.len()) != idx3(g.c, g.d, g.n, 0, 0) {
         return Err(Error::new(ErrorKind::Internal("loss input size")));
     }
     let y = io.output_slice::<T>(0)?;
     let (c, d) = (g.c, g.d);
     accumulate(g, t, w, y, |i, tc, j| {
         let v = x
-            .get((i * c + tc) * d + j)
+            .get(idx3(c, d, i, tc, j).unwrap_or(usize::MAX))
             .ok_or(Error::internal("loss input index"))?;
         Ok(-v.to_f64())
     })
@@ -244,6 +246,21 @@ fn prepare_nll(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     ))
 }
 
+/// The flat index of `[i, k, j]` in a `[n, c, d]` tensor (`None` past
+/// `usize`); `idx3(c, d, n, 0, 0)` is its element count.
+fn idx3(c: usize, d: usize, i: usize, k: usize, j: usize) -> Option<usize> {
+    i.checked_mul(c)?
+        .checked_add(k)?
+        .checked_mul(d)?
+        .checked_add(j)
+}
+
+/// The elements of plane `i` (`x[i, .., ..]`) of a `[n, c, d]` tensor.
+fn plane(c: usize, d: usize, i: usize) -> Option<core::ops::Range<usize>> {
+    let start = idx3(c, d, i, 0, 0)?;
+    Some(start..start.checked_add(c.checked_mul(d)?)?)
+}
+
 /// The `c` elements `x[i, 0..c, j]` of `x` (`[n, c, d]`), `j < d`.
 #[inline]
 fn lane<T>(
@@ -253,8 +270,8 @@ fn lane<T>(
     i: usize,
     j: usize,
 ) -> Result<core::iter::StepBy<core::slice::Iter<'_, T>>> {
-    let plane = x
-        .get(i * c * d..(i + 1) * c * d)
+    let plane = plane(c, d, i)
+        .and_then(|r| x.get(r))
         .ok_or(Error::internal("loss input plane"))?;
     if d == 0 {
         return Err(Error::internal("loss lane of an empty plane"));
@@ -303,7 +320,7 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
     let t = targets(io, g.target_dt)?;
     let w = weight::<T>(io, g)?;
     let (n, c, d) = (g.n, g.c, g.d);
-    if x.len() != n * c * d {
+    if Some(x.len()) != idx3(c, d, n, 0, 0) {
         return Err(Error::new(ErrorKind::Internal("loss input size")));
     }
     if !with_log_prob {
@@ -311,7 +328,7 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
         // Only the target's log-probability is needed: no buffer.
         return accumulate(g, t, w, y, |i, tc, j| {
             let v = x
-                .get((i * c + tc) * d + j)
+                .get(idx3(c, d, i, tc, j).unwrap_or(usize::MAX))
                 .ok_or(Error::internal("loss input index"))?;
             Ok(log_sum_exp(lane(x, c, d, i, j)?) - v.to_f64())
         });
@@ -326,8 +343,8 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
         for j in 0..d {
             let xl = lane(x, c, d, i, j)?;
             let l = log_sum_exp(xl.clone());
-            let plane = lp
-                .get_mut(i * c * d..(i + 1) * c * d)
+            let plane = plane(c, d, i)
+                .and_then(|r| lp.get_mut(r))
                 .ok_or(Error::internal("log_prob plane"))?;
             let lpl = plane
                 .get_mut(lane_from(c, j)..)
@@ -340,7 +357,7 @@ fn run_sce<T: Real>(io: &mut KernelIo<'_>, g: &LossGeom, with_log_prob: bool) ->
     let lp: &[T] = lp;
     accumulate(g, t, w, y, |i, tc, j| {
         let v = lp
-            .get((i * c + tc) * d + j)
+            .get(idx3(c, d, i, tc, j).unwrap_or(usize::MAX))
             .ok_or(Error::internal("log_prob index"))?;
         Ok(-v.to_f64())
     })

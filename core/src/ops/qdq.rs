@@ -145,9 +145,10 @@ fn acc_bias(
     let mut out = Vec::with_capacity(m);
     match b.dtype {
         DType::I32 => {
-            let bs = per_ch(ctx, bi + 1, m, "bias scale: one element or one per channel")?;
-            let bz = match ctx.opt_input(bi + 2) {
-                Some(_) => per_ch(ctx, bi + 2, m, "bias zero point")?,
+            let (si, zi) = (bi.saturating_add(1), bi.saturating_add(2));
+            let bs = per_ch(ctx, si, m, "bias scale: one element or one per channel")?;
+            let bz = match ctx.opt_input(zi) {
+                Some(_) => per_ch(ctx, zi, m, "bias zero point")?,
                 None => alloc::vec![0.0; m],
             };
             if bs.len() != m || bz.len() != m {
@@ -289,7 +290,8 @@ fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             got: ka as u64,
         }));
     }
-    let rows = a.numel() / k.max(1);
+    // k = 0: A holds no element, and no row.
+    let rows = a.numel().checked_div(k).unwrap_or(0);
     let mut shape: Vec<usize> = a_lead.to_vec();
     shape.push(n);
     let alpha = ctx.attr_float("alpha", 1.0)? as f64;

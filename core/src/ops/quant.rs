@@ -28,11 +28,19 @@ fn invalid(what: &'static str) -> Error {
     Error::new(ErrorKind::Invalid(what))
 }
 
+/// Bytes `[i * s, (i + 1) * s)` of element `i`, `s` bytes wide (`None`
+/// past `usize`).
+#[inline(always)]
+fn elem(i: usize, s: usize) -> Option<core::ops::Range<usize>> {
+    let at = i.checked_mul(s)?;
+    Some(at..at.checked_add(s)?)
+}
+
 /// Element `i` of a little-endian buffer of dtype `dt`, as f64.
 #[inline]
 fn load(dt: DType, b: &[u8], i: usize) -> f64 {
     let s = dt.size();
-    let Some(c) = b.get(i * s..(i + 1) * s) else {
+    let Some(c) = elem(i, s).and_then(|r| b.get(r)) else {
         return f64::NAN;
     };
     // Every dtype is at most 8 bytes wide: `c` fills the low bytes of `w`.
@@ -74,17 +82,17 @@ fn round_to(dt: DType, v: f64) -> f64 {
 fn store_float(dt: DType, out: &mut [u8], i: usize, v: f64) {
     match dt {
         DType::F32 => {
-            if let Some(o) = out.get_mut(i * 4..i * 4 + 4) {
+            if let Some(o) = elem(i, 4).and_then(|r| out.get_mut(r)) {
                 o.copy_from_slice(&(v as f32).to_le_bytes());
             }
         }
         DType::F16 => {
-            if let Some(o) = out.get_mut(i * 2..i * 2 + 2) {
+            if let Some(o) = elem(i, 2).and_then(|r| out.get_mut(r)) {
                 o.copy_from_slice(&f16::from_f32(v as f32).to_le_bytes());
             }
         }
         DType::BF16 => {
-            if let Some(o) = out.get_mut(i * 2..i * 2 + 2) {
+            if let Some(o) = elem(i, 2).and_then(|r| out.get_mut(r)) {
                 o.copy_from_slice(&bf16::from_f32(v as f32).to_le_bytes());
             }
         }
@@ -96,7 +104,7 @@ fn store_float(dt: DType, out: &mut [u8], i: usize, v: f64) {
 #[inline]
 fn store_int(dt: DType, out: &mut [u8], i: usize, v: i64) {
     let s = dt.size();
-    if let Some(o) = out.get_mut(i * s..(i + 1) * s) {
+    if let Some(o) = elem(i, s).and_then(|r| out.get_mut(r)) {
         // `o` is `s <= 8` bytes: the low bytes of `v`.
         for (d, &b) in o.iter_mut().zip(&v.to_le_bytes()) {
             *d = b;
@@ -115,7 +123,9 @@ fn quantize_f32(q: f32, z: i32, lo: i32, hi: i32) -> i32 {
     }
     const MAGIC: f32 = 12_582_912.0;
     let r = (q.clamp(-1024.0, 1024.0) + MAGIC) - MAGIC;
-    (r as i32 + z).clamp(lo, hi)
+    // |r| <= 1024 and z is an 8-bit zero point: exact (saturating all the
+    // same, whatever the zero point holds).
+    (r as i32).saturating_add(z).clamp(lo, hi)
 }
 
 /// Which scale / zero-point element a flat input index uses.
@@ -155,7 +165,12 @@ impl Mode {
             } => {
                 let a = (i / inner) % len;
                 let o = i / span;
-                (o * nb + a / bs) * inner.get() + i % inner
+                // Below the scale's element count for i < numel; past it
+                // (saturated), a lookup miss.
+                o.saturating_mul(nb)
+                    .saturating_add(a / bs)
+                    .saturating_mul(inner.get())
+                    .saturating_add(i % inner)
             }
         }
     }
@@ -180,7 +195,9 @@ fn param_mode(ctx: &PrepareCtx<'_>, x: &[usize], scale: &[usize]) -> Result<Mode
     }
     let axis = super::util::axis_or_scalar(ctx.attr_int("axis", 1)?, x.len(), "axis")?;
     let len = x.get(axis).copied().unwrap_or(1);
-    let inner: usize = x.get(axis + 1..).map_or(1, |d| d.iter().product());
+    let inner: usize = x
+        .get(axis.saturating_add(1)..)
+        .map_or(1, |d| d.iter().product());
     let bs = ctx.attr_int("block_size", 0)?;
     if bs < 0 {
         return Err(invalid("block_size must not be negative"));
@@ -336,7 +353,9 @@ fn prepare_quantize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 } else {
                     (0, 255)
                 };
-                if let (Some(xs), Some(out)) = (xb.get(..n * 4), out.get_mut(..n)) {
+                if let (Some(xs), Some(out)) =
+                    (n.checked_mul(4).and_then(|b| xb.get(..b)), out.get_mut(..n))
+                {
                     for (o, x) in out.iter_mut().zip(xs.chunks_of(4)) {
                         let &[b0, b1, b2, b3] = x else {
                             return Err(Error::new(ErrorKind::Internal("QuantizeLinear: chunk")));

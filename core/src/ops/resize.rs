@@ -104,7 +104,7 @@ fn cubic_coeffs(r: f64, a: f64) -> [f64; 4] {
 /// Taps (input index, weight) of every output coordinate of one axis,
 /// `k` per coordinate.
 fn axis_taps(p: &Params, in_len: usize, out_len: usize, scale: f64) -> (usize, Vec<(usize, f32)>) {
-    let last = in_len as i64 - 1;
+    let last = (in_len as i64).saturating_sub(1);
     let clampi = |i: i64| i.max(0).min(last) as usize;
     let mut v = Vec::new();
     let k = match p.mode {
@@ -150,14 +150,20 @@ fn axis_taps(p: &Params, in_len: usize, out_len: usize, scale: f64) -> (usize, V
                 let r = x - fl;
                 let i0 = fl as i64;
                 v.push((clampi(i0), (1.0 - r) as f32));
-                v.push((clampi(i0 + 1), r as f32));
+                // A coordinate far out (a huge scale) saturates and clamps.
+                v.push((clampi(i0.saturating_add(1)), r as f32));
             }
             Mode::Cubic => {
                 let fl = libm::floor(x);
                 let r = x - fl;
                 let i0 = fl as i64;
                 let mut c = cubic_coeffs(r, p.cubic_a);
-                let idx = [i0 - 1, i0, i0 + 1, i0 + 2];
+                let idx = [
+                    i0.saturating_sub(1),
+                    i0,
+                    i0.saturating_add(1),
+                    i0.saturating_add(2),
+                ];
                 if p.exclude_outside {
                     let mut s = 0.0;
                     for (w, &i) in c.iter_mut().zip(&idx) {
@@ -207,7 +213,9 @@ fn build(
         .iter()
         .try_fold(0usize, |a, &d| a.checked_add(d))
         .ok_or(Error::new(ErrorKind::Overflow))?;
-    ctx.check_alloc(coords, 2 * 4 * core::mem::size_of::<(usize, f32)>())?;
+    // Up to 4 taps per coordinate, then the kept ones: twice that.
+    const TAP_BYTES: usize = 2 * 4 * core::mem::size_of::<(usize, f32)>();
+    ctx.check_alloc(coords, TAP_BYTES)?;
     if r > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
     }
@@ -236,9 +244,15 @@ fn build(
         let start = table.len();
         if single {
             // The first tap of every coordinate's `k`.
-            table.extend(taps.iter().step_by(k).map(|t| (t.0 * stride, t.1)));
+            table.extend(
+                taps.iter()
+                    .step_by(k)
+                    .map(|t| (t.0.saturating_mul(stride), t.1)),
+            );
         } else {
-            table.extend(taps.iter().map(|t| (t.0 * stride, t.1)));
+            // Tap index < axis length: the offset lies inside the input
+            // (saturated past usize, a lookup miss at run time).
+            table.extend(taps.iter().map(|t| (t.0.saturating_mul(stride), t.1)));
         }
         axes.push(AxisTaps {
             start,
@@ -263,13 +277,16 @@ fn build(
                 for d in dst.chunks_of_mut(es) {
                     let mut off = 0usize;
                     for (ax, &i) in axes.iter().zip(idx.iter()) {
-                        off += table
-                            .get(ax.start + i)
-                            .ok_or(Error::internal("resize range"))?
-                            .0;
+                        off = off.saturating_add(
+                            table
+                                .get(ax.start.saturating_add(i))
+                                .ok_or(Error::internal("resize range"))?
+                                .0,
+                        );
                     }
                     d.copy_from_slice(
-                        src.get(off * es..off * es + es)
+                        off.checked_mul(es)
+                            .and_then(|at| src.get(at..at.checked_add(es)?))
                             .ok_or(Error::internal("resize range"))?,
                     );
                     advance(idx, &axes);
@@ -298,9 +315,13 @@ fn build(
                         let (q, k) = crate::ops::util::div_rem(c, ax.k, "Resize taps")?;
                         c = q;
                         let t = table
-                            .get(ax.start + i * ax.k + k)
+                            .get(
+                                ax.start
+                                    .saturating_add(i.saturating_mul(ax.k))
+                                    .saturating_add(k),
+                            )
                             .ok_or(Error::internal("resize range"))?;
-                        off += t.0;
+                        off = off.saturating_add(t.0);
                         w *= t.1;
                     }
                     if w != 0.0 {
@@ -319,7 +340,7 @@ fn build(
 #[inline]
 fn advance(idx: &mut [usize], axes: &[AxisTaps]) {
     for (i, ax) in idx.iter_mut().zip(axes).rev() {
-        *i += 1;
+        *i = i.saturating_add(1);
         if *i < ax.len {
             return;
         }
@@ -413,7 +434,7 @@ fn prepare_resize(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         Some(a) => a
             .iter()
             .map(|&v| {
-                let v = if v < 0 { v + r as i64 } else { v };
+                let v = if v < 0 { v.saturating_add(r as i64) } else { v };
                 if v < 0 || v >= r as i64 {
                     Err(attr_err("axes", "axis out of range"))
                 } else {

@@ -10,6 +10,10 @@
 //! when every input is a constant the op is folded at build time and its
 //! shape is exact.
 
+// 32 integer `+ - * / %` sites here are not yet checked, saturating or
+// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
+#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+
 use alloc::vec;
 use alloc::vec::Vec;
 use core::cmp::Ordering;

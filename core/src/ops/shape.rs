@@ -5,6 +5,10 @@
 //!
 //! Data-movement kernels work on raw bytes, so they handle every dtype.
 
+// 74 integer `+ - * / %` sites here are not yet checked, saturating or
+// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
+#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+
 use alloc::vec::Vec;
 
 use crate::dtype::{e8m0_from_f32, E8M0Round};
