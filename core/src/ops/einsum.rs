@@ -9,10 +9,6 @@
 //! the contracted labels sums into one output element. Correctness over
 //! speed: no contraction reordering or GEMM.
 
-// 19 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::{kernel, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::MAX_RANK;
@@ -46,21 +42,22 @@ fn parse_term(s: &[u8]) -> Result<Vec<Sym>> {
     let mut i = 0;
     while let Some(&c) = s.get(i) {
         match c {
-            b'a'..=b'z' => out.push(Sym::Letter((c - b'a') as usize)),
-            b'A'..=b'Z' => out.push(Sym::Letter(26 + (c - b'A') as usize)),
+            // Inside the matched ranges: no wrap.
+            b'a'..=b'z' => out.push(Sym::Letter(usize::from(c.wrapping_sub(b'a')))),
+            b'A'..=b'Z' => out.push(Sym::Letter(26 | usize::from(c.wrapping_sub(b'A')))),
             b'.' => {
-                if s.get(i..i + 3) != Some(b"...") {
+                if s.get(i..i.saturating_add(3)) != Some(b"...") {
                     return Err(eq_err("'.' outside an ellipsis"));
                 }
                 if out.contains(&Sym::Ellipsis) {
                     return Err(eq_err("two ellipses in one term"));
                 }
                 out.push(Sym::Ellipsis);
-                i += 2;
+                i = i.saturating_add(2);
             }
             _ => return Err(eq_err("labels must be letters")),
         }
-        i += 1;
+        i = i.saturating_add(1);
     }
     Ok(out)
 }
@@ -87,7 +84,7 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
                 .get(..p)
                 .ok_or(Error::internal("einsum: arrow position"))?;
             let rhs = eq
-                .get(p + 2..)
+                .get(p.saturating_add(2)..)
                 .ok_or(Error::internal("einsum: arrow position"))?;
             (lhs, Some(rhs))
         }
@@ -113,7 +110,7 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
         if shape.len() < letters || (!has_ell && shape.len() != letters) {
             return Err(eq_err("term does not match its input's rank"));
         }
-        ell.push(shape.len() - letters);
+        ell.push(shape.len().saturating_sub(letters));
     }
     let e_rank = ell.iter().copied().max().unwrap_or(0);
     if e_rank > MAX_RANK {
@@ -128,14 +125,17 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
         for s in term {
             match *s {
                 Sym::Letter(l) => d.push(l),
-                Sym::Ellipsis => d.extend((e_rank - ell_k..e_rank).map(|j| LETTERS + j)),
+                // ell_k <= e_rank (its maximum) <= MAX_RANK.
+                Sym::Ellipsis => d.extend(
+                    (e_rank.saturating_sub(ell_k)..e_rank).map(|j| LETTERS.saturating_add(j)),
+                ),
             }
         }
         for (&l, &n) in d.iter().zip(shape) {
             let (Some(count_l), Some(size_l)) = (count.get_mut(l), size.get_mut(l)) else {
                 return Err(Error::internal("einsum: label index"));
             };
-            *count_l += 1;
+            *count_l = count_l.saturating_add(1);
             *size_l = match *size_l {
                 None => Some(n),
                 Some(m) if m == n => Some(m),
@@ -166,14 +166,14 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
                         }
                         out.push(l);
                     }
-                    Sym::Ellipsis => out.extend(LETTERS..LETTERS + e_rank),
+                    Sym::Ellipsis => out.extend(LETTERS..LETTERS.saturating_add(e_rank)),
                 }
             }
         }
         None => {
             // numpy's implicit form: `...` first, then the labels seen once,
             // in ASCII order (capitals first).
-            out.extend(LETTERS..LETTERS + e_rank);
+            out.extend(LETTERS..LETTERS.saturating_add(e_rank));
             let seen = |l: &usize| count.get(*l) == Some(&1);
             out.extend((26..LETTERS).chain(0..26).filter(seen));
         }
@@ -205,10 +205,11 @@ fn build_plan(eq: &str, shapes: &[&[usize]]) -> Result<Plan> {
                 .ok_or(Error::internal("einsum label"))?;
             let size_l = *sizes.get(li).ok_or(Error::internal("einsum: label size"))?;
             if !(n == 1 && size_l != 1) {
-                *strides
+                let s = strides
                     .get_mut(li)
                     .and_then(|s| s.get_mut(k))
-                    .ok_or(Error::internal("einsum: stride index"))? += st;
+                    .ok_or(Error::internal("einsum: stride index"))?;
+                *s = s.saturating_add(st);
             }
             st = st.saturating_mul(n);
         }
@@ -326,35 +327,38 @@ impl Plan {
             .ok_or(Error::internal("einsum: label count"))?;
         let mut offs = [0usize; MAX_INPUTS];
         let mut acc = T::A::ZERO;
-        let mut r = 0;
-        let mut o = 0;
-        for _ in 0..self.out_count * self.red_count {
+        let mut r = 0usize;
+        let mut o = 0usize;
+        for _ in 0..self.out_count.saturating_mul(self.red_count) {
             let mut prod = T::A::ONE;
             for (x, &off) in xs.iter().zip(&offs).take(self.n_in) {
                 let v = x.get(off).ok_or(Error::internal("einsum offset"))?;
                 prod = prod.mul(v.get());
             }
             acc = acc.add(prod);
-            r += 1;
+            r = r.saturating_add(1);
             if r == self.red_count {
                 *y.get_mut(o)
                     .ok_or(Error::internal("einsum: output index"))? = T::put(acc);
                 acc = T::A::ZERO;
                 r = 0;
-                o += 1;
+                o = o.saturating_add(1);
             }
-            // Advance the odometer, last label fastest.
+            // Advance the odometer, last label fastest. Each offset is an
+            // index inside its operand after every step (checked by the
+            // lookup above); wrapping arithmetic gives it exactly, the
+            // step back over `size - 1` steps included.
             let labels = idx.iter_mut().zip(&self.sizes).zip(&self.strides);
             for ((i, &size), st) in labels.rev() {
-                *i += 1;
+                *i = i.saturating_add(1);
                 if *i < size {
                     for (off, &s) in offs.iter_mut().zip(st).take(self.n_in) {
-                        *off += s;
+                        *off = off.wrapping_add(s);
                     }
                     break;
                 }
                 for (off, &s) in offs.iter_mut().zip(st).take(self.n_in) {
-                    *off -= s * (size - 1);
+                    *off = off.wrapping_sub(s.wrapping_mul(size.wrapping_sub(1)));
                 }
                 *i = 0;
             }

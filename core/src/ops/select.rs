@@ -10,13 +10,10 @@
 //! when every input is a constant the op is folded at build time and its
 //! shape is exact.
 
-// 32 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec;
 use alloc::vec::Vec;
 use core::cmp::Ordering;
+use core::num::NonZeroUsize;
 
 use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
@@ -37,9 +34,7 @@ fn nonzero_at(v: &TensorView<'_>, i: usize) -> bool {
         v.f64_at(i).is_some_and(|x| x != 0.0)
     } else {
         let s = v.dtype().size();
-        v.bytes()
-            .get(i * s..(i + 1) * s)
-            .is_some_and(|b| b.iter().any(|&x| x != 0))
+        util::row(v.bytes(), i, s).is_ok_and(|b| b.iter().any(|&x| x != 0))
     }
 }
 
@@ -49,8 +44,8 @@ fn cmp_at(v: &TensorView<'_>, a: usize, b: usize) -> Ordering {
         DType::U64 => {
             let s = 8;
             let get = |i: usize| {
-                v.bytes()
-                    .get(i * s..(i + 1) * s)
+                util::row(v.bytes(), i, s)
+                    .ok()
                     .and_then(|b| b.try_into().ok())
                     .map_or(0, u64::from_le_bytes)
             };
@@ -112,8 +107,9 @@ fn prepare_non_zero(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 // Row r of the output holds coordinate r of each hit.
                 let mut rem = i;
                 for (r, &d) in shape.iter().enumerate().rev() {
-                    let d = d.max(1);
-                    *y.get_mut(r * nnz + j)
+                    let d = NonZeroUsize::new(d).unwrap_or(NonZeroUsize::MIN);
+                    // r < rank, j < nnz: inside the [rank, nnz] output.
+                    *y.get_mut(r.saturating_mul(nnz).saturating_add(j))
                         .ok_or(Error::internal("NonZero out"))? = (rem % d) as i64;
                     rem /= d;
                 }
@@ -172,17 +168,15 @@ fn prepare_compress(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let k = (0..bound).filter(|&i| c.get(i) == Some(&1)).count();
             let mut out = io.output(0)?;
             let y = out.bytes_mut();
-            let blk = inner * es;
-            let mut w = 0;
+            // Blocks of `inner` elements: block w of the output is block
+            // o * len + j of the input.
+            let blk = inner.saturating_mul(es);
+            let mut w = 0usize;
             for o in 0..outer {
                 for j in (0..bound).filter(|&i| c.get(i) == Some(&1)) {
-                    let src = (o * len + j) * blk;
-                    let (d, s) = y
-                        .get_mut(w..w + blk)
-                        .zip(x.get(src..src + blk))
-                        .ok_or(Error::internal("Compress range"))?;
-                    d.copy_from_slice(s);
-                    w += blk;
+                    let src = o.saturating_mul(len).saturating_add(j);
+                    util::row_mut(y, w, blk)?.copy_from_slice(util::row(x, src, blk)?);
+                    w = w.saturating_add(1);
                 }
             }
             if fixed.is_none() {
@@ -212,7 +206,11 @@ struct UniqueGeom {
 impl UniqueGeom {
     /// Element index of (outer o, item j, inner i).
     fn at(&self, o: usize, j: usize, i: usize) -> usize {
-        (o * self.n + j) * self.inner + i
+        // Past the input (saturated), a lookup miss.
+        o.saturating_mul(self.n)
+            .saturating_add(j)
+            .saturating_mul(self.inner)
+            .saturating_add(i)
     }
     fn cmp(&self, x: &TensorView<'_>, a: usize, b: usize) -> Ordering {
         for o in 0..self.outer {
@@ -263,9 +261,10 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let es = x.dtype.size();
     let axis_pos = axis.unwrap_or(0);
     let has: [bool; 4] = [0, 1, 2, 3].map(|i| ctx.has_output(i));
-    let words = (g.n + 1)
-        .checked_mul(core::mem::size_of::<usize>())
-        .ok_or(Error::new(ErrorKind::Overflow))?;
+    let words =
+        g.n.checked_add(1)
+            .and_then(|n| n.checked_mul(core::mem::size_of::<usize>()))
+            .ok_or(Error::new(ErrorKind::Overflow))?;
     Ok(Prepared::new(
         outputs,
         kernel("Unique", move |io: &mut KernelIo<'_>| {
@@ -278,7 +277,7 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let seen = first.get(..k).ok_or(Error::internal("Unique scratch"))?;
                     if !seen.iter().any(|&f| g.cmp(&x, f, j) == Ordering::Equal) {
                         *first.get_mut(k).ok_or(Error::internal("Unique scratch"))? = j;
-                        k += 1;
+                        k = k.saturating_add(1);
                     }
                 }
                 if sorted {
@@ -294,17 +293,15 @@ fn prepare_unique(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let first = scratch_words(s)?;
                 let first = first.get(..k).ok_or(Error::internal("Unique scratch"))?;
                 let y = y.bytes_mut();
-                let mut w = 0;
+                // Blocks of `inner` elements: output block w is input
+                // block o * n + f.
+                let len = g.inner.saturating_mul(es);
+                let mut w = 0usize;
                 for o in 0..g.outer {
                     for &f in first {
-                        let src = g.at(o, f, 0) * es;
-                        let len = g.inner * es;
-                        let (d, s) = y
-                            .get_mut(w..w + len)
-                            .zip(xb.get(src..src + len))
-                            .ok_or(Error::internal("Unique range"))?;
-                        d.copy_from_slice(s);
-                        w += len;
+                        let src = o.saturating_mul(g.n).saturating_add(f);
+                        util::row_mut(y, w, len)?.copy_from_slice(util::row(xb, src, len)?);
+                        w = w.saturating_add(1);
                     }
                 }
                 let mut sh = [0usize; crate::tensor::MAX_RANK];
@@ -376,8 +373,9 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .checked_mul(nc)
         .and_then(|x| x.checked_mul(cap.min(nbox)))
         .ok_or(Error::new(ErrorKind::Overflow))?;
-    let words = (2 * nbox)
-        .checked_mul(core::mem::size_of::<usize>())
+    let words = nbox
+        .checked_mul(2)
+        .and_then(|n| n.checked_mul(core::mem::size_of::<usize>()))
         .ok_or(Error::new(ErrorKind::Overflow))?;
     Ok(Prepared::single(
         DType::I64,
@@ -404,20 +402,16 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let (cand, sel) = s
                 .split_at_mut_checked(nbox)
                 .ok_or(Error::internal("NMS scratch"))?;
-            let mut w = 0;
+            let mut w = 0usize;
             for b in 0..nb {
-                let bx = boxes
-                    .get(b * nbox * 4..(b + 1) * nbox * 4)
-                    .ok_or(Error::internal("NMS boxes"))?;
+                let bx = util::row(boxes, b, nbox.saturating_mul(4))?;
                 for c in 0..nc {
-                    let sc = scores
-                        .get((b * nc + c) * nbox..(b * nc + c + 1) * nbox)
-                        .ok_or(Error::internal("NMS scores"))?;
-                    let mut n = 0;
+                    let sc = util::row(scores, b.saturating_mul(nc).saturating_add(c), nbox)?;
+                    let mut n = 0usize;
                     for (i, &v) in sc.iter().enumerate() {
                         if score_t.is_none_or(|t| v > t) {
                             *cand.get_mut(n).ok_or(Error::internal("NMS candidates"))? = i;
-                            n += 1;
+                            n = n.saturating_add(1);
                         }
                     }
                     let cand = cand.get_mut(..n).ok_or(Error::internal("NMS candidates"))?;
@@ -429,7 +423,7 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                             .unwrap_or(Ordering::Equal)
                             .then(a.cmp(&b))
                     });
-                    let mut k = 0;
+                    let mut k = 0usize;
                     for &i in cand.iter() {
                         if k >= max_out {
                             break;
@@ -437,12 +431,10 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         let kept = sel.get(..k).ok_or(Error::internal("NMS selection"))?;
                         if kept.iter().all(|&j| !suppress(bx, i, j, center, iou_t)) {
                             *sel.get_mut(k).ok_or(Error::internal("NMS selection"))? = i;
-                            k += 1;
-                            let row = y
-                                .get_mut(w * 3..w * 3 + 3)
-                                .ok_or(Error::internal("NMS out"))?;
-                            row.copy_from_slice(&[b as i64, c as i64, i as i64]);
-                            w += 1;
+                            k = k.saturating_add(1);
+                            util::row_mut(y, w, 3)?
+                                .copy_from_slice(&[b as i64, c as i64, i as i64]);
+                            w = w.saturating_add(1);
                         }
                     }
                 }
@@ -459,7 +451,7 @@ fn prepare_nms(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn suppress(bx: &[f32], i: usize, j: usize, center: bool, t: f32) -> bool {
     let get = |k: usize| -> [f32; 4] {
         let mut b = [0f32; 4];
-        if let Some(s) = bx.get(k * 4..k * 4 + 4) {
+        if let Ok(s) = util::row(bx, k, 4) {
             b.copy_from_slice(s);
         }
         b
