@@ -14,10 +14,6 @@
 //!
 //! All arithmetic saturates, so no input can overflow.
 
-// 22 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use crate::error::{Error, ErrorKind, Result};
 
 /// A real multiplier `m > 0` as `mult · 2^-shift`.
@@ -44,10 +40,11 @@ fn frexp(m: f64) -> (f64, i32) {
     if exp == 0 {
         // Subnormal: scale up first.
         let (f, e) = frexp(m * (1u64 << 54) as f64);
-        return (f, e - 54);
+        // Exponents of finite doubles: |e| < 1100, no wrap.
+        return (f, e.wrapping_sub(54));
     }
     let f = f64::from_bits((bits & !(0x7ffu64 << 52)) | (1022u64 << 52));
-    (f, exp - 1022)
+    (f, exp.wrapping_sub(1022))
 }
 
 impl Requant {
@@ -65,11 +62,12 @@ impl Requant {
         let mut mult = libm::round(f * (1u64 << 31) as f64) as i64;
         // mult in [2^30, 2^31]; 2^31 is renormalized below, so it fits i32.
         let mut e = e;
+        // |e| < 1100 (a double's exponent): no wrap below.
         if mult == 1i64 << 31 {
             mult >>= 1;
-            e += 1;
+            e = e.wrapping_add(1);
         }
-        let shift = 31 - e;
+        let shift = 31i32.wrapping_sub(e);
         if shift < 0 {
             return Err(Error::new(ErrorKind::Invalid(
                 "requantization multiplier >= 2^31 (scales out of range)",
@@ -95,7 +93,11 @@ impl Requant {
     /// `round_half_even(acc · m)`.
     #[inline]
     pub fn apply(&self, acc: i32) -> i64 {
-        let (p, shift) = (acc as i64 * self.mult as i64, self.shift as u32);
+        // |acc|, |mult| < 2^31: the product is exact in i64.
+        let (p, shift) = (
+            (acc as i64).wrapping_mul(self.mult as i64),
+            self.shift as u32,
+        );
         if (32..=62).contains(&shift) {
             // Every multiplier below 1/2 (all the usual ones).
             return i64::from(round_shift_hi(p, shift));
@@ -110,7 +112,7 @@ impl Requant {
     pub(crate) fn apply_clamp(&self, acc: i32, zero_point: i32, lo: i32, hi: i32) -> i32 {
         let shift = self.shift as u32;
         if (32..=62).contains(&shift) {
-            let q = round_shift_hi(acc as i64 * self.mult as i64, shift);
+            let q = round_shift_hi((acc as i64).wrapping_mul(self.mult as i64), shift);
             // As `clamp`: a sum past the i32 range saturates, and then
             // clamps to the same bound as the i64 sum would.
             return q.saturating_add(zero_point).max(lo).min(hi);
@@ -146,14 +148,18 @@ impl Requant {
             return;
         }
         let (zy, lo, hi) = (zy as i64, lo as i64, hi as i64);
-        let half_m1 = (1u64 << (shift - 1)) - 1;
-        let off = 1i64 << (63 - shift);
+        // shift in [1, 62]; |p| < 2^62 (i32 times a multiplier below
+        // 2^31), so u + half_m1 + odd < 2^64 and every operation below is
+        // exact: wrapping by name, not by overflow.
+        let half_m1 = (1u64 << shift.wrapping_sub(1)).wrapping_sub(1);
+        let off = 1i64 << 63u32.wrapping_sub(shift);
         for (y, &a) in out.iter_mut().zip(acc) {
-            let p = bias.wrapping_add(a) as i64 * mult;
+            let p = (bias.wrapping_add(a) as i64).wrapping_mul(mult);
             let u = (p as u64) ^ (1u64 << 63);
             let odd = (u >> shift) & 1;
-            let v = ((u + half_m1 + odd) >> shift) as i64 - off;
-            *y = Y::from_sat((v + zy).max(lo).min(hi) as i32);
+            let v = (u.wrapping_add(half_m1).wrapping_add(odd) >> shift) as i64;
+            let v = v.wrapping_sub(off).wrapping_add(zy);
+            *y = Y::from_sat(v.max(lo).min(hi) as i32);
         }
     }
 
@@ -164,7 +170,8 @@ impl Requant {
         if count <= 0 {
             return 0;
         }
-        let num = sum as i128 * self.mult as i128;
+        // |sum| < 2^63, mult < 2^31: exact in i128.
+        let num = (sum as i128).wrapping_mul(self.mult as i128);
         let den = (count as i128) << (self.shift as u32);
         div_round_half_even(num, den)
     }
@@ -206,7 +213,7 @@ impl Requant2 {
         // relative to it.
         let big = if ma > mb { ma } else { mb };
         let (_, e) = frexp(big);
-        let shift = (31 - e).clamp(0, 62) as u32;
+        let shift = 31i32.wrapping_sub(e).clamp(0, 62) as u32;
         let scale = libm::ldexp(1.0, shift as i32);
         Ok(Requant2 {
             ma: libm::round(ma * scale) as i64,
@@ -235,14 +242,20 @@ impl Requant2 {
             da.clamp(-65536, 65536) as i64,
             db.clamp(-65536, 65536) as i64,
         );
-        let p = da * self.ma + db * self.mb;
+        // |d| <= 2^16, m <= 2^32 (from_parts / new): |p| < 2^50, and the
+        // rounding below is exact as in `Requant::apply_row`.
+        let p = da
+            .wrapping_mul(self.ma)
+            .wrapping_add(db.wrapping_mul(self.mb));
         let shift = self.shift;
         if shift == 0 {
             return p;
         }
         let u = (p as u64) ^ (1u64 << 63);
         let odd = (u >> shift) & 1;
-        ((u + ((1u64 << (shift - 1)) - 1) + odd) >> shift) as i64 - (1i64 << (63 - shift))
+        let half_m1 = (1u64 << shift.wrapping_sub(1)).wrapping_sub(1);
+        let v = (u.wrapping_add(half_m1).wrapping_add(odd) >> shift) as i64;
+        v.wrapping_sub(1i64 << 63u32.wrapping_sub(shift))
     }
 }
 
@@ -252,11 +265,13 @@ fn round_shift(p: i64, shift: u32) -> i64 {
     if shift == 0 {
         return p;
     }
+    // shift in [1, 63] (callers: <= 62): q = floor(p / 2^shift), so
+    // q << shift <= p, r in [0, 2^shift) and q + 1 fit.
     let q = p >> shift; // floor
-    let r = p - (q << shift); // in [0, 2^shift)
-    let half = 1i64 << (shift - 1);
+    let r = p.wrapping_sub(q << shift); // in [0, 2^shift)
+    let half = 1i64 << shift.wrapping_sub(1);
     if r > half || (r == half && q & 1 == 1) {
-        q + 1
+        q.wrapping_add(1)
     } else {
         q
     }
@@ -279,12 +294,12 @@ fn round_shift_hi(p: i64, shift: u32) -> i32 {
     let t = shift.wrapping_sub(32) & 31;
     let (hi, lo) = ((p >> 32) as i32, p as u32);
     let q = hi >> t;
-    let r_hi = (hi as u32) & ((1u32 << t) - 1);
+    let r_hi = (hi as u32) & (1u32 << t).wrapping_sub(1);
     let r = (u64::from(r_hi) << 32) | u64::from(lo);
     let half = if t == 0 {
         1u64 << 31
     } else {
-        u64::from(1u32 << (t - 1)) << 32
+        u64::from(1u32 << t.wrapping_sub(1)) << 32
     };
     let up = r > half || (r == half && q & 1 == 1);
     // |p| < 2^62: |q| < 2^30, so q + 1 does not overflow.
@@ -315,9 +330,11 @@ fn div_round_half_even(num: i128, den: i128) -> i64 {
     }
     let q = num.div_euclid(den);
     let r = num.rem_euclid(den); // in [0, den)
-    let twice = r * 2;
+                                 // r < den < 2^126 (a count shifted by at most 62), so 2r and q + 1
+                                 // fit in i128.
+    let twice = r.wrapping_mul(2);
     let q = if twice > den || (twice == den && q & 1 == 1) {
-        q + 1
+        q.wrapping_add(1)
     } else {
         q
     };
