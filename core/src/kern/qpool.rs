@@ -2,10 +2,6 @@
 //! QLinearGlobalAveragePool): exact sums of `x - zx`, divided and
 //! requantized with [`Requant::apply_div`].
 
-// 31 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use super::requant::{clamp, Requant};
 use super::{check_len, out_of_bounds, valid_range, win, Geom, QInt};
 use crate::error::Result;
@@ -29,19 +25,24 @@ pub(crate) fn global_avg<T: QInt>(
     cl: bool,
     p: &PoolParams,
 ) -> Result<()> {
-    check_len(x.len(), n * c * img)?;
-    check_len(y.len(), n * c)?;
-    // Element (b, ch, s) sits at b·img·c + ch·cs + s·ss.
+    let plane = img.checked_mul(c).ok_or_else(out_of_bounds)?;
+    check_len(x.len(), plane.checked_mul(n).ok_or_else(out_of_bounds)?)?;
+    check_len(y.len(), n.checked_mul(c).ok_or_else(out_of_bounds)?)?;
+    // Element (b, ch, s) sits at b·img·c + ch·cs + s·ss. Every index and
+    // sum below is bounded by x.len() (checked above) or by x.len() · 2^8:
+    // the wrapping operations are exact.
     let (cs, ss) = if cl { (1, c) } else { (img, 1) };
     let mut ys = y.iter_mut();
     for b in 0..n {
-        let xb = win(x, b * img * c, img * c).ok_or_else(out_of_bounds)?;
+        let xb = win(x, b.wrapping_mul(plane), plane).ok_or_else(out_of_bounds)?;
         for ch in 0..c {
             let mut sum = 0i64;
             for s in 0..img {
-                sum += xb.get(ch * cs + s * ss).ok_or_else(out_of_bounds)?.get() as i64;
+                let at = ch.wrapping_mul(cs).wrapping_add(s.wrapping_mul(ss));
+                let v = xb.get(at).ok_or_else(out_of_bounds)?.get();
+                sum = sum.wrapping_add(i64::from(v));
             }
-            let sum = sum - p.zx as i64 * img as i64;
+            let sum = sum.wrapping_sub(i64::from(p.zx).wrapping_mul(img as i64));
             let v = p.r.apply_div(sum, img as i64);
             *ys.next().ok_or_else(out_of_bounds)? = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
         }
@@ -68,65 +69,87 @@ pub(crate) fn avg_pool<T: QInt>(
     p: &PoolParams,
 ) -> Result<()> {
     let (in_sz, out_sz) = (g.in_size(), g.out_size());
-    check_len(x.len(), n * c * in_sz)?;
-    check_len(y.len(), n * c * out_sz)?;
+    let nc = n.checked_mul(c).ok_or_else(out_of_bounds)?;
+    check_len(x.len(), nc.checked_mul(in_sz).ok_or_else(out_of_bounds)?)?;
+    check_len(y.len(), nc.checked_mul(out_sz).ok_or_else(out_of_bounds)?)?;
+    // Every index below is below x.len() or y.len() (checked above; the
+    // window ranges come from `valid_range`), every sum below x.len() ·
+    // 2^9, the window size below x.len() plus the padding (`geom_ok`): the
+    // wrapping operations are exact, wrapping by name only.
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
     let [s0, s1, s2] = g.s;
     let [p0, p1, p2] = g.pb;
-    let full = (k0 * k1 * k2) as i64;
+    let full = k0.wrapping_mul(k1).wrapping_mul(k2) as i64;
+    let zx = i64::from(p.zx);
     // Spatial element stride and channel stride.
     let (es, cs_in, cs_out) = if cl { (c, 1, 1) } else { (1, in_sz, out_sz) };
     for b in 0..n {
         for ch in 0..c {
-            let xb = b * c * in_sz + ch * cs_in;
-            let yb = b * c * out_sz + ch * cs_out;
+            let bc = b.wrapping_mul(c);
+            let xb = bc.wrapping_mul(in_sz).wrapping_add(ch.wrapping_mul(cs_in));
+            let yb = bc
+                .wrapping_mul(out_sz)
+                .wrapping_add(ch.wrapping_mul(cs_out));
             for od in 0..o0 {
-                let (ad, bd) = valid_range(k0, 1, od * s0, p0, i0);
+                let d0 = od.wrapping_mul(s0);
+                let (ad, bd) = valid_range(k0, 1, d0, p0, i0);
                 for oh in 0..o1 {
-                    let (ah, bh) = valid_range(k1, 1, oh * s1, p1, i1);
+                    let h0 = oh.wrapping_mul(s1);
+                    let (ah, bh) = valid_range(k1, 1, h0, p1, i1);
                     for ow in 0..o2 {
-                        let (aw, bw) = valid_range(k2, 1, ow * s2, p2, i2);
+                        let w0 = ow.wrapping_mul(s2);
+                        let (aw, bw) = valid_range(k2, 1, w0, p2, i2);
+                        let (nh, nw) = (bh.wrapping_sub(ah), bw.wrapping_sub(aw));
                         let mut sum = 0i64;
                         for kd in ad..bd {
-                            let id = od * s0 + kd - p0;
-                            if RUNS && es == 1 && ah < bh && ow * s2 + aw == p2 && bw - aw == i2 {
+                            let id = d0.wrapping_add(kd).wrapping_sub(p0);
+                            let plane = xb.wrapping_add(id.wrapping_mul(i1).wrapping_mul(i2));
+                            if RUNS && es == 1 && ah < bh && w0.wrapping_add(aw) == p2 && nw == i2 {
                                 // Whole rows (KWS's 25 × 5 pool): one run.
-                                let at = xb + (id * i1 + oh * s1 + ah - p1) * i2;
-                                let len = (bh - ah) * i2;
+                                let ih = h0.wrapping_add(ah).wrapping_sub(p1);
+                                let at = plane.wrapping_add(ih.wrapping_mul(i2));
+                                let len = nh.wrapping_mul(i2);
                                 let run = win(x, at, len).ok_or_else(out_of_bounds)?;
                                 let raw: i64 = run.iter().map(|v| v.get() as i64).sum();
-                                sum += raw - p.zx as i64 * len as i64;
+                                sum =
+                                    sum.wrapping_add(raw.wrapping_sub(zx.wrapping_mul(len as i64)));
                                 continue;
                             }
                             for kh in ah..bh {
-                                let ih = oh * s1 + kh - p1;
-                                let row = (id * i1 + ih) * i2;
+                                let ih = h0.wrapping_add(kh).wrapping_sub(p1);
+                                let row = id.wrapping_mul(i1).wrapping_add(ih).wrapping_mul(i2);
                                 if RUNS && es == 1 && aw < bw {
                                     // Channel-first: the row's taps are one
                                     // run, summed in a loop that vectorizes
                                     // (integer sums: any order is exact).
-                                    let at = xb + row + ow * s2 + aw - p2;
-                                    let run = win(x, at, bw - aw).ok_or_else(out_of_bounds)?;
+                                    let iw = w0.wrapping_add(aw).wrapping_sub(p2);
+                                    let at = xb.wrapping_add(row).wrapping_add(iw);
+                                    let run = win(x, at, nw).ok_or_else(out_of_bounds)?;
                                     let raw: i64 = run.iter().map(|v| v.get() as i64).sum();
-                                    sum += raw - p.zx as i64 * (bw - aw) as i64;
+                                    sum = sum
+                                        .wrapping_add(raw.wrapping_sub(zx.wrapping_mul(nw as i64)));
                                     continue;
                                 }
                                 for kw in aw..bw {
-                                    let iw = ow * s2 + kw - p2;
-                                    let v =
-                                        x.get(xb + (row + iw) * es).ok_or_else(out_of_bounds)?;
-                                    sum += (v.get() - p.zx) as i64;
+                                    let iw = w0.wrapping_add(kw).wrapping_sub(p2);
+                                    let at = xb.wrapping_add(row.wrapping_add(iw).wrapping_mul(es));
+                                    let v = x.get(at).ok_or_else(out_of_bounds)?;
+                                    sum = sum.wrapping_add(i64::from(v.get().wrapping_sub(p.zx)));
                                 }
                             }
                         }
-                        let taps = ((bd - ad) * (bh - ah) * (bw - aw)) as i64;
+                        let taps = bd.wrapping_sub(ad).wrapping_mul(nh).wrapping_mul(nw) as i64;
                         let cnt = if include { full } else { taps };
                         let v = p.r.apply_div(sum, cnt);
-                        let o = (od * o1 + oh) * o2 + ow;
-                        *y.get_mut(yb + o * es).ok_or_else(out_of_bounds)? =
-                            T::from_sat(clamp(v, p.zy, T::LO, T::HI));
+                        let o = od
+                            .wrapping_mul(o1)
+                            .wrapping_add(oh)
+                            .wrapping_mul(o2)
+                            .wrapping_add(ow);
+                        *y.get_mut(yb.wrapping_add(o.wrapping_mul(es)))
+                            .ok_or_else(out_of_bounds)? = T::from_sat(clamp(v, p.zy, T::LO, T::HI));
                     }
                 }
             }
