@@ -6,10 +6,6 @@
 //! kernel walks the outer runs with a strided odometer and the innermost run
 //! contiguously (a fold when reduced, an element-wise combine when kept).
 
-// 19 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::math;
 use crate::ops::{kernel, util, OpDef, PrepareCtx, Prepared};
@@ -85,7 +81,9 @@ impl Plan {
         let mut count = 1usize;
         for (&d, &r) in shape.iter().zip(mask) {
             if r {
-                count *= d;
+                count = count
+                    .checked_mul(d)
+                    .ok_or(Error::new(ErrorKind::Overflow))?;
             }
             if d == 1 {
                 continue;
@@ -93,7 +91,8 @@ impl Plan {
             let prev = rank.checked_sub(1);
             if prev.is_some_and(|p| red.get(p) == Some(&r)) {
                 let p = prev.and_then(|p| dims.get_mut(p));
-                *p.ok_or(Error::internal("reduce coalesce"))? *= d;
+                let p = p.ok_or(Error::internal("reduce coalesce"))?;
+                *p = p.checked_mul(d).ok_or(Error::new(ErrorKind::Overflow))?;
             } else {
                 // `setup` refuses a rank above MAX_RANK, and coalescing
                 // only merges dims.
@@ -103,7 +102,7 @@ impl Plan {
                     .ok_or(Error::internal("reduce rank above MAX_RANK"))?;
                 *dr = d;
                 *rr = r;
-                rank += 1;
+                rank = rank.wrapping_add(1); // below MAX_RANK: the get_mut above
             }
         }
         if rank == 0 {
@@ -121,10 +120,10 @@ impl Plan {
             .rev()
         {
             *is = ai;
-            ai *= d;
+            ai = ai.checked_mul(d).ok_or(Error::new(ErrorKind::Overflow))?;
             if !r {
                 *os = ao;
-                ao *= d;
+                ao = ao.checked_mul(d).ok_or(Error::new(ErrorKind::Overflow))?;
             }
         }
         Ok(Plan {
@@ -194,8 +193,9 @@ impl Plan {
                 }
                 *a = acc;
             } else {
-                let os = out
-                    .get_mut(o..o + xs.len())
+                let os = o
+                    .checked_add(xs.len())
+                    .and_then(|end| out.get_mut(o..end))
                     .ok_or(Error::internal("reduce output run"))?;
                 for (ov, &v) in os.iter_mut().zip(xs) {
                     *ov = step(*ov, v);
@@ -229,7 +229,9 @@ impl Plan {
                 }
                 *a = acc;
             } else {
-                let end = o + xs.len();
+                let end = o
+                    .checked_add(xs.len())
+                    .ok_or(Error::internal("reduce output run"))?;
                 let (os, ss) = out
                     .get_mut(o..end)
                     .zip(side.get(o..end))
@@ -323,20 +325,15 @@ where
 
 /// Accumulator type of the float reductions: f32 (for f32, f16, bf16) or
 /// f64.
-trait Acc:
-    bytemuck::Pod
-    + PartialOrd
-    + Send
-    + Sync
-    + core::ops::Add<Output = Self>
-    + core::ops::Sub<Output = Self>
-    + core::ops::Mul<Output = Self>
-{
+trait Acc: bytemuck::Pod + PartialOrd + Send + Sync {
     const ZERO: Self;
     const ONE: Self;
     const INF: Self;
     const NEG_INF: Self;
     fn from_f64(v: f64) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
     fn abs(self) -> Self;
     fn sqrt(self) -> Self;
     fn exp(self) -> Self;
@@ -352,6 +349,15 @@ impl Acc for f32 {
     const NEG_INF: Self = f32::NEG_INFINITY;
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn sub(self, o: Self) -> Self {
+        self - o
+    }
+    fn mul(self, o: Self) -> Self {
+        self * o
     }
     fn abs(self) -> Self {
         math::abs(self)
@@ -380,6 +386,15 @@ impl Acc for f64 {
     const NEG_INF: Self = f64::NEG_INFINITY;
     fn from_f64(v: f64) -> Self {
         v
+    }
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn sub(self, o: Self) -> Self {
+        self - o
+    }
+    fn mul(self, o: Self) -> Self {
+        self * o
     }
     fn abs(self) -> Self {
         libm::fabs(self)
@@ -449,7 +464,7 @@ fn float_reduce<X: Element, A: Acc>(
             let s: &mut [A] = bytemuck::try_cast_slice_mut(scratch)
                 .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
             let s = s
-                .get_mut(..n * bufs)
+                .get_mut(..n.saturating_mul(bufs))
                 .ok_or(Error::new(ErrorKind::Internal("scratch size")))?;
             let (acc, rest) = s
                 .split_at_mut_checked(n)
@@ -457,7 +472,7 @@ fn float_reduce<X: Element, A: Acc>(
             match kind {
                 Kind::Sum | Kind::Mean | Kind::LogSum => {
                     acc.fill(A::ZERO);
-                    plan.run(x, acc, |a, v| a + up(v))?;
+                    plan.run(x, acc, |a, v| a.add(up(v)))?;
                 }
                 Kind::Max => {
                     acc.fill(A::NEG_INF);
@@ -469,18 +484,18 @@ fn float_reduce<X: Element, A: Acc>(
                 }
                 Kind::Prod => {
                     acc.fill(A::ONE);
-                    plan.run(x, acc, |a, v| a * up(v))?;
+                    plan.run(x, acc, |a, v| a.mul(up(v)))?;
                 }
                 Kind::SumSquare | Kind::L2 => {
                     acc.fill(A::ZERO);
                     plan.run(x, acc, |a, v| {
                         let u = up(v);
-                        a + u * u
+                        a.add(u.mul(u))
                     })?;
                 }
                 Kind::L1 => {
                     acc.fill(A::ZERO);
-                    plan.run(x, acc, |a, v| a + up(v).abs())?;
+                    plan.run(x, acc, |a, v| a.add(up(v).abs()))?;
                 }
                 Kind::LogSumExp => {
                     // Shift by the maximum so exp cannot overflow; an empty or
@@ -495,15 +510,15 @@ fn float_reduce<X: Element, A: Acc>(
                     }
                     acc.fill(A::ZERO);
                     let mm: &[A] = m;
-                    plan.run_with(x, acc, mm, |a, v, sh| a + (up(v) - sh).exp())?;
+                    plan.run_with(x, acc, mm, |a, v, sh| a.add(up(v).sub(sh).exp()))?;
                     for (v, &sh) in acc.iter_mut().zip(mm) {
-                        *v = v.ln() + sh;
+                        *v = v.ln().add(sh);
                     }
                 }
             }
             for (o, &a) in y.iter_mut().zip(acc.iter()) {
                 *o = down(match kind {
-                    Kind::Mean => a * inv,
+                    Kind::Mean => a.mul(inv),
                     Kind::L2 => a.sqrt(),
                     Kind::LogSum => a.ln(),
                     _ => a,
@@ -512,7 +527,11 @@ fn float_reduce<X: Element, A: Acc>(
             Ok(())
         }),
     )
-    .with_scratch(n * bufs * core::mem::size_of::<A>())
+    // Saturating: a size past usize::MAX fails planning (arena budget).
+    .with_scratch(
+        n.saturating_mul(bufs)
+            .saturating_mul(core::mem::size_of::<A>()),
+    )
 }
 
 /// Integer reductions wrap on overflow (numpy's behaviour); the mean divides
@@ -707,7 +726,11 @@ fn arg_kernel<X: Element + PartialOrd>(
         kernel(name, move |io| {
             let x = io.input_slice::<X>(0)?;
             let y = io.output_slice::<i64>(0)?;
-            if x.len() != outer * n * inner || y.len() != outer * inner {
+            let plane = n.checked_mul(inner);
+            let sizes = plane
+                .and_then(|p| p.checked_mul(outer))
+                .zip(outer.checked_mul(inner));
+            if sizes != Some((x.len(), y.len())) {
                 return Err(Error::new(ErrorKind::Internal("ArgMax sizes")));
             }
             if y.is_empty() {
@@ -719,7 +742,8 @@ fn arg_kernel<X: Element + PartialOrd>(
             // every `inner`-th element from `i`.
             let lanes =
                 core::num::NonZeroUsize::new(inner).ok_or(Error::internal("ArgMax lane"))?;
-            for (xp, yp) in x.chunks_of(n * inner).zip(y.chunks_of_mut(inner)) {
+            let plane = plane.ok_or(Error::internal("ArgMax sizes"))?;
+            for (xp, yp) in x.chunks_of(plane).zip(y.chunks_of_mut(inner)) {
                 for (i, yv) in yp.iter_mut().enumerate() {
                     let mut lane = xp.iter().skip(i).step_by(lanes.get());
                     let Some(&first) = lane.next() else {
