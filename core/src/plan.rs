@@ -967,7 +967,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             }
         }
     }
-    let is_graph_output_root: Vec<bool> = {
+    let mut is_graph_output_root: Vec<bool> = {
         let mut v = alloc::vec![false; nt];
         for &o in &g.outputs {
             *at_mut(&mut v, root(o, &alias_of) as usize)? = true;
@@ -1014,6 +1014,9 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
             let mut l = (*at(&last, r)?).max(*at(&last, o0 as usize)?);
             if *at(&is_graph_output_root, o0 as usize)? {
                 l = n_steps.saturating_sub(1).max(l);
+                // The buffer now holds a graph output: a later step must
+                // not overwrite it in place (outputs y = f(x), z = g(y)).
+                *at_mut(&mut is_graph_output_root, r)? = true;
             }
             *at_mut(&mut last, r)? = l;
             *at_mut(&mut first, o0 as usize)? = usize::MAX;
