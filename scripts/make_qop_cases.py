@@ -129,6 +129,15 @@ def main(out):
             m, k, n = int(rng.integers(3, 12)), int(rng.integers(4, 40)), int(rng.integers(3, 12))
             a = rand_q(ta, [k, m] if ta_ else [m, k])
             b = rand_q(tb, [n, k] if tb_ else [k, n])
+            if (ta, tb) == ("u8", "i8"):
+                # onnxruntime's u8 x s8 kernel on x86 CPUs without VNNI
+                # (AVX2: vpmaddubsw) adds pairs of products in saturating
+                # int16, so its output is not the exact QGemm there for
+                # full 8-bit weights (up to 50 LSB off on this case set);
+                # its quantizer's reduce_range keeps weights to 7 bits for
+                # that reason. 7-bit weights keep every pair below 2^15 and
+                # the reference exact on every x86 CPU.
+                b = (b.astype(np.int16) // 2).astype(np.int8)
             consts = {"as": sc(), "az": zp(ta)}
             if percol:
                 consts["bs"] = np.exp(rng.uniform(np.log(0.005), np.log(0.1), n)).astype(np.float32)
