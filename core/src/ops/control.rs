@@ -22,14 +22,11 @@
 //! must then be known at build time) and report their real length
 //! ([`Prepared::dynamic_shapes`]).
 
-// 42 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::{win, win_mut};
 use crate::model::{captured_names, AttrValue, Const, ConstData, Dim, Graph, Model};
 use crate::ops::{kernel, util, InputInfo, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::plan::{Plan, SessionBuilder};
@@ -56,7 +53,8 @@ struct Body {
 
 impl Body {
     fn arena(&self) -> usize {
-        self.plan.arena_bytes() + ALIGN
+        // Saturating: an arena past usize::MAX fails planning.
+        self.plan.arena_bytes().saturating_add(ALIGN)
     }
     fn session<'s>(&'s self, arena: &'s mut [u8]) -> Result<Session<'s>> {
         Session::new(&self.model, &self.plan, arena)
@@ -134,8 +132,8 @@ fn plan_body(
             });
             caps.push(None);
         } else {
+            caps.push(Some(g.inputs.len()));
             g.inputs.push(id);
-            caps.push(Some(g.inputs.len() - 1));
         }
     }
     let model = Model {
@@ -161,22 +159,22 @@ fn captured<'c, 'a>(
     first: usize,
     names: &'c [alloc::string::String],
 ) -> Result<Vec<(&'c str, &'c InputInfo<'a>)>> {
-    if ctx.num_inputs() != first + names.len() {
+    if Some(ctx.num_inputs()) != first.checked_add(names.len()) {
         return Err(Error::internal("captured inputs"));
     }
     names
         .iter()
-        .enumerate()
-        .map(|(k, n)| Ok((n.as_str(), ctx.input(first + k)?)))
+        .zip(first..)
+        .map(|(n, i)| Ok((n.as_str(), ctx.input(i)?)))
         .collect()
 }
 
 /// Copies the captured run-time values (node inputs from `first`) into the
 /// body.
 fn feed_captured(io: &mut KernelIo<'_>, body: &Body, first: usize) -> Result<()> {
-    for (k, c) in body.captured.iter().enumerate() {
+    for (c, k) in body.captured.iter().zip(first..) {
         if let Some(i) = c {
-            let src = io.input(first + k)?.bytes();
+            let src = io.input(k)?.bytes();
             body.feed(io.scratch()?, *i, src)?;
         }
     }
@@ -189,10 +187,7 @@ fn read_out(io: &mut KernelIo<'_>, body: &Body, j: usize, out: usize, at: usize)
     let sess = body.session(s)?;
     let v = sess.output(j)?;
     let src = v.bytes();
-    let dst = y
-        .bytes_mut()
-        .get_mut(at..at + src.len())
-        .ok_or(Error::internal("body output size"))?;
+    let dst = win_mut(y.bytes_mut(), at, src.len()).ok_or(Error::internal("body output size"))?;
     dst.copy_from_slice(src);
     Ok(())
 }
@@ -277,22 +272,25 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             "Loop body needs 2 + N inputs",
         )))?;
     let names = captured_names(&ctx.node.attrs);
-    let caps = captured(ctx, 2 + n, &names)?;
+    // Node inputs: M, cond, the N carried values (2..2 + N = the body's
+    // input count), then the captured values.
+    let caps = captured(ctx, g.inputs.len(), &names)?;
     let mut formal = vec![(DType::I64, vec![]), (DType::Bool, vec![])];
-    for k in 0..n {
-        let v = ctx.input(2 + k)?;
+    for i in 2..g.inputs.len() {
+        let v = ctx.input(i)?;
         formal.push((v.dtype, v.shape.into()));
     }
     let body = plan_body(ctx, g, &formal, &caps)?;
     let outs = body.plan.outputs();
+    // Body outputs: cond, the N carried values (1..n1), the K scan outputs.
+    let n1 = g.inputs.len().wrapping_sub(1); // 1 + N: the body has 2 + N inputs
     let k_scan = outs
         .len()
-        .checked_sub(1 + n)
+        .checked_sub(n1)
         .ok_or(Error::new(ErrorKind::Invalid(
             "Loop body needs 1 + N + K outputs",
         )))?;
-    for (k, (dt, shape)) in formal.iter().skip(2).enumerate() {
-        let o = outs.get(1 + k).ok_or(Error::internal("Loop outputs"))?;
+    for ((dt, shape), o) in formal.iter().skip(2).zip(outs.iter().skip(1)) {
         if o.dtype != *dt || o.shape != *shape {
             return Err(Error::new(ErrorKind::Unsupported(
                 "Loop-carried value whose shape changes across iterations",
@@ -318,17 +316,21 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .map(|(dt, s)| OutputInfo::new(*dt, s))
         .collect();
     let mut elem_bytes = Vec::with_capacity(k_scan);
-    for o in outs.iter().skip(1 + n) {
+    for o in outs.iter().skip(n1) {
         let mut s = vec![bound];
         s.extend_from_slice(&o.shape);
         checked_numel(&s)?;
-        elem_bytes.push(checked_numel(&o.shape)? * o.dtype.size());
+        let eb = checked_numel(&o.shape)?
+            .checked_mul(o.dtype.size())
+            .ok_or(Error::new(ErrorKind::Overflow))?;
+        elem_bytes.push(eb);
         outputs.push(OutputInfo::new(o.dtype, &s));
     }
-    let elem_shapes: Vec<Vec<usize>> = outs.iter().skip(1 + n).map(|o| o.shape.clone()).collect();
+    let elem_shapes: Vec<Vec<usize>> = outs.iter().skip(n1).map(|o| o.shape.clone()).collect();
     let has_m = ctx.opt_input(0).is_some();
     let has_cond = ctx.opt_input(1).is_some();
     let scratch = body.arena();
+    let n_in = g.inputs.len();
     let limit = ctx.limits.loop_iterations;
     let p = Prepared::new(
         outputs,
@@ -340,8 +342,8 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             };
             let max = if k_scan > 0 { max.min(bound) } else { max };
             let mut cond = !has_cond || io.input(1)?.bytes().first().is_some_and(|&b| b != 0);
-            for k in 0..n {
-                let src = io.input(2 + k)?.bytes();
+            for (k, i) in (0..n).zip(2..) {
+                let src = io.input(i)?.bytes();
                 copy_exact(io.output(k)?.bytes_mut(), src)?;
             }
             let mut it = 0usize;
@@ -351,31 +353,35 @@ fn prepare_loop(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 }
                 body.feed(io.scratch()?, 0, &(it as i64).to_le_bytes())?;
                 body.feed(io.scratch()?, 1, &[cond as u8])?;
-                for k in 0..n {
-                    carry_in(io, &body, k, 2 + k)?;
+                for (k, i) in (0..n).zip(2..) {
+                    carry_in(io, &body, k, i)?;
                 }
-                feed_captured(io, &body, 2 + n)?;
+                feed_captured(io, &body, n_in)?;
                 body.invoke(io.scratch()?)?;
                 {
                     let s = body.session(io.scratch()?)?;
                     cond = s.output(0)?.bytes().first().is_some_and(|&b| b != 0);
                 }
-                for k in 0..n {
-                    read_out(io, &body, 1 + k, k, 0)?;
+                for (j, k) in (1..n1).zip(0..) {
+                    read_out(io, &body, j, k, 0)?;
                 }
-                for (j, &eb) in elem_bytes.iter().enumerate() {
-                    read_out(io, &body, 1 + n + j, n + j, it * eb)?;
+                for ((&eb, j), k) in elem_bytes.iter().zip(n1..).zip(n..) {
+                    // Iteration `it` < bound: within the output, sized
+                    // bound · eb (checked at build).
+                    let at = it
+                        .checked_mul(eb)
+                        .ok_or(Error::internal("Loop scan output"))?;
+                    read_out(io, &body, j, k, at)?;
                 }
-                it += 1;
+                it = it.wrapping_add(1); // it < max <= usize::MAX
             }
-            for (j, es) in elem_shapes.iter().enumerate() {
+            for (es, k) in elem_shapes.iter().zip(n..) {
                 let mut s = [0usize; crate::tensor::MAX_RANK];
-                let r = es.len() + 1;
-                let dims = s.get_mut(..r).ok_or(Error::internal("Loop rank"))?;
+                let dims = s.get_mut(..=es.len()).ok_or(Error::internal("Loop rank"))?;
                 let (first, rest) = dims.split_first_mut().ok_or(Error::internal("Loop rank"))?;
                 *first = it;
                 rest.copy_from_slice(es);
-                io.set_output_shape(n + j, dims)?;
+                io.set_output_shape(k, dims)?;
             }
             Ok(())
         }),
@@ -401,15 +407,33 @@ impl Axis {
             .split_at_checked(a)
             .ok_or(Error::internal("Scan axis"))?;
         let (&len, rest) = tail.split_first().ok_or(Error::internal("Scan axis"))?;
-        Ok(Axis {
-            outer: head.iter().product(),
-            len,
-            inner: rest.iter().product::<usize>() * es,
+        let overflow = || Error::new(ErrorKind::Overflow);
+        let outer = checked_numel(head)?;
+        let inner = checked_numel(rest)?.checked_mul(es).ok_or_else(overflow)?;
+        // The whole tensor's bytes: `blocks` stays below it.
+        outer
+            .checked_mul(len)
+            .and_then(|v| v.checked_mul(inner))
+            .ok_or_else(overflow)?;
+        Ok(Axis { outer, len, inner })
+    }
+    /// Byte ranges (in the full tensor, in the slice) of slice `t` < len:
+    /// below outer · len · inner (checked in `new`), so the wrapping
+    /// operations are exact.
+    fn blocks(self, t: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..self.outer).map(move |o| {
+            let full = o.wrapping_mul(self.len).wrapping_add(t);
+            (full.wrapping_mul(self.inner), o.wrapping_mul(self.inner))
         })
     }
-    /// Byte ranges (in the full tensor, in the slice) of slice `t`.
-    fn blocks(self, t: usize) -> impl Iterator<Item = (usize, usize)> {
-        (0..self.outer).map(move |o| ((o * self.len + t) * self.inner, o * self.inner))
+    /// Slice `t` of the sequence, walked backwards when `rev`.
+    fn step(self, t: usize, rev: bool) -> usize {
+        // t < len: len - 1 - t does not wrap.
+        if rev {
+            self.len.wrapping_sub(1).wrapping_sub(t)
+        } else {
+            t
+        }
     }
 }
 
@@ -422,9 +446,9 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             name: "num_scan_inputs",
             problem: "must be 1..=body inputs",
         }))?;
-    let n = g.inputs.len() - m;
+    let n = g.inputs.len().wrapping_sub(m); // m <= inputs (filter above)
     let names = captured_names(&ctx.node.attrs);
-    let caps = captured(ctx, n + m, &names)?;
+    let caps = captured(ctx, g.inputs.len(), &names)?;
     let list = |name: &'static str, len: usize| -> Result<Vec<i64>> {
         match ctx.attr_ints(name)? {
             Some(v) if v.len() == len => Ok(v.into()),
@@ -437,15 +461,15 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     let in_axes = list("scan_input_axes", m)?;
     let in_dirs = list("scan_input_directions", m)?;
-    let mut formal = Vec::with_capacity(n + m);
+    let mut formal = Vec::with_capacity(g.inputs.len());
     for k in 0..n {
         let v = ctx.input(k)?;
         formal.push((v.dtype, Vec::from(v.shape)));
     }
     let mut len = None;
     let mut in_geo = Vec::with_capacity(m);
-    for (j, &ax) in in_axes.iter().enumerate() {
-        let v = ctx.input(n + j)?;
+    for (&ax, i) in in_axes.iter().zip(n..) {
+        let v = ctx.input(i)?;
         let a = util::axis(ax, v.shape.len(), "scan_input_axes")?;
         let geo = Axis::new(v.shape, a, v.dtype.size())?;
         let l = geo.len;
@@ -491,7 +515,8 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .collect();
     let mut out_geo = Vec::with_capacity(k_scan);
     for (o, &ax) in outs.iter().skip(n).zip(&out_axes) {
-        let a = util::axis(ax, o.shape.len() + 1, "scan_output_axes")?;
+        let rank = o.shape.len().saturating_add(1);
+        let a = util::axis(ax, rank, "scan_output_axes")?;
         let mut s = o.shape.clone();
         s.insert(a, len);
         checked_numel(&s)?;
@@ -499,6 +524,7 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         outputs.push(OutputInfo::new(o.dtype, &s));
     }
     let scratch = body.arena();
+    let n_in = g.inputs.len();
     let p = Prepared::new(
         outputs,
         kernel("Scan", move |io: &mut KernelIo<'_>| {
@@ -510,36 +536,34 @@ fn prepare_scan(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for k in 0..n {
                     carry_in(io, &body, k, k)?;
                 }
-                for (j, (geo, &dir)) in in_geo.iter().zip(&in_dirs).enumerate() {
-                    let tj = if dir != 0 { len - 1 - t } else { t };
-                    let src = io.input(n + j)?.bytes();
+                for ((geo, &dir), i) in in_geo.iter().zip(&in_dirs).zip(n..) {
+                    let tj = geo.step(t, dir != 0);
+                    let src = io.input(i)?.bytes();
                     let mut s = body.session(io.scratch()?)?;
-                    let mut d = s.input_mut(n + j)?;
+                    let mut d = s.input_mut(i)?;
                     let d = d.bytes_mut();
                     for (from, to) in geo.blocks(tj) {
-                        let (dd, ss) = d
-                            .get_mut(to..to + geo.inner)
-                            .zip(src.get(from..from + geo.inner))
+                        let (dd, ss) = win_mut(d, to, geo.inner)
+                            .zip(win(src, from, geo.inner))
                             .ok_or(Error::internal("Scan slice"))?;
                         dd.copy_from_slice(ss);
                     }
                 }
-                feed_captured(io, &body, n + m)?;
+                feed_captured(io, &body, n_in)?;
                 body.invoke(io.scratch()?)?;
                 for k in 0..n {
                     read_out(io, &body, k, k, 0)?;
                 }
-                for (j, (geo, &dir)) in out_geo.iter().zip(&out_dirs).enumerate() {
-                    let tj = if dir != 0 { len - 1 - t } else { t };
-                    let (mut y, s) = io.output_and_scratch(n + j)?;
+                for ((geo, &dir), j) in out_geo.iter().zip(&out_dirs).zip(n..) {
+                    let tj = geo.step(t, dir != 0);
+                    let (mut y, s) = io.output_and_scratch(j)?;
                     let sess = body.session(s)?;
-                    let v = sess.output(n + j)?;
+                    let v = sess.output(j)?;
                     let src = v.bytes();
                     let y = y.bytes_mut();
                     for (to, from) in geo.blocks(tj) {
-                        let (dd, ss) = y
-                            .get_mut(to..to + geo.inner)
-                            .zip(src.get(from..from + geo.inner))
+                        let (dd, ss) = win_mut(y, to, geo.inner)
+                            .zip(win(src, from, geo.inner))
                             .ok_or(Error::internal("Scan output slice"))?;
                         dd.copy_from_slice(ss);
                     }
