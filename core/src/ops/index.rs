@@ -11,12 +11,9 @@
 //! counts from the end) and checked there, and an out-of-range one is an
 //! `Err`, never an out-of-bounds access.
 
-// 73 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec::Vec;
 use core::cmp::Ordering;
+use core::num::NonZeroUsize;
 
 use half::{bf16, f16};
 
@@ -53,6 +50,24 @@ fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
 }
 
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
+}
+
+/// Bytes of a tensor of `shape` with `es`-byte elements; `Err` if the
+/// count overflows. Prepare checks it for the tensors a kernel indexes:
+/// element and byte offsets below it are exact in `usize`, so the kernels
+/// compute them wrapping by name.
+fn checked_bytes(shape: &[usize], es: usize) -> Result<usize> {
+    checked_numel(shape)?.checked_mul(es).ok_or_else(overflow)
+}
+
+/// `d` as a divisor, 1 for 0 (for the `.max(1)` of an empty dimension).
+#[inline]
+fn nonzero(d: usize) -> NonZeroUsize {
+    NonZeroUsize::new(d).unwrap_or(NonZeroUsize::MIN)
+}
+
 fn check_rank(r: usize) -> Result<()> {
     if r > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above MAX_RANK")));
@@ -64,7 +79,8 @@ fn check_rank(r: usize) -> Result<()> {
 #[inline]
 fn wrap(k: i64, dim: usize, what: &'static str) -> Result<usize> {
     let d = dim as i64;
-    let v = if k < 0 { k + d } else { k };
+    // k < 0 <= d (a dimension): the sum cannot overflow.
+    let v = if k < 0 { k.wrapping_add(d) } else { k };
     if v < 0 || v >= d {
         return Err(shape_err(what));
     }
@@ -76,28 +92,33 @@ fn int_at(v: &TensorView<'_>, i: usize) -> Result<i64> {
     v.int_at(i).ok_or(Error::internal("index read"))
 }
 
-/// Row-major element strides of `shape`.
-fn strides(shape: &[usize]) -> Vec<usize> {
+/// Row-major element strides of `shape`; `Err` on overflow.
+fn strides(shape: &[usize]) -> Result<Vec<usize>> {
     let mut s = alloc::vec![1usize; shape.len()];
     // s[d] = s[d + 1] * shape[d + 1], from the back; the last stays 1.
     let mut acc = 1usize;
     for (o, &d) in s.iter_mut().rev().skip(1).zip(shape.iter().rev()) {
-        acc *= d;
+        acc = acc.checked_mul(d).ok_or_else(overflow)?;
         *o = acc;
     }
-    s
+    Ok(s)
 }
 
 /// Data element offset (strides `xstr`) of the coordinates of linear index
 /// `lin` in `shape`, leaving out the coordinate on `axis` (the caller adds
 /// that one, read from an index tensor).
+///
+/// The callers' `shape` is no larger than the data's off the axis
+/// (`larger_off_axis`) and `lin` is below its element count, so the
+/// offset is below the data's element count, checked in prepare: the
+/// wrapping operations are exact.
 #[inline]
 fn offset_off_axis(mut lin: usize, shape: &[usize], xstr: &[usize], axis: usize) -> usize {
-    let mut off = 0;
+    let mut off = 0usize;
     for (d, (&n, &st)) in shape.iter().zip(xstr).enumerate().rev() {
-        let n = n.max(1);
+        let n = nonzero(n);
         if d != axis {
-            off += (lin % n) * st;
+            off = off.wrapping_add((lin % n).wrapping_mul(st));
         }
         lin /= n;
     }
@@ -109,8 +130,9 @@ fn offset_off_axis(mut lin: usize, shape: &[usize], xstr: &[usize], axis: usize)
 #[inline]
 fn copy_at(src: &[u8], s: usize, dst: &mut [u8], d: usize, len: usize) -> Result<()> {
     let bad = || Error::internal("copy range");
-    let from = src.get(s..s + len).ok_or_else(bad)?;
-    dst.get_mut(d..d + len)
+    let from = src.get(s..).and_then(|t| t.get(..len)).ok_or_else(bad)?;
+    dst.get_mut(d..)
+        .and_then(|t| t.get_mut(..len))
         .ok_or_else(bad)?
         .copy_from_slice(from);
     Ok(())
@@ -237,8 +259,10 @@ fn prepare_gather_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("GatherElements: indices larger than data"));
     }
     let es = x.dtype.size();
+    checked_bytes(x.shape, es)?;
+    checked_bytes(ix.shape, es)?;
     let ishape = ix.shape.to_vec();
-    let xstr = strides(x.shape);
+    let xstr = strides(x.shape)?;
     let dim = *x
         .shape
         .get(axis)
@@ -257,8 +281,11 @@ fn prepare_gather_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let dst = y.bytes_mut();
             for j in 0..n {
                 let k = wrap(int_at(&iv, j)?, dim, "GatherElements: index out of range")?;
-                let off = offset_off_axis(j, &ishape, &xstr, axis) + k * axis_stride;
-                copy_at(src, off * es, dst, j * es, es)?;
+                // k < dim: the data offset is below x's element count and
+                // j below the output's, whose bytes prepare checked.
+                let off = offset_off_axis(j, &ishape, &xstr, axis)
+                    .wrapping_add(k.wrapping_mul(axis_stride));
+                copy_at(src, off.wrapping_mul(es), dst, j.wrapping_mul(es), es)?;
             }
             Ok(())
         }),
@@ -298,7 +325,8 @@ impl NdIndex {
         if r == 0 || b >= ix.len().min(r) {
             return Err(range_err());
         }
-        if m == 0 || m > r - b {
+        // b < r, checked above.
+        if m == 0 || m > r.wrapping_sub(b) {
             return Err(shape_err("ND indices: last dimension out of range"));
         }
         // b < q and b + m <= r, checked above.
@@ -309,19 +337,31 @@ impl NdIndex {
             return Err(shape_err("ND indices: batch dimensions differ"));
         }
         let (dims, data_slice) = data_rest.split_at_checked(m).ok_or_else(bad)?;
-        let st = strides(data);
+        let st = strides(data)?;
+        // The offsets `each` computes are below these counts.
+        checked_numel(data)?;
+        checked_numel(ix)?;
         Ok(NdIndex {
             m,
             per: checked_numel(ix_tuples)?,
             batches: checked_numel(ix_batch)?,
             batch_stride: checked_numel(data_rest)?,
             dims: dims.to_vec(),
-            dim_strides: st.get(b..b + m).ok_or_else(bad)?.to_vec(),
+            dim_strides: st
+                .get(b..)
+                .and_then(|s| s.get(..m))
+                .ok_or_else(bad)?
+                .to_vec(),
             slice: checked_numel(data_slice)?,
         })
     }
 
     /// Calls `f(tuple number, data element offset)` for every index tuple.
+    ///
+    /// The tuple number is below `batches · per`, its index elements below
+    /// the index tensor's count, and the offset (of coordinates below the
+    /// data's shape) below the data's count; `new` checked both counts:
+    /// the wrapping operations are exact.
     #[inline]
     fn each(
         &self,
@@ -331,11 +371,12 @@ impl NdIndex {
     ) -> Result<()> {
         for bi in 0..self.batches {
             for t in 0..self.per {
-                let n = bi * self.per + t;
-                let mut off = bi * self.batch_stride;
+                let n = bi.wrapping_mul(self.per).wrapping_add(t);
+                let mut off = bi.wrapping_mul(self.batch_stride);
+                let at = n.wrapping_mul(self.m);
                 for (k, (&dim, &st)) in self.dims.iter().zip(&self.dim_strides).enumerate() {
-                    let v = wrap(int_at(iv, n * self.m + k)?, dim, what)?;
-                    off += v * st;
+                    let v = wrap(int_at(iv, at.wrapping_add(k))?, dim, what)?;
+                    off = off.wrapping_add(v.wrapping_mul(st));
                 }
                 f(n, off)?;
             }
@@ -356,8 +397,14 @@ fn prepare_gather_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     // NdIndex::new checked both ranks.
     let bad = || Error::internal("GatherND shape");
     let mut out = ix.shape.split_last().ok_or_else(bad)?.1.to_vec();
-    out.extend_from_slice(x.shape.get(b as usize + nd.m..).ok_or_else(bad)?);
+    let tail = x.shape.get(b as usize..).and_then(|s| s.get(nd.m..));
+    out.extend_from_slice(tail.ok_or_else(bad)?);
     let es = x.dtype.size();
+    // Tuple n's slice is output bytes n·len..(n + 1)·len; offsets below
+    // these byte counts are exact.
+    checked_bytes(x.shape, es)?;
+    checked_bytes(&out, es)?;
+    let len = nd.slice.checked_mul(es).ok_or_else(overflow)?;
     Ok(Prepared::single(
         x.dtype,
         &out,
@@ -366,9 +413,8 @@ fn prepare_gather_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let iv = io.input(1)?;
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
-            let len = nd.slice * es;
             nd.each(&iv, "GatherND: index out of range", |n, off| {
-                copy_at(src, off * es, dst, n * len, len)
+                copy_at(src, off.wrapping_mul(es), dst, n.wrapping_mul(len), len)
             })
         }),
     ))
@@ -449,7 +495,8 @@ impl ElemIndex {
                 "ScatterElements: index out of range",
             )?;
             let off = offset_off_axis(j, &self.ishape, &self.xstr, self.axis);
-            f(j, off + k * self.axis_stride)?;
+            // k < dim: below the data's element count, checked in prepare.
+            f(j, off.wrapping_add(k.wrapping_mul(self.axis_stride)))?;
         }
         Ok(())
     }
@@ -509,7 +556,11 @@ fn prepare_scatter_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("ScatterElements: indices larger than data"));
     }
     let red = Reduce::parse(ctx)?;
-    let xstr = strides(x.shape);
+    let es = x.dtype.size();
+    // Data and update offsets are below these counts (`ElemIndex::each`).
+    checked_bytes(x.shape, es)?;
+    checked_bytes(u.shape, es)?;
+    let xstr = strides(x.shape)?;
     let bad = || Error::internal("ScatterElements axis");
     let ei = ElemIndex {
         ishape: ix.shape.to_vec(),
@@ -520,13 +571,15 @@ fn prepare_scatter_elements(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         n: ix.numel(),
     };
     if red == Reduce::None {
-        let es = x.dtype.size();
         return Ok(Prepared::single(
             x.dtype,
             x.shape,
             kernel("ScatterElements", move |io: &mut KernelIo<'_>| {
                 let (iv, up, y) = scatter_io!(io, bytes_in, bytes_out);
-                ei.each(&iv, |j, off| copy_at(up, j * es, y, off * es, es))
+                // j and off are below the byte counts checked above.
+                ei.each(&iv, |j, off| {
+                    copy_at(up, j.wrapping_mul(es), y, off.wrapping_mul(es), es)
+                })
             }),
         )
         .in_place());
@@ -576,16 +629,20 @@ fn prepare_scatter_nd(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("ScatterND: updates shape mismatch"));
     }
     let red = Reduce::parse(ctx)?;
+    let es = x.dtype.size();
+    // Tuple n's slice is update elements n·slice..(n + 1)·slice; offsets
+    // below these byte counts are exact.
+    checked_bytes(x.shape, es)?;
+    checked_bytes(u.shape, es)?;
     if red == Reduce::None {
-        let es = x.dtype.size();
+        let len = nd.slice.checked_mul(es).ok_or_else(overflow)?;
         return Ok(Prepared::single(
             x.dtype,
             x.shape,
             kernel("ScatterND", move |io: &mut KernelIo<'_>| {
                 let (iv, up, y) = scatter_io!(io, bytes_in, bytes_out);
-                let len = nd.slice * es;
                 nd.each(&iv, "ScatterND: index out of range", |n, off| {
-                    copy_at(up, n * len, y, off * es, len)
+                    copy_at(up, n.wrapping_mul(len), y, off.wrapping_mul(es), len)
                 })
             }),
         )
@@ -607,11 +664,14 @@ fn scatter_nd_typed<T: Num>(shape: &[usize], nd: NdIndex, red: Reduce) -> Result
                 scatter_io!(io, KernelIo::input_slice::<T>, KernelIo::output_slice::<T>);
             let len = nd.slice;
             nd.each(&iv, "ScatterND: index out of range", |n, off| {
+                // n·len is below the updates' count, checked in prepare.
                 let from = up
-                    .get(n * len..(n + 1) * len)
+                    .get(n.wrapping_mul(len)..)
+                    .and_then(|u| u.get(..len))
                     .ok_or(Error::internal("updates"))?;
                 let to = y
-                    .get_mut(off..off + len)
+                    .get_mut(off..)
+                    .and_then(|t| t.get_mut(..len))
                     .ok_or(Error::internal("scatter range"))?;
                 for (o, &v) in to.iter_mut().zip(from) {
                     *o = red.apply(*o, v);
@@ -675,8 +735,12 @@ fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     let es = x.dtype.size();
     let rows = checked_numel(lead)?;
-    let per_batch = checked_numel(between)?;
-    let block = checked_numel(tail)? * es;
+    let per_batch = nonzero(checked_numel(between)?);
+    let block = checked_numel(tail)?.checked_mul(es).ok_or_else(overflow)?;
+    // Row p's block s of the update, block c of the data: offsets below
+    // these byte counts are exact.
+    checked_bytes(x.shape, es)?;
+    checked_bytes(u.shape, es)?;
     Ok(Prepared::single(
         x.dtype,
         x.shape,
@@ -694,7 +758,7 @@ fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 copy_all(dst, s)?;
             }
             for p in 0..rows {
-                let b = p / per_batch.max(1);
+                let b = p / per_batch;
                 let w = match &wi {
                     Some(v) => int_at(v, b)?,
                     None => 0,
@@ -709,8 +773,12 @@ fn prepare_tensor_scatter(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     if c < 0 || c as usize >= smax {
                         return Err(shape_err("TensorScatter: write index out of range"));
                     }
-                    let to = (p * smax + c as usize) * block;
-                    copy_at(up, (p * sn + s) * block, dst, to, block)?;
+                    // p < rows, c < smax, s < sn: below the byte counts
+                    // checked in prepare.
+                    let c = c as usize;
+                    let to = p.wrapping_mul(smax).wrapping_add(c).wrapping_mul(block);
+                    let from = p.wrapping_mul(sn).wrapping_add(s).wrapping_mul(block);
+                    copy_at(up, from, dst, to, block)?;
                 }
             }
             Ok(())
@@ -735,6 +803,9 @@ fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let upper = ctx.attr_int("upper", 1)? != 0;
     let es = x.dtype.size();
     let mats = checked_numel(batch)?;
+    // Row offsets below x's bytes are exact.
+    checked_bytes(x.shape, es)?;
+    let row = cols.checked_mul(es).ok_or_else(overflow)?;
     Ok(Prepared::single(
         x.dtype,
         x.shape,
@@ -751,7 +822,6 @@ fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             };
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
-            let row = cols * es;
             for m in 0..mats {
                 for i in 0..rows {
                     // Kept columns are j >= i + k (upper) or j <= i + k.
@@ -761,14 +831,21 @@ fn prepare_trilu(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     } else {
                         (0, edge.saturating_add(1).clamp(0, cols as i64) as usize)
                     };
-                    let base = (m * rows + i) * row;
+                    // m < mats, i < rows and lo <= hi <= cols: every byte
+                    // offset is below x's bytes, checked in prepare. (lo
+                    // and hi in bytes from here.)
+                    let base = m.wrapping_mul(rows).wrapping_add(i).wrapping_mul(row);
+                    let (lo, hi) = (lo.wrapping_mul(es), hi.wrapping_mul(es));
                     let bad = || Error::internal("Trilu range");
-                    let out = dst.get_mut(base..base + row).ok_or_else(bad)?;
+                    let out = dst
+                        .get_mut(base..)
+                        .and_then(|t| t.get_mut(..row))
+                        .ok_or_else(bad)?;
                     if let Some(s) = src {
-                        copy_at(s, base + lo * es, out, lo * es, (hi - lo) * es)?;
+                        copy_at(s, base.wrapping_add(lo), out, lo, hi.wrapping_sub(lo))?;
                     }
-                    out.get_mut(..lo * es).ok_or_else(bad)?.fill(0);
-                    out.get_mut(hi * es..).ok_or_else(bad)?.fill(0);
+                    out.get_mut(..lo).ok_or_else(bad)?.fill(0);
+                    out.get_mut(hi..).ok_or_else(bad)?.fill(0);
                 }
             }
             Ok(())
@@ -808,6 +885,8 @@ fn prepare_eye_like(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     let k = ctx.attr_int("k", 0)?;
     let es = dt.size();
+    // Element offsets below the output's bytes are exact.
+    checked_bytes(&[rows, cols], es)?;
     let one = one_bytes(dt);
     Ok(Prepared::single(
         dt,
@@ -817,9 +896,12 @@ fn prepare_eye_like(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let dst = y.bytes_mut();
             dst.fill(0);
             for i in 0..rows {
-                let j = i as i64 + k;
+                // Saturated, j is past every column all the same.
+                let j = (i as i64).saturating_add(k);
                 if j >= 0 && (j as usize) < cols {
-                    copy_at(&one, 0, dst, (i * cols + j as usize) * es, es)?;
+                    // i < rows, j < cols: below the bytes checked in prepare.
+                    let at = i.wrapping_mul(cols).wrapping_add(j as usize);
+                    copy_at(&one, 0, dst, at.wrapping_mul(es), es)?;
                 }
             }
             Ok(())
@@ -884,14 +966,16 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
                 Some((&d, t)) => (d, t),
                 None => (1, rest),
             };
-            let outer: usize = lead.iter().product();
-            let inner: usize = tail.iter().product();
+            let outer = checked_numel(lead)?;
+            let inner = checked_numel(tail)?;
             let x = io.input_slice::<T>(0)?;
             let y = io.output_slice::<T>(0)?;
-            if x.len() != y.len() || x.len() != outer * dim * inner {
+            let plane = dim.checked_mul(inner);
+            let total = plane.and_then(|p| p.checked_mul(outer));
+            if x.len() != y.len() || total != Some(x.len()) {
                 return Err(Error::internal("cum length"));
             }
-            let plane = dim * inner;
+            let plane = plane.ok_or(Error::internal("cum length"))?;
             if plane == 0 {
                 return Ok(());
             }
@@ -901,8 +985,14 @@ fn cum_typed<T: Num>(c: Cum) -> Result<Prepared> {
                 for i in 0..inner {
                     let mut acc = if c.prod { T::ONE } else { T::ZERO };
                     for k in 0..dim {
-                        let k = if c.reverse { dim - 1 - k } else { k };
-                        let j = k * inner + i;
+                        // k < dim, i < inner: j is below the plane's size,
+                        // checked above.
+                        let k = if c.reverse {
+                            dim.wrapping_sub(1).wrapping_sub(k)
+                        } else {
+                            k
+                        };
+                        let j = k.wrapping_mul(inner).wrapping_add(i);
                         let (Some(o), Some(&v)) = (yp.get_mut(j), xp.get(j)) else {
                             return Err(Error::internal("cum index"));
                         };
@@ -948,9 +1038,10 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if v.numel() != 2 {
         return Err(shape_err("OneHot: values must be [off, on]"));
     }
-    let r = ix.shape.len();
-    check_rank(r + 1)?;
-    let axis = util::axis(ctx.attr_int("axis", -1)?, r + 1, "axis")?;
+    // Saturating: a rank past usize::MAX fails check_rank all the same.
+    let r = ix.shape.len().saturating_add(1);
+    check_rank(r)?;
+    let axis = util::axis(ctx.attr_int("axis", -1)?, r, "axis")?;
     let (lead, tail) = ix
         .shape
         .split_at_checked(axis)
@@ -960,8 +1051,9 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     out.extend_from_slice(tail);
     let outer = checked_numel(lead)?;
     let inner = checked_numel(tail)?;
-    checked_numel(&out)?;
     let es = v.dtype.size();
+    // Index and output offsets are below the output's bytes (depth >= 1).
+    checked_bytes(&out, es)?;
     let du = depth as usize;
     Ok(Prepared::single(
         v.dtype,
@@ -971,27 +1063,36 @@ fn prepare_one_hot(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let vals = io.input(2)?.bytes();
             let (off, on) = (
                 vals.get(..es).ok_or(Error::internal("values"))?,
-                vals.get(es..2 * es).ok_or(Error::internal("values"))?,
+                vals.get(es..)
+                    .and_then(|v| v.get(..es))
+                    .ok_or(Error::internal("values"))?,
             );
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
             for c in dst.chunks_of_mut(es) {
                 c.copy_from_slice(off);
             }
+            // o < outer, i < inner and k < depth: every offset below is
+            // below the output's bytes, checked in prepare.
             for o in 0..outer {
                 for i in 0..inner {
                     // Float indices truncate, as in onnxruntime.
                     let f = iv
-                        .f64_at(o * inner + i)
+                        .f64_at(o.wrapping_mul(inner).wrapping_add(i))
                         .ok_or(Error::internal("index read"))?;
                     let mut k = f as i64;
                     if k < 0 {
-                        k += depth;
+                        // k < 0 < depth: the sum cannot overflow.
+                        k = k.wrapping_add(depth);
                     }
                     // Out-of-range indices leave the row all off, per the spec.
                     if (0..depth).contains(&k) {
-                        let p = (o * du + k as usize) * inner + i;
-                        copy_at(on, 0, dst, p * es, es)?;
+                        let p = o
+                            .wrapping_mul(du)
+                            .wrapping_add(k as usize)
+                            .wrapping_mul(inner)
+                            .wrapping_add(i);
+                        copy_at(on, 0, dst, p.wrapping_mul(es), es)?;
                     }
                 }
             }
@@ -1016,8 +1117,10 @@ fn permute6(
     let mut acc = 1usize;
     for (s, &t) in st.iter_mut().zip(&tmp).rev() {
         *s = acc;
-        acc *= t;
+        acc = acc.checked_mul(t).ok_or_else(overflow)?;
     }
+    // `acc` is now the element count: offsets below its bytes are exact.
+    acc.checked_mul(es).ok_or_else(overflow)?;
     let mut dims = [0usize; 6];
     let mut from = [0usize; 6];
     for ((d, f), &p) in dims.iter_mut().zip(&mut from).zip(&perm) {
@@ -1033,17 +1136,25 @@ fn permute6(
             let src = io.input(0)?.bytes();
             let mut y = io.output(0)?;
             let dst = y.bytes_mut();
+            // The coordinates are below `tmp` (permuted) and p counts the
+            // elements: offsets below the bytes checked in prepare.
             let mut p = 0usize;
             for a in 0..n0 {
                 for b in 0..n1 {
                     for c in 0..n2 {
                         for d in 0..n3 {
-                            let base = a * f0 + b * f1 + c * f2 + d * f3;
+                            let base = a
+                                .wrapping_mul(f0)
+                                .wrapping_add(b.wrapping_mul(f1))
+                                .wrapping_add(c.wrapping_mul(f2))
+                                .wrapping_add(d.wrapping_mul(f3));
                             for e in 0..n4 {
                                 for f in 0..n5 {
-                                    let s = base + e * f4 + f * f5;
-                                    copy_at(src, s * es, dst, p * es, es)?;
-                                    p += 1;
+                                    let s = base
+                                        .wrapping_add(e.wrapping_mul(f4))
+                                        .wrapping_add(f.wrapping_mul(f5));
+                                    copy_at(src, s.wrapping_mul(es), dst, p.wrapping_mul(es), es)?;
+                                    p = p.wrapping_add(1);
                                 }
                             }
                         }
@@ -1090,7 +1201,12 @@ fn prepare_depth_to_space(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         ));
     }
     let c2 = util::div(c, bs2, "DepthToSpace: block")?;
-    let out = [n, c2, h * bs, w * bs];
+    let out = [
+        n,
+        c2,
+        h.checked_mul(bs).ok_or_else(overflow)?,
+        w.checked_mul(bs).ok_or_else(overflow)?,
+    ];
     if crd {
         permute6(
             ctx,
@@ -1122,7 +1238,11 @@ fn prepare_space_to_depth(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         util::div(h, bs, "SpaceToDepth: block")?,
         util::div(w, bs, "SpaceToDepth: block")?,
     );
-    let out = [n, c * bs * bs, h2, w2];
+    let c2 = bs
+        .checked_mul(bs)
+        .and_then(|b2| c.checked_mul(b2))
+        .ok_or_else(overflow)?;
+    let out = [n, c2, h2, w2];
     let tmp = [n, c, h2, bs, w2, bs];
     let perm = if crd {
         [0, 1, 3, 5, 2, 4]
@@ -1162,13 +1282,14 @@ fn prepare_reverse_sequence(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if sl.shape != [nb] {
         return Err(shape_err("ReverseSequence: sequence_lens must be [batch]"));
     }
-    let block = checked_numel(rest)? * x.dtype.size();
+    let block = checked_numel(rest)?
+        .checked_mul(x.dtype.size())
+        .ok_or_else(overflow)?;
+    checked_bytes(x.shape, x.dtype.size())?;
+    // b < nb, t < nt: the offset is below x's bytes, checked above.
     let at = move |b: usize, t: usize| {
-        if batch_first {
-            (b * nt + t) * block
-        } else {
-            (t * nb + b) * block
-        }
+        let (i, n, j) = if batch_first { (b, nt, t) } else { (t, nb, b) };
+        i.wrapping_mul(n).wrapping_add(j).wrapping_mul(block)
     };
     Ok(Prepared::single(
         x.dtype,
@@ -1186,7 +1307,12 @@ fn prepare_reverse_sequence(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 }
                 let len = len as usize;
                 for t in 0..nt {
-                    let from = if t < len { len - 1 - t } else { t };
+                    // t < len: the difference is not negative.
+                    let from = if t < len {
+                        len.wrapping_sub(1).wrapping_sub(t)
+                    } else {
+                        t
+                    };
                     copy_at(src, at(b, from), dst, at(b, t), block)?;
                 }
             }
@@ -1258,15 +1384,24 @@ fn top_k_rows<T: Num>(
     if k == 0 {
         return Ok(());
     }
-    if x.len() != c.outer * dim * inner || order.len() != dim {
+    let len = c.outer.checked_mul(dim).and_then(|v| v.checked_mul(inner));
+    if len != Some(x.len()) || order.len() != dim {
         return Err(Error::internal("TopK length"));
     }
     // Set if a comparison read outside `x`; the length check above rules
-    // that out (positions are below `dim`, `i` below `inner`).
+    // that out (positions are below `dim`, `i` below `inner`). The same
+    // bounds (and j < k <= dim) keep the wrapping index operations below
+    // x.len(): exact.
     let out_of_range = core::cell::Cell::new(false);
     for o in 0..c.outer {
         for i in 0..inner {
-            let val = |s: u32| x.get((o * dim + s as usize) * inner + i);
+            let at = |s: usize| {
+                o.wrapping_mul(dim)
+                    .wrapping_add(s)
+                    .wrapping_mul(inner)
+                    .wrapping_add(i)
+            };
+            let val = |s: u32| x.get(at(s as usize));
             // Ties go to the lower index, as the reference's.
             let cmp = |a: &u32, b: &u32| {
                 let (Some(va), Some(vb)) = (val(*a), val(*b)) else {
@@ -1281,7 +1416,8 @@ fn top_k_rows<T: Num>(
                 *e = s as u32;
             }
             if k < dim {
-                order.select_nth_unstable_by(k - 1, cmp);
+                // k >= 1: k == 0 returned above.
+                order.select_nth_unstable_by(k.wrapping_sub(1), cmp);
             }
             let top = order.get_mut(..k).ok_or(Error::internal("TopK k"))?;
             top.sort_unstable_by(cmp);
@@ -1289,7 +1425,12 @@ fn top_k_rows<T: Num>(
                 return Err(Error::internal("TopK row"));
             }
             for (j, &s) in top.iter().enumerate() {
-                emit((o * k + j) * inner + i, s as usize)?;
+                let p = o
+                    .wrapping_mul(k)
+                    .wrapping_add(j)
+                    .wrapping_mul(inner)
+                    .wrapping_add(i);
+                emit(p, s as usize)?;
             }
         }
     }
@@ -1308,15 +1449,28 @@ fn top_k_typed<T: Num>(out: &[usize], c: TopK) -> Result<Prepared> {
         OutputInfo::new(T::DTYPE, out),
         OutputInfo::new(DType::I64, out),
     ];
-    let scratch = c.dim * 4;
+    let scratch = c
+        .dim
+        .checked_mul(core::mem::size_of::<u32>())
+        .ok_or_else(overflow)?;
+    // Output element p is (o, j, i) of [outer, k, inner]; k <= dim.
+    checked_numel(&[c.outer, c.dim, c.inner])?;
+    let row = nonzero(c.k.checked_mul(c.inner).ok_or_else(overflow)?);
+    let lanes = nonzero(c.inner);
     Ok(Prepared::new(
         outputs,
         kernel("TopK", move |io: &mut KernelIo<'_>| {
             let x = io.input_slice::<T>(0)?;
             let (dim, inner) = (c.dim, c.inner);
             let src = |p: usize, s: usize| {
-                let o = p / (c.k * inner).max(1);
-                x.get((o * dim + s) * inner + p % inner.max(1))
+                let (o, i) = (p / row, p % lanes);
+                // o < outer, s < dim, i < inner: the index is below
+                // outer·dim·inner, checked in prepare, so exact.
+                if o >= c.outer || s >= dim {
+                    return Err(Error::internal("TopK index"));
+                }
+                let at = o.wrapping_mul(dim).wrapping_add(s).wrapping_mul(inner);
+                x.get(at.wrapping_add(i))
                     .copied()
                     .ok_or(Error::internal("TopK index"))
             };
