@@ -5,11 +5,8 @@
 //!
 //! Data-movement kernels work on raw bytes, so they handle every dtype.
 
-// 74 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec::Vec;
+use core::num::NonZeroUsize;
 
 use crate::dtype::{e8m0_from_f32, E8M0Round};
 use crate::error::{checked_numel, Error, ErrorKind, Result};
@@ -77,7 +74,8 @@ fn ints_attr_or_input(
 /// Normalizes a possibly negative axis; `Err` if outside `[-rank, rank)`.
 fn norm_axis(a: i64, rank: usize, name: &'static str) -> Result<usize> {
     let r = rank as i64;
-    let v = if a < 0 { a + r } else { a };
+    // a < 0 <= r (a rank, far below i64::MAX): the sum is exact.
+    let v = if a < 0 { a.wrapping_add(r) } else { a };
     if v < 0 || v >= r {
         return Err(attr_err(name, "axis out of range"));
     }
@@ -137,7 +135,8 @@ fn prepare_reshape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let known = checked_numel(&out)?;
     if let Some(i) = infer {
-        if known == 0 || numel % known != 0 {
+        let known = NonZeroUsize::new(known).ok_or(shape_err("Reshape: cannot infer -1"))?;
+        if numel % known != 0 {
             return Err(shape_err("Reshape: cannot infer -1"));
         }
         *out.get_mut(i).ok_or(Error::internal("reshape -1"))? = numel / known;
@@ -153,7 +152,7 @@ fn prepare_flatten(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let r = x.shape.len() as i64;
     let mut a = ctx.attr_int("axis", 1)?;
     if a < 0 {
-        a += r;
+        a = a.wrapping_add(r); // a < 0 <= r (a rank): exact
     }
     if a < 0 || a > r {
         return Err(attr_err("axis", "axis out of range"));
@@ -207,7 +206,8 @@ fn prepare_squeeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 fn prepare_unsqueeze(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let axes = ints_attr_or_input(ctx, "axes", 1, 13)?.ok_or(attr_err("axes", "required"))?;
-    let r = x.shape.len() + axes.len();
+    // Two lengths of in-memory lists, each at most isize::MAX: exact.
+    let r = x.shape.len().wrapping_add(axes.len());
     let mut ins = [false; 64];
     if r > ins.len() {
         return Err(Error::new(ErrorKind::Unsupported("rank above 64")));
@@ -298,7 +298,7 @@ fn prepare_shape(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let r = x.shape.len() as i64;
     let clampi = |v: i64| -> usize {
-        let v = if v < 0 { v + r } else { v };
+        let v = if v < 0 { v.wrapping_add(r) } else { v }; // v < 0 <= r: exact
         v.max(0).min(r) as usize
     };
     let (s, e) = if ctx.opset >= 15 {
@@ -389,11 +389,14 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if d == 0 {
             return Err(shape_err("Range: delta is 0"));
         }
-        let span = l - s;
+        // s, l and d are i64 values: in i128 their difference, the
+        // quotient plus one, and each s + d·k below (k < n, so between s
+        // and l) are exact.
+        let span = l.wrapping_sub(s);
         let n = if (span > 0) == (d > 0) && span != 0 {
             let q = span.checked_div(d).ok_or(Error::new(ErrorKind::Overflow))?;
             if span.checked_rem(d) != Some(0) {
-                q + 1
+                q.wrapping_add(1)
             } else {
                 q
             }
@@ -402,7 +405,7 @@ fn prepare_range(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         };
         let n = usize::try_from(n.max(0)).map_err(|_| Error::new(ErrorKind::Overflow))?;
         ctx.check_alloc(n, 8)?;
-        let vals = (0..n).map(|k| s + d * k as i128);
+        let vals = (0..n).map(|k| s.wrapping_add(d.wrapping_mul(k as i128)));
         match dt {
             DType::I64 => {
                 Const::from_slice::<i64>(&[n], &vals.map(|v| v as i64).collect::<Vec<_>>())?
@@ -499,26 +502,63 @@ impl Walk {
             if let Some(last) = w.rank.checked_sub(1) {
                 let ls = w.shape.get_mut(last).ok_or_else(bad)?;
                 let lst = w.stride.get_mut(last).ok_or_else(bad)?;
-                if *lst == st * n as isize {
-                    *ls *= n;
+                if st.checked_mul(n as isize) == Some(*lst) {
+                    *ls = ls.checked_mul(n).ok_or(Error::new(ErrorKind::Overflow))?;
                     *lst = st;
                     continue;
                 }
             }
             *w.shape.get_mut(w.rank).ok_or_else(bad)? = n;
             *w.stride.get_mut(w.rank).ok_or_else(bad)? = st;
-            w.rank += 1;
+            w.rank = w.rank.wrapping_add(1); // below WR: the get_mut above
         }
         Ok(w)
     }
 
+    /// The least and greatest input offsets (in elements) the walk reads;
+    /// every axis must be non-empty.
+    fn bounds(&self) -> Result<(isize, isize)> {
+        let (shape, stride) = self.axes()?;
+        let over = || Error::internal("strided copy out of range");
+        shape
+            .iter()
+            .zip(stride)
+            .try_fold((self.base, self.base), |(lo, hi), (&len, &st)| {
+                let last = len.checked_sub(1).ok_or_else(over)?;
+                let ext = isize::try_from(last)
+                    .ok()
+                    .and_then(|l| l.checked_mul(st))
+                    .ok_or_else(over)?;
+                Ok(if ext < 0 {
+                    (lo.checked_add(ext).ok_or_else(over)?, hi)
+                } else {
+                    (lo, hi.checked_add(ext).ok_or_else(over)?)
+                })
+            })
+    }
+
     fn copy(&self, src: &[u8], dst: &mut [u8], es: usize) -> Result<()> {
         let (shape, stride) = self.axes()?;
-        let n: usize = shape.iter().product();
+        let n = checked_numel(shape)?;
         if n == 0 {
             return Ok(());
         }
         let bad = || Error::internal("strided copy out of range");
+        // Checked once here: every element read lies in [lo, hi] with
+        // (hi + 1) · es <= src.len(), and the n · es bytes written fit dst.
+        // The offsets below are then computed wrapping: exact modulo 2^N,
+        // and each one read lies in [lo, hi], so it is the true one (an
+        // axis run one past its end is undone the same way). Byte
+        // positions stay below src.len() or dst.len(): exact.
+        let (lo, hi) = self.bounds()?;
+        let src_end = usize::try_from(hi)
+            .ok()
+            .and_then(|h| h.checked_add(1)?.checked_mul(es));
+        let dst_end = n.checked_mul(es);
+        if lo < 0 || src_end.is_none_or(|e| e > src.len()) || dst_end.is_none_or(|e| e > dst.len())
+        {
+            return Err(bad());
+        }
         let (inner_len, inner_stride, outer_shape, outer_stride) =
             match (shape.split_last(), stride.split_last()) {
                 // Rank 0: one element.
@@ -531,35 +571,35 @@ impl Walk {
         let mut d = 0usize;
         loop {
             if inner_stride == 1 {
-                let s = usize::try_from(off).map_err(|_| bad())? * es;
-                let len = inner_len * es;
-                let from = src.get(s..s + len).ok_or_else(bad)?;
-                dst.get_mut(d..d + len)
+                let s = usize::try_from(off).map_err(|_| bad())?.wrapping_mul(es);
+                let len = inner_len.wrapping_mul(es);
+                let from = src.get(s..s.wrapping_add(len)).ok_or_else(bad)?;
+                dst.get_mut(d..d.wrapping_add(len))
                     .ok_or_else(bad)?
                     .copy_from_slice(from);
-                d += len;
+                d = d.wrapping_add(len);
             } else {
                 let mut o = off;
                 for _ in 0..inner_len {
-                    let s = usize::try_from(o).map_err(|_| bad())? * es;
-                    let from = src.get(s..s + es).ok_or_else(bad)?;
-                    dst.get_mut(d..d + es)
+                    let s = usize::try_from(o).map_err(|_| bad())?.wrapping_mul(es);
+                    let from = src.get(s..s.wrapping_add(es)).ok_or_else(bad)?;
+                    dst.get_mut(d..d.wrapping_add(es))
                         .ok_or_else(bad)?
                         .copy_from_slice(from);
-                    d += es;
-                    o += inner_stride;
+                    d = d.wrapping_add(es);
+                    o = o.wrapping_add(inner_stride);
                 }
             }
             // Next row: count up the outer axes, the last fastest.
             let mut done = true;
             for ((i, &len), &st) in idx.iter_mut().zip(outer_shape).zip(outer_stride).rev() {
-                *i += 1;
-                off += st;
+                *i = i.wrapping_add(1); // at most len
+                off = off.wrapping_add(st);
                 if *i < len {
                     done = false;
                     break;
                 }
-                off -= st * len as isize;
+                off = off.wrapping_sub(st.wrapping_mul(len as isize));
                 *i = 0;
             }
             if done {
@@ -700,34 +740,52 @@ fn prepare_slice(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
         let d = *x.shape.get(a).ok_or_else(bad)? as i128;
         let st_a = *st.get(a).ok_or_else(bad)?;
+        // In i128, d (a usize), start, end and step (i64 values) and the
+        // few sums and differences of them below are exact.
         let (mut s, mut e, step) = (start as i128, end as i128, step as i128);
         if s < 0 {
-            s += d;
+            s = s.wrapping_add(d);
         }
         if e < 0 {
-            e += d;
+            e = e.wrapping_add(d);
         }
-        let len = if step > 0 {
+        // The distance from s toward e (exclusive) and the step's size.
+        let (dist, mag) = if step > 0 {
             s = s.max(0).min(d);
             e = e.max(0).min(d);
-            if e > s {
-                (e - s + step - 1) / step
-            } else {
-                0
-            }
+            (e.wrapping_sub(s), step)
         } else {
-            s = s.max(0).min(d - 1);
-            e = e.max(-1).min(d - 1);
-            if s > e {
-                (s - e + (-step) - 1) / (-step)
-            } else {
-                0
-            }
+            let last = d.wrapping_sub(1);
+            s = s.max(0).min(last);
+            e = e.max(-1).min(last);
+            (s.wrapping_sub(e), step.wrapping_neg())
         };
+        // Whole steps, rounded up.
+        let len = if dist > 0 {
+            let ceil = dist.wrapping_add(mag).wrapping_sub(1);
+            ceil.checked_div(mag).ok_or_else(bad)?
+        } else {
+            0
+        };
+        let overflow = || Error::new(ErrorKind::Overflow);
         if len > 0 {
-            w.base += (s as isize) * st_a;
+            // s is an index on the axis (0 <= s < d).
+            let at = isize::try_from(s).ok().and_then(|s| s.checked_mul(st_a));
+            w.base = at
+                .and_then(|at| w.base.checked_add(at))
+                .ok_or_else(overflow)?;
         }
-        *w.stride.get_mut(a).ok_or_else(bad)? = st_a * step as isize;
+        // Only an axis of two or more elements ever steps (`simplify` drops
+        // the others): then |step| < d keeps the stride inside the input.
+        let stride = if len > 1 {
+            isize::try_from(step)
+                .ok()
+                .and_then(|step| st_a.checked_mul(step))
+                .ok_or_else(overflow)?
+        } else {
+            0
+        };
+        *w.stride.get_mut(a).ok_or_else(bad)? = stride;
         *w.shape.get_mut(a).ok_or_else(bad)? = len as usize;
     }
     let out: Vec<usize> = w.axes()?.0.to_vec();
@@ -777,7 +835,7 @@ fn prepare_tile(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let st = in_strides(x.shape)?;
     let mut w = Walk {
-        rank: 2 * r,
+        rank: r.wrapping_mul(2), // r <= MAX_RANK (in_strides above)
         shape: [1; WR],
         stride: [0; WR],
         base: 0,
@@ -818,6 +876,7 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let inner = checked_numel(rest0.get(1..).ok_or_else(bad)?)?;
     let mut total = 0usize;
     let es = x0.dtype.size();
+    let overflow = || Error::new(ErrorKind::Overflow);
     let mut rows = Vec::with_capacity(ctx.num_inputs());
     for i in 0..ctx.num_inputs() {
         let x = ctx.input(i)?;
@@ -843,13 +902,20 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
         }
         let d = *x.shape.get(axis).ok_or_else(bad)?;
-        total += d;
-        rows.push(d * inner * es);
+        total = total.checked_add(d).ok_or_else(overflow)?;
+        let row = d.checked_mul(inner).and_then(|v| v.checked_mul(es));
+        rows.push(row.ok_or_else(overflow)?);
     }
     let mut out: Vec<usize> = x0.shape.to_vec();
     *out.get_mut(axis).ok_or_else(bad)? = total;
     let outer = checked_numel(lead0)?;
-    let out_row: usize = rows.iter().sum();
+    // The output's bytes, outer · out_row, checked: every offset below is
+    // at most that (o < outer, acc + row <= out_row), so exact.
+    let out_row = rows
+        .iter()
+        .try_fold(0usize, |a, &r| a.checked_add(r))
+        .filter(|&t| outer.checked_mul(t).is_some())
+        .ok_or_else(overflow)?;
     Ok(Prepared::single(
         x0.dtype,
         &out,
@@ -861,13 +927,14 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 let mut y = io.output(0)?;
                 let dst = y.bytes_mut();
                 for o in 0..outer {
-                    let from = src.get(o * row..(o + 1) * row).ok_or_else(bad)?;
-                    let d0 = o * out_row + acc;
-                    dst.get_mut(d0..d0 + row)
+                    let s0 = o.wrapping_mul(row);
+                    let from = src.get(s0..s0.wrapping_add(row)).ok_or_else(bad)?;
+                    let d0 = o.wrapping_mul(out_row).wrapping_add(acc);
+                    dst.get_mut(d0..d0.wrapping_add(row))
                         .ok_or_else(bad)?
                         .copy_from_slice(from);
                 }
-                acc += row;
+                acc = acc.wrapping_add(row);
             }
             Ok(())
         }),
@@ -893,7 +960,8 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .iter()
                 .map(|&v| usize::try_from(v).map_err(|_| attr_err("split", "negative")))
                 .collect::<Result<_>>()?;
-            if s.iter().sum::<usize>() != d || s.len() != nout {
+            let sum = s.iter().try_fold(0usize, |a, &v| a.checked_add(v));
+            if sum != Some(d) || s.len() != nout {
                 return Err(attr_err(
                     "split",
                     "sizes do not sum to the axis or count differs from the outputs",
@@ -907,21 +975,27 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             } else {
                 nout
             };
-            if n == 0 || n != nout {
-                return Err(attr_err("num_outputs", "differs from the node's outputs"));
-            }
+            let parts = NonZeroUsize::new(n)
+                .filter(|_| n == nout)
+                .ok_or(attr_err("num_outputs", "differs from the node's outputs"))?;
             if ctx.opset >= 18 && ctx.node.attr("num_outputs").is_some() {
                 let c = d.div_ceil(n);
-                (0..n).map(|k| c.min(d.saturating_sub(c * k))).collect()
+                // Past the axis (saturated), an empty part.
+                (0..n)
+                    .map(|k| c.min(d.saturating_sub(c.saturating_mul(k))))
+                    .collect()
             } else {
-                if d % n != 0 {
+                if d % parts != 0 {
                     return Err(shape_err("Split: axis not divisible by the output count"));
                 }
-                alloc::vec![d / n; n]
+                alloc::vec![d / parts; n]
             }
         }
     };
-    let inner = checked_numel(tail)? * x.dtype.size();
+    let overflow = || Error::new(ErrorKind::Overflow);
+    let inner = checked_numel(tail)?
+        .checked_mul(x.dtype.size())
+        .ok_or_else(overflow)?;
     let outer = checked_numel(lead)?;
     let mut outputs = Vec::with_capacity(nout);
     let mut rows = Vec::with_capacity(nout);
@@ -929,9 +1003,15 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         let mut sh = x.shape.to_vec();
         *sh.get_mut(axis).ok_or_else(bad)? = s;
         outputs.push(crate::ops::OutputInfo::new(x.dtype, &sh));
-        rows.push(s * inner);
+        rows.push(s.checked_mul(inner).ok_or_else(overflow)?);
     }
-    let in_row = d * inner;
+    // The input's bytes, outer · in_row, checked: the sizes sum to d, so
+    // every offset below is at most that (o < outer, acc + row <= in_row,
+    // row <= in_row): exact.
+    let in_row = d
+        .checked_mul(inner)
+        .filter(|&v| outer.checked_mul(v).is_some())
+        .ok_or_else(overflow)?;
     Ok(Prepared::new(
         outputs,
         kernel("Split", move |io: &mut KernelIo<'_>| {
@@ -943,14 +1023,15 @@ fn prepare_split(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let mut y = io.output(j)?;
                     let dst = y.bytes_mut();
                     for o in 0..outer {
-                        let s0 = o * in_row + acc;
-                        let from = src.get(s0..s0 + row).ok_or_else(bad)?;
-                        dst.get_mut(o * row..(o + 1) * row)
+                        let s0 = o.wrapping_mul(in_row).wrapping_add(acc);
+                        let from = src.get(s0..s0.wrapping_add(row)).ok_or_else(bad)?;
+                        let d0 = o.wrapping_mul(row);
+                        dst.get_mut(d0..d0.wrapping_add(row))
                             .ok_or_else(bad)?
                             .copy_from_slice(from);
                     }
                 }
-                acc += row;
+                acc = acc.wrapping_add(row);
             }
             Ok(())
         }),
@@ -971,8 +1052,17 @@ fn prepare_gather(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     out.extend_from_slice(tail);
     let es = x.dtype.size();
     let outer = checked_numel(lead)?;
-    let inner = checked_numel(tail)? * es;
+    let overflow = || Error::new(ErrorKind::Overflow);
+    let inner = checked_numel(tail)?.checked_mul(es).ok_or_else(overflow)?;
     let nidx = idx.numel();
+    // The input's and the output's bytes, outer · dim · inner and outer ·
+    // nidx · inner, checked: every offset below is at most one of them
+    // (o < outer, 0 <= k < dim, j < nidx), so exact.
+    let fits = |n: usize| outer.checked_mul(n)?.checked_mul(inner);
+    if fits(dim).is_none() || fits(nidx).is_none() {
+        return Err(overflow());
+    }
+    let dim_i = i64::try_from(dim).map_err(|_| overflow())?;
     Ok(Prepared::single(
         x.dtype,
         &out,
@@ -987,17 +1077,18 @@ fn prepare_gather(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for j in 0..nidx {
                     let mut k = iv.int_at(j).ok_or_else(bad)?;
                     if k < 0 {
-                        k += dim as i64;
+                        k = k.wrapping_add(dim_i); // k < 0 <= dim_i: exact
                     }
-                    if k < 0 || k >= dim as i64 {
+                    if k < 0 || k >= dim_i {
                         return Err(shape_err("Gather: index out of range"));
                     }
-                    let s0 = (o * dim + k as usize) * inner;
-                    let from = src.get(s0..s0 + inner).ok_or_else(bad)?;
-                    dst.get_mut(d..d + inner)
+                    let s0 = o.wrapping_mul(dim).wrapping_add(k as usize);
+                    let s0 = s0.wrapping_mul(inner);
+                    let from = src.get(s0..s0.wrapping_add(inner)).ok_or_else(bad)?;
+                    dst.get_mut(d..d.wrapping_add(inner))
                         .ok_or_else(bad)?
                         .copy_from_slice(from);
-                    d += inner;
+                    d = d.wrapping_add(inner);
                 }
             }
             Ok(())
@@ -1044,7 +1135,7 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         None => (0..r).collect(),
     };
     let na = axes.len();
-    if pads_spec.len() != 2 * na {
+    if na.checked_mul(2) != Some(pads_spec.len()) {
         return Err(attr_err("pads", "length is not twice the number of axes"));
     }
     let bad = || Error::internal("pad axis");
@@ -1071,10 +1162,14 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         _ => return Err(attr_err("mode", "unknown pad mode")),
     };
     let st = in_strides(x.shape)?;
+    let overflow = || Error::new(ErrorKind::Overflow);
     let mut out = Vec::with_capacity(r);
     // Per axis and output coordinate: input offset (in elements), or -1.
     let mut table: Vec<isize> = Vec::new();
     let mut starts = [0usize; MAX_RANK];
+    // The greatest input offset an output element reads: the sum over the
+    // axes of their greatest entry.
+    let mut reach = 0isize;
     // r <= MAX_RANK: the zip covers every axis.
     for (((&d, &stride), (&b, &e)), start) in x
         .shape
@@ -1084,14 +1179,18 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .zip(&mut starts)
     {
         let d = d as i64;
-        let o = d + b + e;
+        let o = d
+            .checked_add(b)
+            .and_then(|o| o.checked_add(e))
+            .ok_or_else(overflow)?;
         if o < 0 {
             return Err(shape_err("Pad: negative output dimension"));
         }
         out.push(o as usize);
         *start = table.len();
+        let mut top = 0isize;
         for i in 0..o {
-            let c = i - b;
+            let c = i.checked_sub(b).ok_or_else(overflow)?;
             let c = if (0..d).contains(&c) {
                 c
             } else {
@@ -1100,7 +1199,7 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     _ if d == 0 => {
                         return Err(shape_err("Pad: cannot pad an empty axis in this mode"))
                     }
-                    M::Edge => c.max(0).min(d - 1),
+                    M::Edge => c.max(0).min(d.wrapping_sub(1)), // d >= 1 here
                     M::Wrap => c
                         .checked_rem_euclid(d)
                         .ok_or(shape_err("Pad: cannot pad an empty axis in this mode"))?,
@@ -1108,12 +1207,13 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         if d == 1 {
                             0
                         } else {
-                            let p = 2 * (d - 1);
+                            // d >= 2 here: d - 1 is exact.
+                            let p = d.wrapping_sub(1).checked_mul(2).ok_or_else(overflow)?;
                             let c = c
                                 .checked_rem_euclid(p)
                                 .ok_or(shape_err("Pad: cannot pad an empty axis in this mode"))?;
                             if c >= d {
-                                p - c
+                                p.wrapping_sub(c) // d <= c < p: exact
                             } else {
                                 c
                             }
@@ -1121,9 +1221,24 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     }
                 }
             };
-            table.push(if c < 0 { -1 } else { c as isize * stride });
+            let t = if c < 0 {
+                -1
+            } else {
+                isize::try_from(c)
+                    .ok()
+                    .and_then(|c| c.checked_mul(stride))
+                    .ok_or_else(overflow)?
+            };
+            top = top.max(t);
+            table.push(t);
         }
+        reach = reach.checked_add(top).ok_or_else(overflow)?;
     }
+    // The kernel's byte offsets stay at most (reach + 1) · es: checked here.
+    usize::try_from(reach)
+        .ok()
+        .and_then(|r| r.checked_add(1)?.checked_mul(es))
+        .ok_or_else(overflow)?;
     let oshape: [usize; MAX_RANK] = {
         let mut s = [1usize; MAX_RANK];
         copy_exact(s.get_mut(..r).ok_or_else(bad)?, &out)?;
@@ -1155,25 +1270,28 @@ fn prepare_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let oshape = oshape.get(..r).ok_or_else(bad)?;
             let mut idx_all = [0usize; MAX_RANK];
             let idx = idx_all.get_mut(..r).ok_or_else(bad)?;
+            // Exact: an axis's entries start at `start` and number its
+            // output size (i is below it), off sums at most one entry per
+            // axis (at most reach), and (reach + 1) · es was checked.
             for chunk in dst.chunks_of_mut(es) {
                 let mut off = 0isize;
                 let mut constant = false;
                 for (&start, &i) in starts.iter().zip(idx.iter()) {
-                    let t = *table.get(start + i).ok_or_else(bad)?;
+                    let t = *table.get(start.wrapping_add(i)).ok_or_else(bad)?;
                     if t < 0 {
                         constant = true;
                         break;
                     }
-                    off += t;
+                    off = off.wrapping_add(t);
                 }
                 if constant {
                     chunk.copy_from_slice(val);
                 } else {
-                    let s = off as usize * es;
-                    chunk.copy_from_slice(src.get(s..s + es).ok_or_else(bad)?);
+                    let s = (off as usize).wrapping_mul(es);
+                    chunk.copy_from_slice(src.get(s..s.wrapping_add(es)).ok_or_else(bad)?);
                 }
                 for (i, &n) in idx.iter_mut().zip(oshape).rev() {
-                    *i += 1;
+                    *i = i.wrapping_add(1); // at most n
                     if *i < n {
                         break;
                     }
@@ -1423,6 +1541,13 @@ fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         broadcast_strides(y.shape, &out),
     ];
     let es = x.dtype.size();
+    // x and y's bytes checked: each index StridedIter yields for them is
+    // below its element count, so the byte ranges below are exact.
+    for s in [x.shape, y.shape] {
+        checked_numel(s)?
+            .checked_mul(es)
+            .ok_or(Error::new(ErrorKind::Overflow))?;
+    }
     let shape_c = out.clone();
     Ok(Prepared::single(
         x.dtype,
@@ -1438,11 +1563,13 @@ fn prepare_where(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .chunks_of_mut(es)
                 .zip(StridedIter::new(&shape_c, strides))
             {
-                let src = if *cb.get(ic).ok_or_else(bad)? != 0 {
-                    xb.get(ix * es..ix * es + es)
+                let (b, i) = if *cb.get(ic).ok_or_else(bad)? != 0 {
+                    (xb, ix)
                 } else {
-                    yb.get(iy * es..iy * es + es)
+                    (yb, iy)
                 };
+                let at = i.wrapping_mul(es);
+                let src = b.get(at..at.wrapping_add(es));
                 copy_exact(d, src.ok_or_else(bad)?)?;
             }
             Ok(())
