@@ -3,11 +3,8 @@
 //! InvStdDev outputs), RMSNormalization, GroupNormalization, LpNormalization,
 //! MeanVarianceNormalization.
 
-// 50 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::win;
 use crate::math;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared, Unary};
 use crate::tensor::ChunksOf as _;
@@ -53,10 +50,16 @@ fn at<T: Copy>(v: &[T], i: usize, what: &'static str) -> Result<T> {
     v.get(i).copied().ok_or(Error::internal(what))
 }
 
-/// `(N, C, inner)` of an `[N, C, ...]` input: rank at least 2.
+/// `(N, C, inner)` of an `[N, C, ...]` input: rank at least 2. `inner`
+/// and `C · inner` (one image) are checked to fit (Overflow).
 fn nc_inner(xs: &[usize]) -> Result<(usize, usize, usize)> {
     match *xs {
-        [n, c, ref rest @ ..] => Ok((n, c, rest.iter().product())),
+        [n, c, ref rest @ ..] => {
+            let inner = checked_numel(rest)?;
+            c.checked_mul(inner)
+                .ok_or(Error::new(ErrorKind::Overflow))?;
+            Ok((n, c, inner))
+        }
         _ => Err(Error::new(ErrorKind::Rank {
             expected: 2,
             got: xs.len(),
@@ -64,11 +67,43 @@ fn nc_inner(xs: &[usize]) -> Result<(usize, usize, usize)> {
     }
 }
 
-/// `(outer, n, inner)` of `shape` around axis `a` (`a < shape.len()`).
+/// `a · b · c`, or `None` on overflow: the element count of an
+/// `[a, b, c]` layout, compared once per call with the buffer length.
+#[inline]
+fn len3(a: usize, b: usize, c: usize) -> Option<usize> {
+    a.checked_mul(b)?.checked_mul(c)
+}
+
+/// `(outer, n, inner)` of `shape` around axis `a` (`a < shape.len()`);
+/// the sizes and `n · inner` (one block) are checked to fit (Overflow).
 fn around_axis(shape: &[usize], a: usize) -> Result<(usize, usize, usize)> {
     let (head, rest) = shape.split_at_checked(a).ok_or(Error::internal("axis"))?;
     let (&n, tail) = rest.split_first().ok_or(Error::internal("axis"))?;
-    Ok((head.iter().product(), n, tail.iter().product()))
+    let inner = checked_numel(tail)?;
+    n.checked_mul(inner)
+        .ok_or(Error::new(ErrorKind::Overflow))?;
+    Ok((checked_numel(head)?, n, inner))
+}
+
+/// Elements in one block of `n · inner` of an `(outer, n, inner)` layout,
+/// at least 1 (an empty buffer has no blocks anyway); `what` names the
+/// error, which the checks of [`around_axis`] rule out.
+#[inline]
+fn block_len(n: usize, inner: usize, what: &'static str) -> Result<usize> {
+    Ok(n.checked_mul(inner).ok_or(Error::internal(what))?.max(1))
+}
+
+/// The `N` planes of channel `ch` of an `[N, C, inner]` buffer (`ch < C`,
+/// the length checked by the caller), in image order.
+#[inline]
+fn planes<T>(x: &[T], c: usize, inner: usize, ch: usize) -> impl Iterator<Item = &[T]> {
+    x.chunks_of(inner).skip(ch).step_by(c.max(1))
+}
+
+/// [`planes`], mutable.
+#[inline]
+fn planes_mut<T>(x: &mut [T], c: usize, inner: usize, ch: usize) -> impl Iterator<Item = &mut [T]> {
+    x.chunks_of_mut(inner).skip(ch).step_by(c.max(1))
 }
 
 /// Elements `i, i + inner, i + 2 * inner, ...` of `blk` (callers have
@@ -183,8 +218,32 @@ struct BatchNorm {
     folded: Option<(Vec<f32>, Vec<f32>)>,
 }
 
+/// `a * x + b` in an accumulator type (f32 or f64), rounded after each
+/// operation (not fused); a method, as the lint flags operators on a
+/// generic type.
+trait MulAdd: Copy {
+    fn mul_add_acc(self, x: Self, b: Self) -> Self;
+}
+
+impl MulAdd for f32 {
+    #[inline(always)]
+    fn mul_add_acc(self, x: f32, b: f32) -> f32 {
+        self * x + b
+    }
+}
+
+impl MulAdd for f64 {
+    #[inline(always)]
+    fn mul_add_acc(self, x: f64, b: f64) -> f64 {
+        self * x + b
+    }
+}
+
 impl BatchNorm {
-    fn run<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<()> {
+    fn run<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<()>
+    where
+        T::Acc: MulAdd,
+    {
         let (n, c, inner, eps) = (self.n, self.c, self.inner, self.eps);
         let params = match &self.folded {
             Some(_) => None,
@@ -196,7 +255,7 @@ impl BatchNorm {
             )),
         };
         in_out::<T>(io, |y| {
-            if y.len() != n * c * inner {
+            if Some(y.len()) != len3(n, c, inner) {
                 return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
             }
             const P: &str = "BatchNormalization params";
@@ -210,13 +269,9 @@ impl BatchNorm {
                     _ => return Err(Error::new(ErrorKind::Internal("BatchNormalization params"))),
                 };
                 let (a, b) = (T::Acc::from_f32(a), T::Acc::from_f32(b));
-                for img in 0..n {
-                    let base = (img * c + ch) * inner;
-                    let plane = y
-                        .get_mut(base..base + inner)
-                        .ok_or(Error::internal("BatchNormalization size"))?;
+                for plane in planes_mut(y, c, inner, ch) {
                     for v in plane {
-                        *v = T::from_acc(a * v.to_acc() + b);
+                        *v = T::from_acc(a.mul_add_acc(v.to_acc(), b));
                     }
                 }
             }
@@ -226,21 +281,20 @@ impl BatchNorm {
 }
 
 /// Mean and (population) variance of channel `ch` of `x` (`[n, c, inner]`).
+/// The caller checked `x.len()` is `n · c · inner` (and `ch < c`).
 fn channel_stats(x: &[f32], n: usize, c: usize, inner: usize, ch: usize) -> Result<(f64, f64)> {
-    let cnt = (n * inner).max(1) as f64;
-    let plane = |img: usize| {
-        let b = (img * c + ch) * inner;
-        x.get(b..b + inner)
-            .ok_or(Error::internal("BatchNormalization size"))
-    };
+    let cnt = n
+        .checked_mul(inner)
+        .ok_or(Error::internal("BatchNormalization size"))?
+        .max(1) as f64;
     let mut sum = 0.0f64;
-    for img in 0..n {
-        sum += plane(img)?.iter().map(|&v| v as f64).sum::<f64>();
+    for plane in planes(x, c, inner, ch) {
+        sum += plane.iter().map(|&v| v as f64).sum::<f64>();
     }
     let mean = sum / cnt;
     let mut sq = 0.0f64;
-    for img in 0..n {
-        sq += plane(img)?
+    for plane in planes(x, c, inner, ch) {
+        sq += plane
             .iter()
             .map(|&v| (v as f64 - mean) * (v as f64 - mean))
             .sum::<f64>();
@@ -282,7 +336,7 @@ fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prep
             let b = io.input_slice::<f32>(2)?;
             let rm = io.input_slice::<f32>(3)?;
             let rv = io.input_slice::<f32>(4)?;
-            if x.len() != n * c * inner || [s, b, rm, rv].iter().any(|v| v.len() != c) {
+            if Some(x.len()) != len3(n, c, inner) || [s, b, rm, rv].iter().any(|v| v.len() != c) {
                 return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
             }
             {
@@ -295,28 +349,26 @@ fn prepare_batchnorm_training(ctx: &PrepareCtx<'_>, xs: &[usize]) -> Result<Prep
                     let (mean, var) = channel_stats(x, n, c, inner, ch)?;
                     let a = at(s, ch, P)? / math::sqrt((var + eps as f64) as f32);
                     let sh = at(b, ch, P)? - mean as f32 * a;
-                    for img in 0..n {
-                        let base = (img * c + ch) * inner;
-                        let yp = y.get_mut(base..base + inner).ok_or(Error::internal(P))?;
-                        let xp = x.get(base..base + inner).ok_or(Error::internal(P))?;
+                    for (yp, xp) in planes_mut(y, c, inner, ch).zip(planes(x, c, inner, ch)) {
                         for (o, &v) in yp.iter_mut().zip(xp) {
                             *o = a * v + sh;
                         }
                     }
                 }
             }
-            for (k, want) in running.iter().enumerate() {
+            // Output 1 is the running mean, output 2 the running variance.
+            for (&want, k) in running.iter().zip(1..) {
                 if !want {
                     continue;
                 }
-                let prev = if k == 0 { rm } else { rv };
-                let o = io.output_slice::<f32>(k + 1)?;
+                let prev = if k == 1 { rm } else { rv };
+                let o = io.output_slice::<f32>(k)?;
                 if o.len() != c {
                     return Err(Error::new(ErrorKind::Internal("BatchNormalization size")));
                 }
                 for (ch, (ov, &pv)) in o.iter_mut().zip(prev).enumerate() {
                     let st = channel_stats(x, n, c, inner, ch)?;
-                    let batch = if k == 0 { st.0 } else { st.1 } as f32;
+                    let batch = if k == 1 { st.0 } else { st.1 } as f32;
                     *ov = pv * momentum + batch * (1.0 - momentum);
                 }
             }
@@ -345,38 +397,39 @@ fn prepare_lrn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let bias = ctx.attr_float("bias", 1.0)?;
     let (n, c, inner) = nc_inner(xs)?;
     let size = size as usize;
-    let lo = (size - 1) / 2;
-    let hi = size - 1 - lo; // ceil((size-1)/2)
+    let span = size.wrapping_sub(1); // size >= 1 (checked above)
+    let lo = span / 2;
+    let hi = span.wrapping_sub(lo); // ceil((size-1)/2), as lo <= span
     let scale = alpha / size as f32;
+    // One image; fits (checked in nc_inner).
+    let img = c.wrapping_mul(inner);
     Ok(Prepared::single(
         DType::F32,
         xs,
         kernel("LRN", move |io| {
             let x = io.input_slice::<f32>(0)?;
             let y = io.output_slice::<f32>(0)?;
-            if x.len() != n * c * inner || y.len() != x.len() {
+            if Some(x.len()) != len3(n, c, inner) || y.len() != x.len() {
                 return Err(Error::new(ErrorKind::Internal("LRN size")));
             }
-            if c * inner == 0 {
+            if img == 0 {
                 return Ok(());
             }
             const P: &str = "LRN size";
-            for (xb, yb) in x.chunks_of(c * inner).zip(y.chunks_of_mut(c * inner)) {
-                for ch in 0..c {
+            for (xb, yb) in x.chunks_of(img).zip(y.chunks_of_mut(img)) {
+                // Channel planes ch of this image (inner >= 1 as img > 0).
+                let chans = xb.chunks_of(inner).zip(yb.chunks_of_mut(inner));
+                for (ch, (xr, yr)) in chans.enumerate() {
+                    // Channels c0..c1 around ch, clamped to the image:
+                    // c0 <= ch < c1 <= c, so the offsets stay within
+                    // c · inner = img and the products are exact.
                     let c0 = ch.saturating_sub(lo);
-                    let c1 = (ch + hi).min(c - 1);
-                    // Channels c0..=c1, and channel ch, of this image.
-                    let win = xb
-                        .get(c0 * inner..(c1 + 1) * inner)
-                        .ok_or(Error::internal(P))?;
-                    let xr = xb
-                        .get(ch * inner..(ch + 1) * inner)
-                        .ok_or(Error::internal(P))?;
-                    let yr = yb
-                        .get_mut(ch * inner..(ch + 1) * inner)
+                    let c1 = ch.saturating_add(hi).saturating_add(1).min(c);
+                    let band = xb
+                        .get(c0.wrapping_mul(inner)..c1.wrapping_mul(inner))
                         .ok_or(Error::internal(P))?;
                     for (s, (yv, &xv)) in yr.iter_mut().zip(xr).enumerate() {
-                        let sum = column(win, s, inner).fold(0.0f32, |sum, &v| sum + v * v);
+                        let sum = column(band, s, inner).fold(0.0f32, |sum, &v| sum + v * v);
                         *yv = xv / math::pow(bias + scale * sum, beta);
                     }
                 }
@@ -392,7 +445,8 @@ fn softmax_dims(ctx: &PrepareCtx<'_>, shape: &[usize]) -> Result<(usize, usize, 
     if ctx.opset < 13 {
         let a = ctx.attr_int("axis", 1)?;
         let r_i = r as i64;
-        let v = if a < 0 { a + r_i } else { a };
+        // a < 0 <= r_i: the sum cannot overflow.
+        let v = if a < 0 { a.wrapping_add(r_i) } else { a };
         if v < 0 || v > r_i {
             return Err(Error::new(ErrorKind::Attribute {
                 name: "axis",
@@ -402,7 +456,7 @@ fn softmax_dims(ctx: &PrepareCtx<'_>, shape: &[usize]) -> Result<(usize, usize, 
         let (head, tail) = shape
             .split_at_checked(v as usize)
             .ok_or(Error::internal("Softmax axis"))?;
-        Ok((head.iter().product(), tail.iter().product(), 1))
+        Ok((checked_numel(head)?, checked_numel(tail)?, 1))
     } else {
         if r == 0 {
             return Ok((1, 1, 1));
@@ -418,10 +472,10 @@ fn softmax_t<T: Real>(
     (outer, n, inner): (usize, usize, usize),
     log: bool,
 ) -> Result<()> {
-    if y.len() != outer * n * inner {
+    if Some(y.len()) != len3(outer, n, inner) {
         return Err(Error::new(ErrorKind::Internal("Softmax size")));
     }
-    for blk in y.chunks_of_mut((n * inner).max(1)) {
+    for blk in y.chunks_of_mut(block_len(n, inner, "Softmax size")?) {
         for i in 0..inner {
             let mut mx = f64::NEG_INFINITY;
             for v in column(blk, i, inner) {
@@ -470,11 +524,11 @@ fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result
         xs,
         kernel(name, move |io| {
             in_out_f32(io, |y| {
-                if y.len() != outer * n * inner {
+                if Some(y.len()) != len3(outer, n, inner) {
                     return Err(Error::new(ErrorKind::Internal("Softmax size")));
                 }
                 // An empty y (n * inner == 0) has no blocks.
-                for blk in y.chunks_of_mut((n * inner).max(1)) {
+                for blk in y.chunks_of_mut(block_len(n, inner, "Softmax size")?) {
                     for i in 0..inner {
                         let mut mx = f32::NEG_INFINITY;
                         for &v in column(blk, i, inner) {
@@ -549,7 +603,7 @@ fn prepare_instance_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let s = io.input_slice::<f32>(1)?;
             let b = io.input_slice::<f32>(2)?;
             in_out_f32(io, |y| {
-                if y.len() != n * c * inner || s.len() != c || b.len() != c {
+                if Some(y.len()) != len3(n, c, inner) || s.len() != c || b.len() != c {
                     return Err(Error::new(ErrorKind::Internal(
                         "InstanceNormalization size",
                     )));
@@ -656,8 +710,9 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
             "normalization parameter varying over non-normalized axes",
         )));
     }
-    let off = tail.len() - ps.len();
-    // The trailing dims of the block that the parameter spans.
+    // The trailing dims of the block that the parameter spans (wrapping:
+    // ps.len() <= tail.len(), checked above).
+    let off = tail.len().wrapping_sub(ps.len());
     let spanned = tail
         .get(off..)
         .ok_or(Error::internal("normalization parameter rank"))?;
@@ -666,7 +721,7 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
             "normalization parameter does not broadcast to the normalized shape",
         )));
     }
-    let block: usize = tail.iter().product();
+    let block = checked_numel(tail)?;
     if ps == spanned {
         return Ok(ParamIdx::Full);
     }
@@ -676,15 +731,16 @@ fn param_idx(ps: &[usize], tail: &[usize]) -> Result<ParamIdx> {
     let mut map = Vec::with_capacity(block);
     for j in 0..block {
         // Multi-index of j over `tail`, folded into the parameter's index
-        // (the dims before `spanned` do not move it).
+        // (the dims before `spanned` do not move it). Each p is 1 or its
+        // t, so pstride and idx stay within `block`: exact, wrapping.
         let (mut rem, mut idx, mut pstride) = (j, 0usize, 1usize);
         for (&t, &p) in spanned.iter().zip(ps).rev() {
             let (q, k) = util::div_rem(rem, t, "normalization parameter index")?;
             rem = q;
             if p != 1 {
-                idx += k * pstride;
+                idx = idx.wrapping_add(k.wrapping_mul(pstride));
             }
-            pstride *= p;
+            pstride = pstride.wrapping_mul(p);
         }
         map.push(u32::try_from(idx).map_err(|_| Error::new(ErrorKind::Overflow))?);
     }
@@ -764,7 +820,7 @@ struct RowNorm {
 impl RowNorm {
     fn apply<T: Real>(&self, y: &mut [T], s: &[T], b: Option<&[T]>) -> Result<()> {
         let block = self.block;
-        if y.len() != self.outer * block || !self.scale.fits(block, s.len()) {
+        if Some(y.len()) != self.outer.checked_mul(block) || !self.scale.fits(block, s.len()) {
             return Err(Error::new(ErrorKind::Internal("normalization size")));
         }
         let b = match (b, &self.bias) {
@@ -830,18 +886,19 @@ impl RowNorm {
             self.apply(y, s, b)?;
         }
         let block = self.block.max(1);
-        for (k, want) in self.stats.iter().enumerate() {
+        // Output 1 is Mean, output 2 InvStdDev.
+        for (&want, k) in self.stats.iter().zip(1..) {
             if !want {
                 continue;
             }
             // stash_type 1: the statistics are f32 whatever X's type.
-            let o = io.output_slice::<f32>(k + 1)?;
+            let o = io.output_slice::<f32>(k)?;
             if o.len() != self.outer {
                 return Err(Error::new(ErrorKind::Internal("normalization stats size")));
             }
             for (v, row) in o.iter_mut().zip(x.chunks(block)) {
                 let (mean, inv) = row_stats_t(row, self.eps, self.rms);
-                *v = if k == 0 { mean } else { inv } as f32;
+                *v = if k == 1 { mean } else { inv } as f32;
             }
         }
         Ok(())
@@ -885,8 +942,8 @@ fn prepare_row_norm(ctx: &PrepareCtx<'_>, rms: bool, name: &'static str) -> Resu
         [ctx.has_output(1), ctx.has_output(2)]
     };
     let rn = RowNorm {
-        outer: head.iter().product(),
-        block: tail.iter().product(),
+        outer: checked_numel(head)?,
+        block: checked_numel(tail)?,
         eps,
         rms,
         scale,
@@ -941,7 +998,9 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     check_vec(f32_input(ctx, 1, "GroupNormalization scale")?, plen)?;
     check_vec(f32_input(ctx, 2, "GroupNormalization bias")?, plen)?;
     let eps = ctx.attr_float("epsilon", 1e-5)?;
-    let cpg = c / g;
+    let cpg = util::div(c, g, "GroupNormalization num_groups")?;
+    // One group: cpg · inner <= c · inner, which fits (nc_inner).
+    let gsize = cpg.wrapping_mul(inner);
     Ok(Prepared::single(
         DType::F32,
         xs,
@@ -949,10 +1008,9 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let s = io.input_slice::<f32>(1)?;
             let b = io.input_slice::<f32>(2)?;
             in_out_f32(io, |y| {
-                if y.len() != n * c * inner || s.len() != plen || b.len() != plen {
+                if Some(y.len()) != len3(n, c, inner) || s.len() != plen || b.len() != plen {
                     return Err(Error::new(ErrorKind::Internal("GroupNormalization size")));
                 }
-                let gsize = cpg * inner;
                 if gsize == 0 {
                     return Ok(());
                 }
@@ -962,10 +1020,11 @@ fn prepare_group_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let grp = util::rem(gi, g, P)?;
                     if per_channel {
                         // One (scale, bias) per channel plane of the group;
-                        // inner > 0 as gsize > 0.
-                        let chans = grp * cpg..(grp + 1) * cpg;
-                        let sg = s.get(chans.clone()).ok_or(Error::internal(P))?;
-                        let bg = b.get(chans).ok_or(Error::internal(P))?;
+                        // inner > 0 as gsize > 0. grp < g and g · cpg = c:
+                        // the group's first channel is exact, wrapping.
+                        let c0 = grp.wrapping_mul(cpg);
+                        let sg = win(s, c0, cpg).ok_or(Error::internal(P))?;
+                        let bg = win(b, c0, cpg).ok_or(Error::internal(P))?;
                         for ((plane, &sv), &bv) in blk.chunks_of_mut(inner).zip(sg).zip(bg) {
                             for v in plane {
                                 *v = (*v - mean) * inv * sv + bv;
@@ -1007,11 +1066,11 @@ fn prepare_lp_norm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         xs,
         kernel("LpNormalization", move |io| {
             in_out_f32(io, |y| {
-                if y.len() != outer * n * inner {
+                if Some(y.len()) != len3(outer, n, inner) {
                     return Err(Error::new(ErrorKind::Internal("LpNormalization size")));
                 }
                 // An empty y (n * inner == 0) has no blocks.
-                for blk in y.chunks_of_mut((n * inner).max(1)) {
+                for blk in y.chunks_of_mut(block_len(n, inner, "LpNormalization size")?) {
                     for i in 0..inner {
                         let mut acc = 0.0f64;
                         for &v in column(blk, i, inner) {
@@ -1078,10 +1137,16 @@ fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         *dim = x;
         if !red {
             *ks = groups;
-            groups *= x;
+            groups = groups
+                .checked_mul(x)
+                .ok_or(Error::new(ErrorKind::Overflow))?;
         }
     }
-    let numel: usize = xs.iter().product();
+    let numel = checked_numel(xs)?;
+    // (sum, sum of squares) per group, in f64.
+    let acc_len = groups
+        .checked_mul(2)
+        .ok_or(Error::new(ErrorKind::Overflow))?;
     let per_group = numel.checked_div(groups).unwrap_or(0).max(1) as f64;
     Ok(Prepared::single(
         DType::F32,
@@ -1098,7 +1163,7 @@ fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 return Err(size());
             }
             let acc: &mut [[f64; 2]] =
-                bytemuck::try_cast_slice_mut(acc.get_mut(..2 * groups).ok_or_else(size)?)
+                bytemuck::try_cast_slice_mut(acc.get_mut(..acc_len).ok_or_else(size)?)
                     .map_err(|_| size())?;
             acc.fill([0.0; 2]);
             for (&v, g) in x.iter().zip(group_walk(&odo)) {
@@ -1121,23 +1186,28 @@ fn prepare_mvn(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             Ok(())
         }),
     )
-    .with_scratch(2 * groups * 8))
+    // Saturating: a scratch past usize::MAX fails planning.
+    .with_scratch(acc_len.saturating_mul(8)))
 }
 
 /// The group of every element in order, by odometer over the shape; `odo`
 /// holds (size, group stride) per axis. Endless: zip it with the elements.
+///
+/// Wrapping: each index stays below its size (`*i + 1 <= dim`), and after
+/// every step `grp` is the group of the next element (`< groups`, or 0
+/// after the last), which wrapping sums and products reach exactly.
 fn group_walk(odo: &[(usize, usize)]) -> impl Iterator<Item = usize> + '_ {
     let mut idx = [0usize; MAX_RANK];
     let mut grp = 0usize;
     core::iter::from_fn(move || {
         let g = grp;
         for (i, &(dim, ks)) in idx.iter_mut().zip(odo).rev() {
-            *i += 1;
-            grp += ks;
+            *i = i.wrapping_add(1);
+            grp = grp.wrapping_add(ks);
             if *i < dim {
                 break;
             }
-            grp -= ks * *i;
+            grp = grp.wrapping_sub(ks.wrapping_mul(*i));
             *i = 0;
         }
         Some(g)
