@@ -6,14 +6,11 @@
 //! models use and needs no scratch. Windows and mel matrices depend only on
 //! build-time values, so they are computed at prepare as constants.
 
-// 50 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::win;
 use crate::model::Const;
 use crate::ops::util::{axis as norm_axis, dtype_in};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
@@ -32,6 +29,26 @@ pub const OPS: &[OpDef] = &[
 
 fn shape_err(s: &'static str) -> Error {
     Error::new(ErrorKind::Shape(s))
+}
+
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
+}
+
+/// Checks that `k · t` fits for every `k < a` and `t < b`: the largest,
+/// `(a - 1)(b - 1)`, is checked (Overflow).
+fn check_products(a: usize, b: usize) -> Result<()> {
+    a.saturating_sub(1)
+        .checked_mul(b.saturating_sub(1))
+        .map(|_| ())
+        .ok_or_else(overflow)
+}
+
+/// Bins of the one-sided spectrum of an `n`-point transform: `n / 2 + 1`
+/// (`n / 2 < usize::MAX`, so the sum is exact).
+#[inline]
+fn onesided_bins(n: usize) -> usize {
+    (n / 2).wrapping_add(1)
 }
 
 /// A scalar (or one-element) integer input known at build time.
@@ -72,6 +89,24 @@ struct Layout {
     c_in: usize,
     n_out: usize,
     c_out: usize,
+}
+
+impl Layout {
+    /// Whether `x` points in and `y` points out hold the whole layout:
+    /// `outer · n_in · inner` and `outer · n_out · inner` (checked).
+    fn fits(&self, x: usize, y: usize) -> bool {
+        let need = |n: usize| self.outer.checked_mul(n)?.checked_mul(self.inner);
+        need(self.n_in).is_some_and(|v| v <= x) && need(self.n_out).is_some_and(|v| v <= y)
+    }
+
+    /// Point 0 of line `(o, i)` with `n` (`n_in` or `n_out`) points a line:
+    /// `o · n · inner + i`. With `o < outer`, `i < inner` and [`Self::fits`]
+    /// true, that is below `outer · n · inner` (or is `i` for `n = 0`), so
+    /// the wrapping operations are exact.
+    #[inline]
+    fn start(&self, o: usize, n: usize, i: usize) -> usize {
+        o.wrapping_mul(n).wrapping_mul(self.inner).wrapping_add(i)
+    }
 }
 
 /// Values as complex pairs (the last axis of size 2).
@@ -156,15 +191,19 @@ fn transform<P: Point, Q: OutPoint>(
     if inner == 0 {
         return Ok(());
     }
-    if x.len() < outer * n_in * inner || y.len() < outer * n_out * inner {
+    if !l.fits(x.len(), y.len()) {
         return Err(Error::new(ErrorKind::Internal("DFT: buffer sizes")));
     }
     // Exactly n entries, so every `(k * t) % n` below is in range.
     let tw = tw.get(..n).ok_or(Error::internal("signal index"))?;
     let used = match dir {
-        Dir::InverseReal => n_in.min(n / 2 + 1),
+        Dir::InverseReal => n_in.min(onesided_bins(n)),
         _ => n_in.min(n),
     };
+    // k < n_out and t < used: every k · t fits once the largest does.
+    check_products(n_out, used)?;
+    // The Nyquist bin t = n / 2 of an even length (2t == n).
+    let nyquist = n.is_multiple_of(2).then_some(n / 2);
     let scale = if dir == Dir::Forward {
         1.0
     } else {
@@ -174,13 +213,15 @@ fn transform<P: Point, Q: OutPoint>(
         for i in 0..inner {
             // Point t of this line is x[(o * n_in + t) * inner + i], output
             // point k is y[(o * n_out + k) * inner + i].
-            let line = x.iter().skip(o * n_in * inner + i).step_by(inner);
-            let out = y.iter_mut().skip(o * n_out * inner + i).step_by(inner);
+            let line = x.iter().skip(l.start(o, n_in, i)).step_by(inner);
+            let out = y.iter_mut().skip(l.start(o, n_out, i)).step_by(inner);
             for (k, yk) in out.take(n_out).enumerate() {
                 let (mut re, mut im) = (0f64, 0f64);
                 for (t, p) in line.clone().take(used).enumerate() {
                     let (xr, xi) = p.parts();
-                    let (c, s) = *(k * t)
+                    // Exact: k · t fits (check_products above).
+                    let (c, s) = *k
+                        .wrapping_mul(t)
                         .checked_rem(n)
                         .and_then(|j| tw.get(j))
                         .ok_or(Error::internal("signal index"))?;
@@ -198,7 +239,11 @@ fn transform<P: Point, Q: OutPoint>(
                         Dir::InverseReal => {
                             // Bins other than DC and Nyquist stand for their
                             // conjugate mirror too.
-                            let w = if t == 0 || 2 * t == n { 1.0 } else { 2.0 };
+                            let w = if t == 0 || Some(t) == nyquist {
+                                1.0
+                            } else {
+                                2.0
+                            };
                             re += w * (xr * c - xi * s);
                         }
                     }
@@ -262,7 +307,7 @@ impl Cfftp {
         }
         let mut fours = 0usize;
         while len.is_multiple_of(4) {
-            fours += 1;
+            fours = fours.wrapping_add(1); // at most log4(n) < usize::BITS
             len /= 4;
         }
         // A factor 2 goes first, then the 4s.
@@ -272,12 +317,12 @@ impl Cfftp {
         }
         f.extend(core::iter::repeat_n(4, fours));
         let mut d = 3usize;
-        while d * d <= len {
+        while d.checked_mul(d).is_some_and(|dd| dd <= len) {
             while len.checked_rem(d) == Some(0) {
                 f.push(d);
                 len = len.checked_div(d)?;
             }
-            d += 2;
+            d = d.wrapping_add(2); // d · d <= len: d + 2 is far from usize::MAX
         }
         if len > 1 {
             f.push(len);
@@ -291,16 +336,18 @@ impl Cfftp {
         };
         let mut tw = Vec::new();
         let mut fact = Vec::new();
-        let mut l1 = 1;
+        let mut l1 = 1usize;
         for &ip in &f {
-            let ido = n.checked_div(l1 * ip)?;
+            let l1_ip = l1.checked_mul(ip)?;
+            let ido = n.checked_div(l1_ip)?;
             fact.push((ip, tw.len()));
             for j in 1..ip {
                 for i in 1..ido {
-                    tw.push(root(j * l1 * i));
+                    // j < ip and i < ido = n / (l1 · ip): below n, exact.
+                    tw.push(root(j.wrapping_mul(l1).wrapping_mul(i)));
                 }
             }
-            l1 *= ip;
+            l1 = l1_ip;
         }
         Some(Cfftp { n, fact, tw })
     }
@@ -317,10 +364,11 @@ impl Cfftp {
             }
             return Ok(());
         }
-        let mut l1 = 1;
+        let mut l1 = 1usize;
         let mut in_c = true;
         for &(ip, off) in &self.fact {
-            let ido = n.checked_div(l1 * ip).ok_or(fft_err())?;
+            let l1_ip = l1.checked_mul(ip).ok_or(fft_err())?;
+            let ido = n.checked_div(l1_ip).ok_or(fft_err())?;
             if ido == 0 {
                 return Err(fft_err());
             }
@@ -337,7 +385,7 @@ impl Cfftp {
                 _ => pass5(ido, l1, src, dst, wa, fwd)?,
             }
             in_c = !in_c;
-            l1 *= ip;
+            l1 = l1_ip;
         }
         if !in_c {
             for (d, s) in c.iter_mut().zip(ch.iter()) {
@@ -372,7 +420,11 @@ fn plane_twiddles(
     u: usize,
 ) -> Result<impl Iterator<Item = Option<&C>> + Clone> {
     let m = ido.checked_sub(1).ok_or(fft_err())?;
-    let w = wa.get((u - 1) * m..u * m).ok_or(fft_err())?;
+    let at = u
+        .checked_sub(1)
+        .and_then(|v| v.checked_mul(m))
+        .ok_or(fft_err())?;
+    let w = win(wa, at, m).ok_or(fft_err())?;
     Ok(core::iter::once(None).chain(w.iter().map(Some)))
 }
 
@@ -392,18 +444,20 @@ fn pass_io<'a, const IP: usize>(
     cc: &'a [C],
     ch: &'a mut [C],
 ) -> Result<([&'a mut [C]; IP], core::slice::ChunksExact<'a, C>)> {
-    let len = l1 * ido * IP;
+    let plane = l1.checked_mul(ido).ok_or(fft_err())?;
+    let len = plane.checked_mul(IP).ok_or(fft_err())?;
     let cc = cc.get(..len).ok_or(fft_err())?;
     let ch = ch.get_mut(..len).ok_or(fft_err())?;
-    if l1 * ido == 0 {
+    if plane == 0 {
         return Err(fft_err());
     }
-    let mut planes = ch.chunks_of_mut(l1 * ido);
+    let mut planes = ch.chunks_of_mut(plane);
     let mut out: [&mut [C]; IP] = core::array::from_fn(|_| <&mut [C]>::default());
     for o in out.iter_mut() {
         *o = planes.next().ok_or(fft_err())?;
     }
-    Ok((out, cc.chunks_of(IP * ido)))
+    // One group: IP · ido <= len (l1 >= 1 as plane > 0), exact.
+    Ok((out, cc.chunks_of(ido.wrapping_mul(IP))))
 }
 
 /// Splits a group of `IP` input rows of `ido` (>= 1) points.
@@ -550,7 +604,7 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let x = ctx.input(0)?;
     dtype_in(x.dtype, &[DType::F32], "DFT")?;
     let r = x.shape.len();
-    let (Some((&c_in, _)), true) = (x.shape.split_last(), r >= 2) else {
+    let (Some((&c_in, dims)), true) = (x.shape.split_last(), r >= 2) else {
         return Err(shape_err(
             "DFT: input needs a signal axis and a component axis",
         ));
@@ -564,18 +618,23 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         ctx.attr_int("axis", 1)?
     };
     let ax = norm_axis(ax, r, "axis")?;
-    if ax == r - 1 {
+    // `dims` is the shape without the component axis: [outer.., n_in, inner..].
+    let (head, rest) = dims
+        .split_at_checked(ax)
+        .ok_or(Error::internal("signal index"))?;
+    let Some((&n_in, tail)) = rest.split_first() else {
         return Err(shape_err("DFT: axis cannot be the component axis"));
-    }
+    };
     let inverse = ctx.attr_int("inverse", 0)? != 0;
     let onesided = ctx.attr_int("onesided", 0)? != 0;
-    let n_in = *x.shape.get(ax).ok_or(Error::internal("signal index"))?;
     let n = match const_scalar(ctx, 1)? {
         Some(v) => usize::try_from(v)
             .ok()
             .filter(|&v| v > 0)
             .ok_or(shape_err("DFT: dft_length must be positive"))?,
-        None if inverse && onesided => 2 * n_in.saturating_sub(1),
+        None if inverse && onesided => {
+            n_in.saturating_sub(1).checked_mul(2).ok_or_else(overflow)?
+        }
         None => n_in,
     };
     if n == 0 {
@@ -583,23 +642,13 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let (dir, n_out, c_out) = match (inverse, onesided) {
         (false, false) => (Dir::Forward, n, 2),
-        (false, true) => (Dir::Forward, n / 2 + 1, 2),
+        (false, true) => (Dir::Forward, onesided_bins(n), 2),
         (true, false) => (Dir::Inverse, n, 2),
         (true, true) => (Dir::InverseReal, n, 1),
     };
     let l = Layout {
-        outer: x
-            .shape
-            .get(..ax)
-            .ok_or(Error::internal("signal index"))?
-            .iter()
-            .product(),
-        inner: x
-            .shape
-            .get(ax + 1..r - 1)
-            .ok_or(Error::internal("signal index"))?
-            .iter()
-            .product(),
+        outer: checked_numel(head)?,
+        inner: checked_numel(tail)?,
         n_in,
         c_in,
         n_out,
@@ -649,27 +698,20 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .ok_or(Error::new(ErrorKind::Internal("DFT scratch size")))?;
             // This path has complex input and output (c_in = c_out = 2).
             let (xs, ys) = (pairs(xs)?, pairs_mut(y)?);
-            if l.c_in != 2
-                || l.inner == 0
-                || xs.len() < l.outer * l.n_in * l.inner
-                || ys.len() < l.outer * l.n_out * l.inner
-            {
+            if l.c_in != 2 || l.inner == 0 || !l.fits(xs.len(), ys.len()) {
                 return Err(Error::new(ErrorKind::Internal("DFT: buffer sizes")));
             }
             for o in 0..l.outer {
                 for i in 0..l.inner {
                     // Point t of this line is xs[(o * n_in + t) * inner + i],
                     // output point k is ys[(o * n_out + k) * inner + i].
-                    let line = xs.iter().skip(o * l.n_in * l.inner + i).step_by(l.inner);
+                    let line = xs.iter().skip(l.start(o, l.n_in, i)).step_by(l.inner);
                     let line = line.take(l.n_in).chain(core::iter::repeat(&[0.0, 0.0]));
                     for (v, p) in c.iter_mut().zip(line) {
                         *v = *p;
                     }
                     plan.exec(c, ch, fwd, fct)?;
-                    let out = ys
-                        .iter_mut()
-                        .skip(o * l.n_out * l.inner + i)
-                        .step_by(l.inner);
+                    let out = ys.iter_mut().skip(l.start(o, l.n_out, i)).step_by(l.inner);
                     let spectrum = c.get(..l.n_out).ok_or(Error::internal("signal index"))?;
                     for (yk, v) in out.zip(spectrum) {
                         *yk = *v;
@@ -679,7 +721,11 @@ fn prepare_dft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             Ok(())
         }),
     )
-    .with_scratch(2 * n * core::mem::size_of::<C>()))
+    // Saturating: a scratch past usize::MAX fails planning.
+    .with_scratch(
+        n.saturating_mul(2)
+            .saturating_mul(core::mem::size_of::<C>()),
+    ))
 }
 
 fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -718,8 +764,11 @@ fn prepare_stft(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("STFT: frame longer than the signal"));
     }
     let onesided = ctx.attr_int("onesided", 1)? != 0;
-    let frames = 1 + crate::ops::util::div(len - flen, step, "STFT: frame_step")?;
-    let bins = if onesided { flen / 2 + 1 } else { flen };
+    // flen <= len (above), and the quotient is at most len - flen < len:
+    // the difference and the sum are exact.
+    let hops = crate::ops::util::div(len.wrapping_sub(flen), step, "STFT: frame_step")?;
+    let frames = hops.wrapping_add(1);
+    let bins = if onesided { onesided_bins(flen) } else { flen };
     let used = wlen.min(flen);
     let has_win = win.is_some();
     let tw = twiddles(flen);
@@ -778,25 +827,34 @@ fn run_stft<P: Point>(
 ) -> Result<()> {
     // Exactly flen entries, so every `(k * t) % flen` below is in range.
     let tw = tw.get(..st.flen).ok_or(Error::internal("signal index"))?;
-    for b in 0..st.batch {
-        for f in 0..st.frames {
-            // This frame's samples: `used` from f * step, cut at the end.
-            let start = b * st.len + f * st.step;
-            let cnt = st.used.min(st.len.saturating_sub(f * st.step));
-            let frame = xs
-                .get(start..start + cnt)
-                .ok_or(Error::internal("signal index"))?;
-            let row = (b * st.frames + f) * st.bins;
-            let out = y
-                .get_mut(row..row + st.bins)
-                .ok_or(Error::internal("signal index"))?;
+    // k < bins and t < used: every k · t fits once the largest does.
+    check_products(st.bins, st.used)?;
+    let idx = || Error::internal("signal index");
+    // Per batch item, one signal of `len` points and one output matrix of
+    // `frames · bins`, checked once here (all sizes >= 1 from prepare: a 0
+    // would make the chunks below yield nothing).
+    let per_out = st.frames.checked_mul(st.bins).ok_or_else(idx)?;
+    let fit = |per: usize, have: usize| st.batch.checked_mul(per).is_some_and(|v| v <= have);
+    if st.len == 0 || per_out == 0 || !fit(st.len, xs.len()) || !fit(per_out, y.len()) {
+        return Err(idx());
+    }
+    let signals = xs.chunks_of(st.len).zip(y.chunks_of_mut(per_out));
+    for (sig, rows) in signals.take(st.batch) {
+        for (f, out) in rows.chunks_of_mut(st.bins).enumerate() {
+            // This frame's samples: `used` from f · step, cut at the end;
+            // f < frames, so f · step <= len - flen (exact).
+            let at = f.wrapping_mul(st.step);
+            let cnt = st.used.min(st.len.saturating_sub(at));
+            let frame = win(sig, at, cnt).ok_or_else(idx)?;
             for (k, o) in out.iter_mut().enumerate() {
                 let (mut re, mut im) = (0f64, 0f64);
                 // Without a window every weight is 1.
                 let weights = ws.iter().map(|&w| w as f64).chain(core::iter::repeat(1.0));
                 for (t, (p, w)) in frame.iter().zip(weights).enumerate() {
                     let (xr, xi) = p.scaled(w);
-                    let (c, s) = *(k * t)
+                    // Exact: k · t fits (check_products above).
+                    let (c, s) = *k
+                        .wrapping_mul(t)
                         .checked_rem(st.flen)
                         .and_then(|j| tw.get(j))
                         .ok_or(Error::internal("signal index"))?;
@@ -892,34 +950,42 @@ fn prepare_mel(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if bins <= 0 || dft_len <= 0 || rate <= 0 {
         return Err(shape_err("MelWeightMatrix: sizes must be positive"));
     }
-    let nb = usize::try_from(bins).map_err(|_| Error::new(ErrorKind::Overflow))?;
-    let spec = usize::try_from(dft_len).map_err(|_| Error::new(ErrorKind::Overflow))? / 2 + 1;
-    ctx.check_alloc(
-        spec.checked_mul(nb)
-            .ok_or(Error::new(ErrorKind::Overflow))?,
-        8,
-    )?;
-    ctx.check_alloc(nb.saturating_add(2), 8)?;
+    let nb = usize::try_from(bins).map_err(|_| overflow())?;
+    let spec = onesided_bins(usize::try_from(dft_len).map_err(|_| overflow())?);
+    let cells = spec.checked_mul(nb).ok_or_else(overflow)?;
+    ctx.check_alloc(cells, 8)?;
+    // nb + 2 band edges; saturating: a saturated count fails check_alloc.
+    let n_edges = nb.saturating_add(2);
+    ctx.check_alloc(n_edges, 8)?;
     let ln10 = libm::log(10.0);
     let lo_mel = 2595.0 * libm::log1p(lo / 700.0) / ln10;
     let hi_mel = 2595.0 * libm::log1p(hi / 700.0) / ln10;
-    let step = (hi_mel - lo_mel) / (nb + 2) as f64;
-    let mut edges = Vec::with_capacity(nb + 2);
-    for i in 0..nb + 2 {
+    let step = (hi_mel - lo_mel) / n_edges as f64;
+    // The FFT size dft_len + 1 (check_alloc above already rules out an
+    // overflow: spec = dft_len / 2 + 1 cells of 8 bytes fit in memory).
+    let fft_size = dft_len.checked_add(1).ok_or_else(overflow)? as f64;
+    let mut edges = Vec::with_capacity(n_edges);
+    for i in 0..n_edges {
         let mel = i as f64 * step + lo_mel;
         let hz = 700.0 * libm::expm1(mel / 2595.0 * ln10);
-        edges.push(libm::floor((dft_len + 1) as f64 * hz / rate as f64) as i64);
+        edges.push(libm::floor(fft_size * hz / rate as f64) as i64);
     }
-    let mut out = vec![0f64; spec * nb];
+    let mut out = vec![0f64; cells];
+    let edge_err = || shape_err("MelWeightMatrix: band edge out of range");
     let mut set = |j: i64, i: usize, v: f64| -> Result<()> {
         let j = usize::try_from(j)
             .ok()
             .filter(|&j| j < spec)
-            .ok_or(shape_err("MelWeightMatrix: band edge out of range"))?;
-        *out.get_mut(j * nb + i)
+            .ok_or_else(edge_err)?;
+        // j < spec and band i < nb: below spec · nb = cells, exact.
+        *out.get_mut(j.wrapping_mul(nb).wrapping_add(i))
             .ok_or(Error::internal("signal index"))? = v;
         Ok(())
     };
+    // `a - b` of band edges as f64. Below, it overflows only when the lower
+    // edge is negative, and `set` rejects that edge with this error in the
+    // same call (the first of its loop).
+    let diff = |a: i64, b: i64| a.checked_sub(b).map(|d| d as f64).ok_or_else(edge_err);
     // Band i rises from edge i to edge i + 1 and falls to edge i + 2.
     for (i, e) in edges.windows(3).enumerate() {
         let &[l, c, h] = e else {
@@ -929,12 +995,12 @@ fn prepare_mel(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             set(c, i, 1.0)?;
         } else {
             for j in l..=c {
-                set(j, i, (j - l) as f64 / (c - l) as f64)?;
+                set(j, i, diff(j, l)? / diff(c, l)?)?;
             }
         }
         if h > c {
             for j in c..h {
-                set(j, i, (h - j) as f64 / (h - c) as f64)?;
+                set(j, i, diff(h, j)? / diff(h, c)?)?;
             }
         }
     }
