@@ -4,14 +4,12 @@
 //! uint8/int8, MaxUnpool f32 only; NCHW layout; windowed pools
 //! over 1 to 3 spatial axes).
 
-// 54 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
 use alloc::vec::Vec;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::{win, win_mut};
 use crate::math;
-use crate::ops::conv::{forward_geom, valid_range, Geom};
+use crate::ops::conv::{forward_geom, valid_range, Geom, MAX_SPATIAL};
 use crate::ops::util::{Acc, Float};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
@@ -120,11 +118,13 @@ fn prepare_window(ctx: &PrepareCtx<'_>, mode: Mode, name: &'static str) -> Resul
     };
     let ceil_mode = ctx.attr_int("ceil_mode", 0)? != 0;
     let g = forward_geom(ctx, spatial, &k, ceil_mode)?;
-    let planes = nb * ch;
+    let planes = nb.checked_mul(*ch).ok_or(Error::new(ErrorKind::Overflow))?;
     let mut shape = alloc::vec![*nb, *ch];
     shape.extend_from_slice(
         g.out
-            .get(g.out.len() - n..)
+            .len()
+            .checked_sub(n)
+            .and_then(|lead| g.out.get(lead..))
             .ok_or(Error::new(ErrorKind::Internal("pool: spatial rank")))?,
     );
     let indices = mode == Mode::Max && ctx.has_output(1);
@@ -207,26 +207,54 @@ fn check_len(got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// Number of window taps `k` of output `o` with `o*s + k*d - pb < limit`
-/// (positions never precede `-pb`).
+/// Number of window taps `k` of output `o` with `o*s + k*d < end`, the
+/// padded extent `pb + in + pe` (positions never precede `-pb`).
 #[inline]
-fn taps_below(o: usize, s: usize, d: usize, k: usize, pb: usize, limit: usize) -> usize {
-    // o*s + k*d < limit + pb
-    let start = o * s;
-    let lim = limit + pb;
-    if start >= lim {
+fn taps_below(o: usize, s: usize, d: usize, k: usize, end: usize) -> usize {
+    // o*s is at most the last window's start, below the reach checked by
+    // `window_bounds`.
+    let start = o.wrapping_mul(s);
+    if start >= end {
         0
     } else {
+        // start < end: end - start - 1 does not wrap, nor q + 1 (q < end).
         // A dilation is at least 1 (checked at prepare).
-        (lim - start - 1)
+        end.wrapping_sub(start)
+            .wrapping_sub(1)
             .checked_div(d)
-            .map_or(0, |q| (q + 1).min(k))
+            .map_or(0, |q| q.wrapping_add(1).min(k))
     }
 }
 
-/// Windowed pool of `planes` planes; `idx` (MaxPool only) receives the flat
-/// input index of each maximum, in column-major plane order when its flag is
-/// set.
+/// Checks once the sums and products the window loops of [`pool`] take:
+/// the window size `k0·k1·k2` and, per axis, the reach of the last window
+/// `(out - 1)·s + (k - 1)·d` and the padded extent `pb + in + pe`, which it
+/// returns. Every window position, tap count and window size in the loops
+/// stays under one of them.
+fn window_bounds(g: &Geom) -> Result<[usize; MAX_SPATIAL]> {
+    let overflow = || Error::new(ErrorKind::Overflow);
+    checked_numel(&g.k)?;
+    let axes = g.out.iter().zip(&g.s).zip(g.k.iter().zip(&g.d));
+    for ((&o, &s), (&k, &d)) in axes {
+        // The last output position and tap (none when out = 0; k >= 1).
+        let start = o.saturating_sub(1).checked_mul(s);
+        let tap = k.saturating_sub(1).checked_mul(d);
+        start
+            .zip(tap)
+            .and_then(|(a, b)| a.checked_add(b))
+            .ok_or_else(overflow)?;
+    }
+    let mut ext = [0usize; MAX_SPATIAL];
+    let axes = g.inp.iter().zip(&g.pb).zip(&g.pe);
+    for (e, ((&i, &pb), &pe)) in ext.iter_mut().zip(axes) {
+        *e = i
+            .checked_add(pb)
+            .and_then(|v| v.checked_add(pe))
+            .ok_or_else(overflow)?;
+    }
+    Ok(ext)
+}
+
 /// Element types a pool reads: MaxPool takes all of them, the averaging
 /// pools and LpPool only the float ones (prepare enforces it).
 trait PoolElem: crate::Element + PartialOrd {
@@ -286,6 +314,9 @@ macro_rules! float_pool_elem {
 }
 float_pool_elem!(half::f16, half::bf16, f64);
 
+/// Windowed pool of `planes` planes; `idx` (MaxPool only) receives the flat
+/// input index of each maximum, in column-major plane order when its flag is
+/// set.
 fn pool<T: PoolElem>(
     x: &[T],
     y: &mut [T],
@@ -294,48 +325,64 @@ fn pool<T: PoolElem>(
     g: &Geom,
     mode: Mode,
 ) -> Result<()> {
-    let (in_sz, out_sz) = (g.in_size(), g.out_size());
-    check_len(x.len(), planes * in_sz)?;
-    check_len(y.len(), planes * out_sz)?;
+    let overflow = || Error::new(ErrorKind::Overflow);
+    let (in_sz, out_sz) = (checked_numel(&g.inp)?, checked_numel(&g.out)?);
+    check_len(x.len(), planes.checked_mul(in_sz).ok_or_else(overflow)?)?;
+    check_len(y.len(), planes.checked_mul(out_sz).ok_or_else(overflow)?)?;
     if let Some((i, _)) = &idx {
         check_len(i.len(), y.len())?;
     }
     if y.is_empty() {
         return Ok(());
     }
+    let [n0, n1, n2] = window_bounds(g)?;
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
     let [s0, s1, s2] = g.s;
     let [d0, d1, d2] = g.d;
     let [p0, p1, p2] = g.pb;
-    let [e0, e1, e2] = g.pe;
+    let [e0, _, _] = g.pe;
     let short = Error::new(ErrorKind::Internal("pool: window outside the plane"));
     // The innermost dilation as NonZero, so that `step_by` below has no
     // zero-step assertion.
     let d2_nz = core::num::NonZeroUsize::new(d2)
         .ok_or(Error::new(ErrorKind::Internal("pool: zero dilation")))?;
+    // Every index below is exact, wrapping by name only: a window start
+    // o·s plus a tap k·d stays under the reach checked by `window_bounds`;
+    // the taps `valid_range` keeps fall inside the input (o·s + k·d - p
+    // does not wrap) and `a..b` has a <= b; offsets in a plane stay under
+    // in_sz or out_sz, plane offsets under planes · in_sz = x.len() and
+    // planes · out_sz = y.len() (checked above); tap counts under k0·k1·k2
+    // (`window_bounds`).
     for (pi, yp) in y.chunks_of_mut(out_sz).enumerate() {
-        let xp = x.get(pi * in_sz..(pi + 1) * in_sz).ok_or(short)?;
+        // pi < planes.
+        let xp = win(x, pi.wrapping_mul(in_sz), in_sz).ok_or(short)?;
         for od in 0..o0 {
             // Taps of this window that fall inside the input, per axis.
-            let (ad, bd) = valid_range(k0, d0, od * s0, p0, i0);
-            let pd = taps_below(od, s0, d0, k0, p0, i0 + e0);
+            let x0 = od.wrapping_mul(s0);
+            let (ad, bd) = valid_range(k0, d0, x0, p0, i0);
+            let nd = bd.wrapping_sub(ad);
+            let pd = taps_below(od, s0, d0, k0, n0);
             for oh in 0..o1 {
-                let (ah, bh) = valid_range(k1, d1, oh * s1, p1, i1);
-                let ph = taps_below(oh, s1, d1, k1, p1, i1 + e1);
-                let r0 = (od * o1 + oh) * o2;
-                let yrow = yp.get_mut(r0..r0 + o2).ok_or(short)?;
+                let h0 = oh.wrapping_mul(s1);
+                let (ah, bh) = valid_range(k1, d1, h0, p1, i1);
+                let nh = bh.wrapping_sub(ah);
+                let ph = taps_below(oh, s1, d1, k1, n1);
+                let r0 = od.wrapping_mul(o1).wrapping_add(oh).wrapping_mul(o2);
+                let yrow = win_mut(yp, r0, o2).ok_or(short)?;
                 // This row's Indices (MaxPool with that output only).
                 let mut irow = match idx.as_mut() {
                     Some((iv, col_major)) => {
-                        let o = pi * out_sz + r0;
-                        Some((iv.get_mut(o..o + o2).ok_or(short)?, *col_major))
+                        let o = pi.wrapping_mul(out_sz).wrapping_add(r0);
+                        Some((win_mut(iv, o, o2).ok_or(short)?, *col_major))
                     }
                     None => None,
                 };
                 for (ow, out) in yrow.iter_mut().enumerate() {
-                    let (aw, bw) = valid_range(k2, d2, ow * s2, p2, i2);
+                    let w0 = ow.wrapping_mul(s2);
+                    let (aw, bw) = valid_range(k2, d2, w0, p2, i2);
+                    let nw = bw.wrapping_sub(aw);
                     if let (Mode::Avg(include), [1, 1, 0, 0], 1, 1) =
                         (mode, [i0, k0, p0, e0], d1, d2)
                     {
@@ -344,21 +391,22 @@ fn pool<T: PoolElem>(
                         // spans whole rows (KWS's 25 × 5 pool), its rows are
                         // one contiguous run.
                         let cnt = if include {
-                            ph * taps_below(ow, s2, d2, k2, p2, i2 + e2)
+                            ph.wrapping_mul(taps_below(ow, s2, d2, k2, n2))
                         } else {
-                            (bh - ah) * (bw - aw)
+                            nh.wrapping_mul(nw)
                         };
                         let mut acc = 0.0f32;
                         if aw < bw && ah < bh {
-                            let iw0 = ow * s2 + aw - p2;
-                            let (ih0, ih1) = (oh * s1 + ah - p1, oh * s1 + bh - 1 - p1);
-                            if iw0 == 0 && bw - aw == i2 {
-                                let run = xp.get(ih0 * i2..(ih1 + 1) * i2).ok_or(short)?;
+                            let iw0 = w0.wrapping_add(aw).wrapping_sub(p2);
+                            let ih0 = h0.wrapping_add(ah).wrapping_sub(p1);
+                            if iw0 == 0 && nw == i2 {
+                                let run = win(xp, ih0.wrapping_mul(i2), nh.wrapping_mul(i2))
+                                    .ok_or(short)?;
                                 acc = sum_lanes(run, T::to_f32);
                             } else {
-                                for ih in ih0..=ih1 {
-                                    let r = ih * i2 + iw0;
-                                    let taps = xp.get(r..r + (bw - aw)).ok_or(short)?;
+                                for ih in ih0..ih0.wrapping_add(nh) {
+                                    let r = ih.wrapping_mul(i2).wrapping_add(iw0);
+                                    let taps = win(xp, r, nw).ok_or(short)?;
                                     acc += sum_lanes(taps, T::to_f32);
                                 }
                             }
@@ -371,22 +419,22 @@ fn pool<T: PoolElem>(
                     // (d, h, w) of the maximum, for Indices.
                     let mut at: Option<[usize; 3]> = None;
                     for kd in ad..bd {
-                        let id = od * s0 + kd * d0 - p0;
+                        let id = x0.wrapping_add(kd.wrapping_mul(d0)).wrapping_sub(p0);
                         for kh in ah..bh {
-                            let ih = oh * s1 + kh * d1 - p1;
-                            let r = (id * i1 + ih) * i2;
-                            let row = xp.get(r..r + i2).ok_or(short)?;
+                            let ih = h0.wrapping_add(kh.wrapping_mul(d1)).wrapping_sub(p1);
+                            let r = id.wrapping_mul(i1).wrapping_add(ih).wrapping_mul(i2);
+                            let row = win(xp, r, i2).ok_or(short)?;
                             // Taps aw..bw of this row: the inputs from that
                             // of tap aw on, `d2` apart.
                             let taps = if aw < bw {
-                                let iw0 = ow * s2 + aw * d2 - p2;
-                                let span = (bw - aw - 1) * d2 + 1;
-                                row.get(iw0..iw0 + span).ok_or(short)?
+                                let iw0 = w0.wrapping_add(aw.wrapping_mul(d2)).wrapping_sub(p2);
+                                let span = nw.wrapping_sub(1).wrapping_mul(d2).wrapping_add(1);
+                                win(row, iw0, span).ok_or(short)?
                             } else {
                                 &[]
                             };
                             for (kw, &v) in (aw..bw).zip(taps.iter().step_by(d2_nz.get())) {
-                                let iw = ow * s2 + kw * d2 - p2;
+                                let iw = w0.wrapping_add(kw.wrapping_mul(d2)).wrapping_sub(p2);
                                 match mode {
                                     Mode::Max => {
                                         if v > best || v.is_nan() || at.is_none() {
@@ -404,12 +452,17 @@ fn pool<T: PoolElem>(
                         *iv.get_mut(ow).ok_or(short)? = match at {
                             None => -1,
                             Some([a, b, c]) => {
+                                // a < i0, b < i1, c < i2: below in_sz.
                                 let within = if *col_major {
-                                    a + b * i0 + c * i0 * i1
+                                    let ab = a.wrapping_add(b.wrapping_mul(i0));
+                                    ab.wrapping_add(c.wrapping_mul(i0).wrapping_mul(i1))
                                 } else {
-                                    (a * i1 + b) * i2 + c
+                                    a.wrapping_mul(i1)
+                                        .wrapping_add(b)
+                                        .wrapping_mul(i2)
+                                        .wrapping_add(c)
                                 };
-                                (pi * in_sz + within) as i64
+                                pi.wrapping_mul(in_sz).wrapping_add(within) as i64
                             }
                         };
                     }
@@ -418,9 +471,10 @@ fn pool<T: PoolElem>(
                         Mode::Lp(p) => T::from_f32(root(acc, p)),
                         Mode::Avg(include) => {
                             let cnt = if include {
-                                pd * ph * taps_below(ow, s2, d2, k2, p2, i2 + e2)
+                                let pw = taps_below(ow, s2, d2, k2, n2);
+                                pd.wrapping_mul(ph).wrapping_mul(pw)
                             } else {
-                                (bd - ad) * (bh - ah) * (bw - aw)
+                                nd.wrapping_mul(nh).wrapping_mul(nw)
                             };
                             T::from_f32(if cnt == 0 { 0.0 } else { acc / cnt as f32 })
                         }
@@ -442,8 +496,8 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
             got: xs.len(),
         }));
     };
-    let planes = nb * ch;
-    let plane: usize = spatial.iter().product();
+    let planes = nb.checked_mul(*ch).ok_or(Error::new(ErrorKind::Overflow))?;
+    let plane = checked_numel(spatial)?;
     let mut shape = alloc::vec![*nb, *ch];
     shape.resize(xs.len(), 1);
     let name = match mode {
@@ -467,21 +521,46 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
 /// from a left-to-right sum only by rounding, as in onnxruntime's own
 /// vectorized pools.
 #[inline(always)]
-fn sum_lanes<T: Copy, A: Acc>(xs: &[T], widen: impl Fn(T) -> A) -> A {
+fn sum_lanes<T: Copy, A: LaneAcc>(xs: &[T], widen: impl Fn(T) -> A) -> A {
     let mut lanes = [A::ZERO; 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {
         for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += widen(v);
+            *l = l.plus(widen(v));
         }
     }
     let mut tail = A::ZERO;
     for &v in chunks.remainder() {
-        tail += widen(v);
+        tail = tail.plus(widen(v));
     }
     let [a, b, c, d, e, f, g, h] = lanes;
-    ((a + e) + (b + f)) + ((c + g) + (d + h)) + tail
+    let (ae, bf, cg, dh) = (a.plus(e), b.plus(f), c.plus(g), d.plus(h));
+    ae.plus(bf).plus(cg.plus(dh)).plus(tail)
 }
+
+/// The float accumulators of [`sum_lanes`] and [`run_global`], added and
+/// divided by name: on a type parameter, clippy cannot tell `+` and `/`
+/// from integer arithmetic.
+trait LaneAcc: Acc {
+    fn plus(self, o: Self) -> Self;
+    fn over(self, o: Self) -> Self;
+}
+
+macro_rules! lane_acc {
+    ($($t:ty),*) => {$(
+        impl LaneAcc for $t {
+            #[inline(always)]
+            fn plus(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn over(self, o: Self) -> Self {
+                self / o
+            }
+        }
+    )*};
+}
+lane_acc!(f32, f64);
 
 /// A global pool over `planes` planes of `plane` elements, accumulated in
 /// f32 (f64 for f64).
@@ -490,10 +569,16 @@ fn run_global<T: Float>(
     mode: Mode,
     planes: usize,
     plane: usize,
-) -> Result<()> {
+) -> Result<()>
+where
+    T::Acc: LaneAcc,
+{
     let x = io.input_slice::<T>(0)?;
     let y = io.output_slice::<T>(0)?;
-    check_len(x.len(), planes * plane)?;
+    let numel = planes
+        .checked_mul(plane)
+        .ok_or(Error::new(ErrorKind::Overflow))?;
+    check_len(x.len(), numel)?;
     check_len(y.len(), planes)?;
     if plane == 0 {
         y.fill(T::from_f32(if mode == Mode::Max { f32::MIN } else { 0.0 }));
@@ -513,7 +598,7 @@ fn run_global<T: Float>(
                     }
                 },
             ),
-            Mode::Avg(_) => T::from_acc(sum_lanes(xp, T::to_acc) / cnt),
+            Mode::Avg(_) => T::from_acc(sum_lanes(xp, T::to_acc).over(cnt)),
             Mode::Lp(p) => T::from_f32(root(
                 xp.iter().map(|&v| abs_pow(v.to_f32(), p)).sum::<f32>(),
                 p,
@@ -577,15 +662,22 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let k = attr_len("kernel_shape", n, 1)?;
     let s = attr_len("strides", n, 1)?;
-    let p = attr_len("pads", 2 * n, 0)?;
+    let p = attr_len("pads", n.wrapping_mul(2), 0)?; // n <= 3 (checked above)
     let (p_begin, p_end) = p
         .split_at_checked(n)
         .ok_or(Error::new(ErrorKind::Internal("MaxUnpool pads")))?;
     let mut inferred = alloc::vec![*nb, *ch];
     let axes = spatial.iter().zip(&s).zip(&k).zip(p_begin).zip(p_end);
     for ((((&xi, &si), &ki), &pb), &pe) in axes {
-        let v = ((xi.max(1) - 1) * si + ki)
-            .checked_sub(pb + pe)
+        // (in - 1)·stride + kernel, an empty axis counting as one.
+        let full = xi
+            .saturating_sub(1)
+            .checked_mul(si)
+            .and_then(|v| v.checked_add(ki))
+            .ok_or(Error::new(ErrorKind::Overflow))?;
+        let v = full
+            .checked_sub(pb)
+            .and_then(|v| v.checked_sub(pe))
             .ok_or(Error::new(ErrorKind::Shape(
                 "MaxUnpool pads exceed the output",
             )))?;
@@ -606,8 +698,8 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             v.iter().map(|&o| o as usize).collect()
         }
     };
-    let total: usize = inferred.iter().product();
-    let numel: usize = xs.iter().product();
+    let total = checked_numel(&inferred)?;
+    let numel = checked_numel(xs)?;
     // Row-major strides of the output and the inferred shape.
     let mut out_st = [0usize; 5];
     let mut inf_st = [0usize; 5];
@@ -621,8 +713,8 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     for ((os, is), (&sd, &id)) in axes.zip(shape.iter().zip(&inferred)).rev() {
         *os = a;
         *is = b;
-        a *= sd;
-        b *= id;
+        a = a.checked_mul(sd).ok_or(Error::new(ErrorKind::Overflow))?;
+        b = b.checked_mul(id).ok_or(Error::new(ErrorKind::Overflow))?;
     }
     Ok(Prepared::single(
         DType::F32,
@@ -641,10 +733,13 @@ fn prepare_max_unpool(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     )));
                 }
                 // Re-address the inferred-shape index into the output.
+                // Below `total`, the quotient of each axis is below its
+                // inferred size, at most the output's: `o` stays below
+                // the output's size (checked above, `a`).
                 let (mut rem, mut o) = (i as usize, 0usize);
                 for (&is, &os) in inf_st.iter().zip(&out_st).take(rank) {
                     let (q, r) = util::div_rem(rem, is, "MaxUnpool index")?;
-                    o += q * os;
+                    o = o.wrapping_add(q.wrapping_mul(os));
                     rem = r;
                 }
                 let slot = y
