@@ -9,11 +9,8 @@
 //! where the ONNX reference (numpy in the input precision, matmuls
 //! accumulating in f32) rounds, so low-precision results match it closely.
 
-// 55 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::{win, win_mut};
 use crate::math;
 use crate::ops::util::{div, divides};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
@@ -83,6 +80,10 @@ fn shape_err(m: &'static str) -> Error {
     Error::new(ErrorKind::Shape(m))
 }
 
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
+}
+
 /// Precision the softmax runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Prec {
@@ -119,23 +120,29 @@ struct Lay {
 }
 
 impl Lay {
-    fn d4(heads: usize, seq: usize, d: usize) -> Lay {
-        Lay {
-            b: heads * seq * d,
-            h: seq * d,
+    fn d4(heads: usize, seq: usize, d: usize) -> Result<Lay> {
+        let h = seq.checked_mul(d).ok_or_else(overflow)?;
+        Ok(Lay {
+            b: heads.checked_mul(h).ok_or_else(overflow)?,
+            h,
             s: d,
-        }
+        })
     }
-    fn d3(heads: usize, seq: usize, d: usize) -> Lay {
-        Lay {
-            b: seq * heads * d,
+    fn d3(heads: usize, seq: usize, d: usize) -> Result<Lay> {
+        let s = heads.checked_mul(d).ok_or_else(overflow)?;
+        Ok(Lay {
+            b: seq.checked_mul(s).ok_or_else(overflow)?,
             h: d,
-            s: heads * d,
-        }
+            s,
+        })
     }
+    /// Offset of row (b, h, s), for b < batch, h < heads and s < seq: below
+    /// batch · self.b, which the kernels check against the slice (`need`),
+    /// so the wrapping operations are exact.
     #[inline]
     fn at(&self, b: usize, h: usize, s: usize) -> usize {
-        b * self.b + h * self.h + s * self.s
+        let bh = b.wrapping_mul(self.b).wrapping_add(h.wrapping_mul(self.h));
+        bh.wrapping_add(s.wrapping_mul(self.s))
     }
 }
 
@@ -174,6 +181,9 @@ struct Att {
     l: usize,
     dk: usize,
     dv: usize,
+    /// Scratch f32s of a query row: its scores and bias (l each), then its
+    /// query or output head row (max(dk, dv)).
+    scr: usize,
     q: Lay,
     k: Lay,
     v: Lay,
@@ -245,9 +255,9 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if v_s != skv {
             return Err(shape_err("Attention: K and V lengths differ"));
         }
-        ql = Lay::d3(hq, sq, dq);
-        kl = Lay::d3(hkv, skv, dk);
-        vl = Lay::d3(hkv, skv, dv);
+        ql = Lay::d3(hq, sq, dq)?;
+        kl = Lay::d3(hkv, skv, dk)?;
+        vl = Lay::d3(hkv, skv, dv)?;
     } else {
         let (&[_, q_h, q_s, q_d], &[_, k_h, k_s, k_d], &[_, v_h, v_s, v_d]) =
             (q.shape, k.shape, v.shape)
@@ -264,9 +274,9 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if v_h != hkv || v_s != skv {
             return Err(shape_err("Attention: K and V shapes differ"));
         }
-        ql = Lay::d4(hq, sq, dq);
-        kl = Lay::d4(hkv, skv, dk);
-        vl = Lay::d4(hkv, skv, dv);
+        ql = Lay::d4(hq, sq, dq)?;
+        kl = Lay::d4(hkv, skv, dk)?;
+        vl = Lay::d4(hkv, skv, dv)?;
     }
     if dq != dk {
         return Err(shape_err("Attention: Q and K head sizes differ"));
@@ -308,7 +318,7 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             )))
         }
     };
-    let l = past + skv;
+    let l = past.checked_add(skv).ok_or_else(overflow)?;
     if l == 0 {
         return Err(shape_err("Attention: empty key sequence"));
     }
@@ -361,7 +371,7 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 } else if d != 1 {
                     return Err(shape_err("Attention: mask does not broadcast"));
                 }
-                stride *= d;
+                stride = stride.checked_mul(d).ok_or_else(overflow)?;
             }
             let [sb, sh, si] = st;
             Some(Mask {
@@ -415,9 +425,10 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
 
     let (y_shape, yl) = if rank == 3 {
-        (vec![batch, sq, hq * dv], Lay::d3(hq, sq, dv))
+        let hid = hq.checked_mul(dv).ok_or_else(overflow)?;
+        (vec![batch, sq, hid], Lay::d3(hq, sq, dv)?)
     } else {
-        (vec![batch, hq, sq, dv], Lay::d4(hq, sq, dv))
+        (vec![batch, hq, sq, dv], Lay::d4(hq, sq, dv)?)
     };
     let all_out = [
         OutputInfo::new(dt, &y_shape),
@@ -436,6 +447,13 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         .ok_or(Error::internal("Attention outputs"))?
         .to_vec();
 
+    let scr = l
+        .checked_mul(2)
+        .and_then(|v| v.checked_add(dk.max(dv)))
+        .ok_or_else(overflow)?;
+    let scratch = scr
+        .checked_mul(core::mem::size_of::<f32>())
+        .ok_or_else(overflow)?;
     let a = Att {
         batch,
         hq,
@@ -445,6 +463,7 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         l,
         dk,
         dv,
+        scr,
         q: ql,
         k: kl,
         v: vl,
@@ -459,7 +478,6 @@ fn prepare_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         qk_stage,
         prec,
     };
-    let scratch = (2 * l + dk.max(dv)) * 4;
     let p = match dt {
         DType::F16 => Prepared::new(
             outputs,
@@ -494,11 +512,10 @@ impl<T: Fl> Src<'_, T> {
     #[inline]
     fn key(&self, a: &Att, b: usize, h: usize, j: usize) -> Result<&[T]> {
         let row = if j < a.past {
-            let o = ((b * a.hkv + h) * a.past + j) * a.dk;
-            self.pk.get(o..o + a.dk)
+            win(self.pk, past_row(a, b, h, j, a.dk), a.dk)
         } else {
-            let o = a.k.at(b, h, j - a.past);
-            self.k.get(o..o + a.dk)
+            // past <= j < l: a row of K.
+            win(self.k, a.k.at(b, h, j.wrapping_sub(a.past)), a.dk)
         };
         row.ok_or(Error::internal("Attention: key row"))
     }
@@ -506,14 +523,28 @@ impl<T: Fl> Src<'_, T> {
     #[inline]
     fn value(&self, a: &Att, b: usize, h: usize, j: usize) -> Result<&[T]> {
         let row = if j < a.past {
-            let o = ((b * a.hkv + h) * a.past + j) * a.dv;
-            self.pv.get(o..o + a.dv)
+            win(self.pv, past_row(a, b, h, j, a.dv), a.dv)
         } else {
-            let o = a.v.at(b, h, j - a.past);
-            self.v.get(o..o + a.dv)
+            // past <= j < l: a row of V.
+            win(self.v, a.v.at(b, h, j.wrapping_sub(a.past)), a.dv)
         };
         row.ok_or(Error::internal("Attention: value row"))
     }
+}
+
+/// Offset of row `j` < past of kv head `h` < hkv, batch `b` < batch in a
+/// `[batch, hkv, past, d]` cache: below batch · hkv · past · d, which
+/// `run_att` checks against the cache (`need`), so the wrapping operations
+/// are exact.
+#[inline]
+fn past_row(a: &Att, b: usize, h: usize, j: usize, d: usize) -> usize {
+    let bh = b.wrapping_mul(a.hkv).wrapping_add(h);
+    bh.wrapping_mul(a.past).wrapping_add(j).wrapping_mul(d)
+}
+
+/// [`need`] of the product of `dims`, which must fit.
+fn need_n<T>(s: &[T], dims: &[usize]) -> Result<()> {
+    need(s, checked_numel(dims)?)
 }
 
 fn need<T>(s: &[T], n: usize) -> Result<()> {
@@ -530,9 +561,9 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
     let q = io.input_slice::<T>(0)?;
     let k = io.input_slice::<T>(1)?;
     let v = io.input_slice::<T>(2)?;
-    need(q, a.batch * a.q.b)?;
-    need(k, a.batch * a.k.b)?;
-    need(v, a.batch * a.v.b)?;
+    need_n(q, &[a.batch, a.q.b])?;
+    need_n(k, &[a.batch, a.k.b])?;
+    need_n(v, &[a.batch, a.v.b])?;
     let (mut mask_b, mut mask_f): (&[u8], &[T]) = (&[], &[]);
     if let Some(m) = &a.mask {
         let t = io.input(3)?;
@@ -548,8 +579,8 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
     if a.past > 0 {
         pk = io.input_slice::<T>(4)?;
         pv = io.input_slice::<T>(5)?;
-        need(pk, a.batch * a.hkv * a.past * a.dk)?;
-        need(pv, a.batch * a.hkv * a.past * a.dv)?;
+        need_n(pk, &[a.batch, a.hkv, a.past, a.dk])?;
+        need_n(pv, &[a.batch, a.hkv, a.past, a.dv])?;
     }
     let mut nonpad: &[i64] = &[];
     if a.nonpad {
@@ -572,8 +603,10 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
             continue;
         }
         let out = io.output_slice::<T>(slot)?;
-        need(out, a.batch * a.hkv * a.l * d)?;
-        let mut o = 0;
+        need_n(out, &[a.batch, a.hkv, a.l, d])?;
+        // Row `o` / d < batch · hkv · l: `o + d` stays within that checked
+        // size, so the wrapping addition is exact.
+        let mut o = 0usize;
         for b in 0..a.batch {
             for h in 0..a.hkv {
                 for j in 0..a.l {
@@ -582,10 +615,10 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
                     } else {
                         src.value(a, b, h, j)?
                     };
-                    out.get_mut(o..o + d)
+                    win_mut(out, o, d)
                         .ok_or(Error::internal("Attention: present size"))
                         .and_then(|o| copy_exact(o, row))?;
-                    o += d;
+                    o = o.wrapping_add(d);
                 }
             }
         }
@@ -595,20 +628,21 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
     if io.has_output(3) {
         let (out, scratch) = io.output_and_scratch(3)?;
         let out = out.into_slice::<T>()?;
-        need(out, a.batch * a.hq * a.sq * l)?;
-        let sc = as_f32(scratch, 2 * l + a.dk.max(a.dv))?;
-        let mut o = 0;
+        need_n(out, &[a.batch, a.hq, a.sq, l])?;
+        let sc = as_f32(scratch, a.scr)?;
+        // Row `o` / l < batch · hq · sq: `o + l` stays within that checked
+        // size, so the wrapping addition is exact.
+        let mut o = 0usize;
         for b in 0..a.batch {
             for h in 0..a.hq {
                 for i in 0..a.sq {
                     row_scores(a, &src, b, h, i, sc, a.qk_stage)?;
-                    let orow = out
-                        .get_mut(o..o + l)
-                        .ok_or(Error::internal("Attention: qk output size"))?;
+                    let orow =
+                        win_mut(out, o, l).ok_or(Error::internal("Attention: qk output size"))?;
                     for (ov, &x) in orow.iter_mut().zip(sc.iter()) {
                         *ov = T::put(x);
                     }
-                    o += l;
+                    o = o.wrapping_add(l);
                 }
             }
         }
@@ -616,8 +650,8 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
 
     let (out, scratch) = io.output_and_scratch(0)?;
     let y = out.into_slice::<T>()?;
-    need(y, a.batch * a.y.b)?;
-    let sc = as_f32(scratch, 2 * l + a.dk.max(a.dv))?;
+    need_n(y, &[a.batch, a.y.b])?;
+    let sc = as_f32(scratch, a.scr)?;
     let group = div(a.hq, a.hkv, "Attention: kv heads")?;
     for b in 0..a.batch {
         for h in 0..a.hq {
@@ -626,21 +660,21 @@ fn run_att<T: Fl>(a: &Att, io: &mut KernelIo<'_>) -> Result<()> {
                 row_scores(a, &src, b, h, i, sc, Stage::Probs)?;
                 // The query slot of the scratch is free now: accumulate the
                 // row in f32 there, like the reference's matmul, round once.
-                let (p, acc) = sc
-                    .split_at_mut_checked(2 * l)
+                // The probabilities are sc[..l], the query slot sc[2l..].
+                let (p, rest) = sc
+                    .split_at_mut_checked(l)
                     .ok_or(Error::internal("Attention: scratch"))?;
-                let acc = acc
-                    .get_mut(..a.dv)
+                let acc = rest
+                    .get_mut(l..)
+                    .and_then(|r| r.get_mut(..a.dv))
                     .ok_or(Error::internal("Attention: scratch"))?;
                 acc.fill(0.0);
-                for (j, &pj) in p.iter().take(l).enumerate() {
+                for (j, &pj) in p.iter().enumerate() {
                     for (x, vv) in acc.iter_mut().zip(src.value(a, b, kvh, j)?) {
                         *x += pj * vv.get();
                     }
                 }
-                let yo = a.y.at(b, h, i);
-                let yrow = y
-                    .get_mut(yo..yo + a.dv)
+                let yrow = win_mut(y, a.y.at(b, h, i), a.dv)
                     .ok_or(Error::internal("Attention: output size"))?;
                 for (o, x) in yrow.iter_mut().zip(acc.iter()) {
                     *o = T::put(*x);
@@ -688,28 +722,34 @@ fn row_scores<T: Fl>(
     } else {
         l as i64
     };
+    // `valid` is an input value: any i64.
     let offset = if a.past > 0 {
         a.past as i64
     } else if a.nonpad {
-        valid - a.sq as i64
+        valid.checked_sub(a.sq as i64).ok_or_else(overflow)?
     } else {
         0
     };
-    let pos = i as i64 + offset;
+    let pos = (i as i64).checked_add(offset).ok_or_else(overflow)?;
     // The mask's row (missing columns count as masked), then the frontier.
     match &a.mask {
         Some(m) => {
-            let r = b * m.sb + h * m.sh + i * m.si;
+            // b < batch, h < hq, i < sq on the mask's own strides (0 where
+            // broadcast): the row ends within the mask's numel, checked
+            // against the input (`need`), so the wrapping operations are
+            // exact.
+            let bh = b.wrapping_mul(m.sb).wrapping_add(h.wrapping_mul(m.sh));
+            let r = bh.wrapping_add(i.wrapping_mul(m.si));
             let mask_err = || Error::internal("Attention: mask size");
             let (present, missing) = bias.split_at_mut_checked(m.cols).ok_or_else(mask_err)?;
             missing.fill(neg);
             if m.is_bool {
-                let row = src.mask_b.get(r..r + m.cols).ok_or_else(mask_err)?;
+                let row = win(src.mask_b, r, m.cols).ok_or_else(mask_err)?;
                 for (x, &mv) in present.iter_mut().zip(row) {
                     *x = if mv == 0 { neg } else { 0.0 };
                 }
             } else {
-                let row = src.mask_f.get(r..r + m.cols).ok_or_else(mask_err)?;
+                let row = win(src.mask_f, r, m.cols).ok_or_else(mask_err)?;
                 for (x, mv) in present.iter_mut().zip(row) {
                     *x = mv.get();
                 }
@@ -719,10 +759,12 @@ fn row_scores<T: Fl>(
     }
     for (j, x) in bias.iter_mut().enumerate() {
         let jj = j as i64;
-        let diff = pos - jj;
+        // pos - jj > left and jj - pos > right. As jj >= 0, pos - jj can
+        // only overflow below i64::MIN (not past the window's left edge)
+        // and jj - pos only above i64::MAX (past the right edge).
         let blocked = (a.causal && jj > pos)
-            || (a.left >= 0 && diff > a.left)
-            || (a.right >= 0 && -diff > a.right)
+            || (a.left >= 0 && pos.checked_sub(jj).is_some_and(|d| d > a.left))
+            || (a.right >= 0 && jj.checked_sub(pos).is_none_or(|d| d > a.right))
             || jj >= valid;
         if blocked {
             *x += neg;
@@ -731,11 +773,7 @@ fn row_scores<T: Fl>(
     let all_masked = bias.iter().all(|&x| x == neg);
 
     let sqs = T::rt(a.sq_scale);
-    let qo = a.q.at(b, h, i);
-    let qrow = src
-        .q
-        .get(qo..qo + a.dk)
-        .ok_or(Error::internal("Attention: query row"))?;
+    let qrow = win(src.q, a.q.at(b, h, i), a.dk).ok_or(Error::internal("Attention: query row"))?;
     for (x, qv) in qs.iter_mut().zip(qrow) {
         *x = T::rt(qv.get() * sqs);
     }
@@ -808,6 +846,8 @@ struct Rot {
     d: usize,
     x: Lay,
     half: usize,
+    /// rotary_embedding_dim: 2 · half.
+    rd: usize,
     interleaved: bool,
     /// Cache rows: by position id when present, else (batch, seq) strides.
     pos_ids: bool,
@@ -838,7 +878,7 @@ fn prepare_rotary(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         return Err(shape_err("RotaryEmbedding: cos and sin caches differ"));
     }
     let (batch, heads, seq, d, xl) = match *x.shape {
-        [b, h, s, d] => (b, h, s, d, Lay::d4(h, s, d)),
+        [b, h, s, d] => (b, h, s, d, Lay::d4(h, s, d)?),
         [b, s, hid] => {
             let nh = ctx.attr_int("num_heads", 0)?;
             if nh <= 0 || !divides(hid, nh as usize) {
@@ -849,7 +889,7 @@ fn prepare_rotary(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }
             let h = nh as usize;
             let d = div(hid, h, "num_heads")?;
-            (b, h, s, d, Lay::d3(h, s, d))
+            (b, h, s, d, Lay::d3(h, s, d)?)
         }
         _ => {
             return Err(Error::new(ErrorKind::Rank {
@@ -899,7 +939,8 @@ fn prepare_rotary(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     "RotaryEmbedding: without position_ids the cache is [batch, seq, dim/2]",
                 ));
             };
-            let cb = bcast(c_b, batch, c_s * half)?;
+            let row = c_s.checked_mul(half).ok_or_else(overflow)?;
+            let cb = bcast(c_b, batch, row)?;
             let cs = bcast(c_s, seq, half)?;
             (false, 0, 0, 0, cb, cs)
         }
@@ -911,6 +952,7 @@ fn prepare_rotary(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         d,
         x: xl,
         half,
+        rd,
         interleaved: ctx.attr_int("interleaved", 0)? != 0,
         pos_ids,
         pb,
@@ -951,19 +993,34 @@ fn run_rot<T: Fl>(r: &Rot, io: &mut KernelIo<'_>) -> Result<()> {
     if r.batch == 0 || r.seq == 0 {
         return Ok(());
     }
-    let n = r.batch * r.x.b;
+    let n = checked_numel(&[r.batch, r.x.b])?;
     need(x, n)?;
+    // The offset of the last (batch, seq) element on strides (sb, ss), plus
+    // `len`: batch and seq are at least 1 here.
+    let end = |sb: usize, ss: usize, len: usize| -> Result<usize> {
+        r.batch
+            .wrapping_sub(1)
+            .checked_mul(sb)
+            .zip(r.seq.wrapping_sub(1).checked_mul(ss))
+            .and_then(|(a, b)| a.checked_add(b))
+            .and_then(|v| v.checked_add(len))
+            .ok_or_else(overflow)
+    };
     if r.pos_ids {
-        need(pos, (r.batch - 1) * r.pb + (r.seq - 1) * r.ps + 1)?;
-        need(cos, r.cache_rows * r.half)?;
-        need(sin, r.cache_rows * r.half)?;
+        need(pos, end(r.pb, r.ps, 1)?)?;
+        need_n(cos, &[r.cache_rows, r.half])?;
+        need_n(sin, &[r.cache_rows, r.half])?;
     } else {
-        let m = (r.batch - 1) * r.cb + (r.seq - 1) * r.cs + r.half;
+        let m = end(r.cb, r.cs, r.half)?;
         need(cos, m)?;
         need(sin, m)?;
     }
     let y = io.output_slice::<T>(0)?;
     need(y, n)?;
+    // Every offset below is exact, wrapping by name only: b < batch and
+    // s < seq keep position and cache offsets within the sizes checked
+    // above, p < cache_rows keeps p · half below cache_rows · half, and
+    // rows of X and Y end within batch · x.b.
     let size = || Error::internal("RotaryEmbedding size");
     // One rotated pair (x1, x2) by the angle of (cos, sin).
     let rot = |c: &T, sn: &T, x1: &T, x2: &T| {
@@ -976,27 +1033,28 @@ fn run_rot<T: Fl>(r: &Rot, io: &mut KernelIo<'_>) -> Result<()> {
     for b in 0..r.batch {
         for s in 0..r.seq {
             let c0 = if r.pos_ids {
-                let p = *pos.get(b * r.pb + s * r.ps).ok_or_else(size)?;
+                let at = b.wrapping_mul(r.pb).wrapping_add(s.wrapping_mul(r.ps));
+                let p = *pos.get(at).ok_or_else(size)?;
                 if p < 0 || p as usize >= r.cache_rows {
                     return Err(Error::new(ErrorKind::Invalid(
                         "RotaryEmbedding: position id outside the cache",
                     )));
                 }
-                p as usize * r.half
+                (p as usize).wrapping_mul(r.half)
             } else {
-                b * r.cb + s * r.cs
+                b.wrapping_mul(r.cb).wrapping_add(s.wrapping_mul(r.cs))
             };
-            let cr = cos.get(c0..c0 + r.half).ok_or_else(size)?;
-            let sr = sin.get(c0..c0 + r.half).ok_or_else(size)?;
+            let cr = win(cos, c0, r.half).ok_or_else(size)?;
+            let sr = win(sin, c0, r.half).ok_or_else(size)?;
             for h in 0..r.heads {
                 let o = r.x.at(b, h, s);
-                let xr = x.get(o..o + r.d).ok_or_else(size)?;
-                let yr = y.get_mut(o..o + r.d).ok_or_else(size)?;
+                let xr = win(x, o, r.d).ok_or_else(size)?;
+                let yr = win_mut(y, o, r.d).ok_or_else(size)?;
                 yr.copy_from_slice(xr);
                 // Pairs (2t, 2t + 1) when interleaved, else (t, t + half),
                 // for t < half; the rest of the row passes through.
                 if r.interleaved {
-                    let rd = 2 * r.half;
+                    let rd = r.rd;
                     let xp: &[[T; 2]] = bytemuck::try_cast_slice(xr.get(..rd).ok_or_else(size)?)
                         .map_err(|_| size())?;
                     let yp: &mut [[T; 2]] =
