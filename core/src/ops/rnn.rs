@@ -10,11 +10,8 @@
 //! steps through `t < L` (reverse starts at `L - 1`), its state stays put
 //! afterwards and its `Y` rows past `L` are zero.
 
-// 42 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::{win, win_mut};
 use crate::math;
 use crate::model::AttrValue;
 use crate::ops::matmul::sgemm;
@@ -206,33 +203,78 @@ struct Inputs<'a> {
     p: Option<&'a [f32]>,
 }
 
+// Every size below and every offset built from indices under the sizes it
+// is made of stays below a product that `Plan::scratch_len` checks at
+// prepare (the scratch, Y's or X's element count, a row of W, R or B): the
+// wrapping operations of the kernel are exact, wrapping by name only.
 impl Plan {
+    /// gates · hidden.
     fn gh(&self) -> usize {
-        self.cell.gates() * self.hidden
+        self.cell.gates().wrapping_mul(self.hidden)
     }
+    /// ndir · batch · hidden.
     fn state_len(&self) -> usize {
-        self.ndir * self.batch * self.hidden
+        self.ndir.wrapping_mul(self.batch).wrapping_mul(self.hidden)
+    }
+    /// Offset in scratch of the gx, gh and tmp parts' end: the h state
+    /// starts there, the c state one state length later.
+    fn states_at(&self) -> usize {
+        let bsz = self.batch;
+        bsz.wrapping_mul(self.gh())
+            .wrapping_mul(2)
+            .wrapping_add(bsz.wrapping_mul(self.hidden))
     }
     /// Scratch in f32 units: gx, gh (batch x gates*hidden), tmp (batch x
-    /// hidden), h and c state (ndir x batch x hidden).
-    fn scratch_len(&self) -> usize {
-        2 * self.batch * self.gh() + self.batch * self.hidden + 2 * self.state_len()
+    /// hidden), h and c state (ndir x batch x hidden). Checks, once at
+    /// prepare, the products that bound the kernel's index math (an
+    /// `Overflow` error where one does not fit).
+    fn scratch_len(&self) -> Result<usize> {
+        let overflow = || Error::new(ErrorKind::Overflow);
+        let gh = self
+            .cell
+            .gates()
+            .checked_mul(self.hidden)
+            .ok_or_else(overflow)?;
+        // Rows of W, R and B, per direction.
+        for n in [self.input, self.hidden, 2] {
+            gh.checked_mul(n).ok_or_else(overflow)?;
+        }
+        checked_numel(&[self.seq, self.batch, self.input])?;
+        checked_numel(&[self.seq, self.ndir, self.batch, self.hidden])?;
+        let gates = checked_numel(&[2, self.batch, gh])?;
+        let tmp = checked_numel(&[self.batch, self.hidden])?;
+        let states = checked_numel(&[2, self.ndir, self.batch, self.hidden])?;
+        gates
+            .checked_add(tmp)
+            .and_then(|v| v.checked_add(states))
+            .ok_or_else(overflow)
     }
-    /// Offset in Y_h / Y_c / initial_h / initial_c of (direction, batch).
+    /// Offset in Y_h / Y_c / initial_h / initial_c of (direction, batch):
+    /// below state_len.
     fn state_off(&self, d: usize, b: usize) -> usize {
-        if self.batch_major {
-            (b * self.ndir + d) * self.hidden
+        let (outer, n, inner) = if self.batch_major {
+            (b, self.ndir, d)
         } else {
-            (d * self.batch + b) * self.hidden
-        }
+            (d, self.batch, b)
+        };
+        outer
+            .wrapping_mul(n)
+            .wrapping_add(inner)
+            .wrapping_mul(self.hidden)
     }
-    /// Offset in Y of (time, direction, batch).
+    /// Offset in Y of (time, direction, batch): below Y's element count.
     fn y_off(&self, t: usize, d: usize, b: usize) -> usize {
-        if self.batch_major {
-            ((b * self.seq + t) * self.ndir + d) * self.hidden
+        // ((i0 · n1 + i1) · n2 + i2) · hidden
+        let ((i0, n1), (i1, n2), i2) = if self.batch_major {
+            ((b, self.seq), (t, self.ndir), d)
         } else {
-            ((t * self.ndir + d) * self.batch + b) * self.hidden
-        }
+            ((t, self.ndir), (d, self.batch), b)
+        };
+        i0.wrapping_mul(n1)
+            .wrapping_add(i1)
+            .wrapping_mul(n2)
+            .wrapping_add(i2)
+            .wrapping_mul(self.hidden)
     }
     #[inline]
     fn clip(&self, x: f32) -> f32 {
@@ -246,28 +288,30 @@ impl Plan {
 
     fn run(&self, inp: &Inputs<'_>, mut y: Option<&mut [f32]>, s: &mut [f32]) -> Result<()> {
         let (bsz, hid, inz, gh) = (self.batch, self.hidden, self.input, self.gh());
+        // Below scratch_len (checked at prepare): see the note on `Plan`.
+        let (bgh, bh) = (bsz.wrapping_mul(gh), bsz.wrapping_mul(hid));
+        let hid2 = hid.wrapping_mul(2); // <= 2 · gh
         let scratch = Error::internal("RNN scratch");
-        let (gx, s) = s.split_at_mut_checked(bsz * gh).ok_or(scratch)?;
-        let (ghb, s) = s.split_at_mut_checked(bsz * gh).ok_or(scratch)?;
-        let (tmp, s) = s.split_at_mut_checked(bsz * hid).ok_or(scratch)?;
+        let (gx, s) = s.split_at_mut_checked(bgh).ok_or(scratch)?;
+        let (ghb, s) = s.split_at_mut_checked(bgh).ok_or(scratch)?;
+        let (tmp, s) = s.split_at_mut_checked(bh).ok_or(scratch)?;
         let (hs, s) = s.split_at_mut_checked(self.state_len()).ok_or(scratch)?;
         let cs = s.get_mut(..self.state_len()).ok_or(scratch)?;
         for d in 0..self.ndir {
             for b in 0..bsz {
                 let so = self.state_off(d, b);
-                let hrow = row_mut(hs, d * bsz + b, hid)?;
+                let sr = d.wrapping_mul(bsz).wrapping_add(b); // < ndir · batch
+                let hrow = row_mut(hs, sr, hid)?;
                 match inp.h0 {
                     Some(h0) => hrow.copy_from_slice(
-                        h0.get(so..so + hid)
-                            .ok_or(Error::internal("RNN initial_h row"))?,
+                        win(h0, so, hid).ok_or(Error::internal("RNN initial_h row"))?,
                     ),
                     None => hrow.fill(0.0),
                 }
-                let crow = row_mut(cs, d * bsz + b, hid)?;
+                let crow = row_mut(cs, sr, hid)?;
                 match inp.c0 {
                     Some(c0) => crow.copy_from_slice(
-                        c0.get(so..so + hid)
-                            .ok_or(Error::internal("RNN initial_c row"))?,
+                        win(c0, so, hid).ok_or(Error::internal("RNN initial_c row"))?,
                     ),
                     None => crow.fill(0.0),
                 }
@@ -292,10 +336,8 @@ impl Plan {
         // batch entry is still running, else zeros.
         let mut put_y = |t: usize, d: usize, b: usize, h: &[f32], active: bool| -> Result<()> {
             if let Some(y) = y.as_deref_mut() {
-                let off = self.y_off(t, d, b);
-                let yr = y
-                    .get_mut(off..off + hid)
-                    .ok_or(Error::internal("RNN Y row"))?;
+                let yr =
+                    win_mut(y, self.y_off(t, d, b), hid).ok_or(Error::internal("RNN Y row"))?;
                 if active {
                     copy_exact(yr, h)?;
                 } else {
@@ -305,19 +347,21 @@ impl Plan {
             Ok(())
         };
         for d in 0..self.ndir {
-            let w = row(inp.w, d, gh * inz)?;
-            let r = row(inp.r, d, gh * hid)?;
+            let w = row(inp.w, d, gh.wrapping_mul(inz))?;
+            let r = row(inp.r, d, gh.wrapping_mul(hid))?;
             let bias: &[f32] = match inp.b {
-                Some(b) => row(b, d, 2 * gh)?,
+                Some(b) => row(b, d, gh.wrapping_mul(2))?,
                 None => &[],
             };
-            // B is optional: without it both biases are zero.
+            // B is optional: without it both biases are zero. The gate
+            // index k is below gh: gh + k below 2 · gh.
             let wb = |k: usize| bias.get(k).copied().unwrap_or(0.0);
-            let rb = |k: usize| bias.get(gh + k).copied().unwrap_or(0.0);
+            let rb = |k: usize| bias.get(gh.wrapping_add(k)).copied().unwrap_or(0.0);
             // Peepholes of the input, output and forget gates.
             let (p_i, p_o, p_f) = match inp.p {
                 Some(p) => {
-                    let pd = row(p, d, 3 * hid)?;
+                    // Only LSTM has P: 3 · hidden <= gh = 4 · hidden.
+                    let pd = row(p, d, hid.wrapping_mul(3))?;
                     (
                         Some(row(pd, 0, hid)?),
                         Some(row(pd, 1, hid)?),
@@ -331,14 +375,20 @@ impl Plan {
                 .reverse
                 .get(d)
                 .ok_or(Error::internal("RNN direction"))?;
-            let h = row_mut(hs, d, bsz * hid)?;
-            let c = row_mut(cs, d, bsz * hid)?;
+            let h = row_mut(hs, d, bh)?;
+            let c = row_mut(cs, d, bh)?;
             for step in 0..self.seq {
-                let t = if reverse { self.seq - 1 - step } else { step };
-                let (xa, lda) = if self.batch_major {
-                    (inp.x.get(t * inz..), self.seq * inz)
+                // step < seq: seq - 1 - step does not wrap.
+                let t = if reverse {
+                    self.seq.wrapping_sub(1).wrapping_sub(step)
                 } else {
-                    (inp.x.get(t * bsz * inz..), inz)
+                    step
+                };
+                // t < seq: offsets below X's element count.
+                let (xa, lda) = if self.batch_major {
+                    (inp.x.get(t.wrapping_mul(inz)..), self.seq.wrapping_mul(inz))
+                } else {
+                    (inp.x.get(t.wrapping_mul(bsz).wrapping_mul(inz)..), inz)
                 };
                 let xa = xa.ok_or(Error::internal("RNN X offset"))?;
                 sgemm(bsz, gh, inz, xa, lda, false, w, inz, true, gx, gh, 1.0, 0.0)?;
@@ -347,7 +397,7 @@ impl Plan {
                 let n_rec = match self.cell {
                     Cell::Gru {
                         linear_before_reset: false,
-                    } => 2 * hid,
+                    } => hid2,
                     _ => gh,
                 };
                 sgemm(
@@ -414,7 +464,7 @@ impl Plan {
                         // z and r overwrite their pre-activations in gx.
                         for b in 0..bsz {
                             let zr = row_mut(gx, b, gh)?
-                                .get_mut(..2 * hid)
+                                .get_mut(..hid2)
                                 .ok_or(Error::internal("GRU gates"))?;
                             let zr_h = row(ghb, b, gh)?;
                             for (q, (x, &hh)) in zr.iter_mut().zip(zr_h).enumerate() {
@@ -427,10 +477,11 @@ impl Plan {
                             }
                         }
                         if !linear_before_reset {
-                            let rh = r.get(2 * hid * hid..).ok_or(Error::internal("GRU R"))?;
-                            let out = ghb
-                                .get_mut(2 * hid..)
-                                .ok_or(Error::internal("GRU scratch"))?;
+                            // 2 · hidden · hidden <= gh · hidden: within R's row.
+                            let rh = r
+                                .get(hid2.wrapping_mul(hid)..)
+                                .ok_or(Error::internal("GRU R"))?;
+                            let out = ghb.get_mut(hid2..).ok_or(Error::internal("GRU scratch"))?;
                             sgemm(
                                 bsz, hid, hid, tmp, hid, false, rh, hid, true, out, gh, 1.0, 0.0,
                             )?;
@@ -448,7 +499,7 @@ impl Plan {
                             for (j, ((((&z, &rg), &xh), &hh), hk)) in
                                 gates.zip(hr.iter_mut()).enumerate()
                             {
-                                let q = 2 * hid + j;
+                                let q = hid2.wrapping_add(j); // j < hid: q < gh
                                 let pre = if linear_before_reset {
                                     xh + rg * (hh + rb(q)) + wb(q)
                                 } else {
@@ -472,17 +523,18 @@ impl Plan {
     /// Copies state `which` (0 = h, 1 = c) from scratch to an output in
     /// its layout.
     fn write_state(&self, out: &mut [f32], s: &[f32], which: usize) -> Result<()> {
-        let base = 2 * self.batch * self.gh() + self.batch * self.hidden + which * self.state_len();
-        let st = s
-            .get(base..base + self.state_len())
-            .ok_or(Error::internal("RNN scratch"))?;
+        // which <= 1: within scratch_len (see the note on `Plan`).
+        let base = self
+            .states_at()
+            .wrapping_add(which.wrapping_mul(self.state_len()));
+        let st = win(s, base, self.state_len()).ok_or(Error::internal("RNN scratch"))?;
         let hid = self.hidden;
         for d in 0..self.ndir {
             for b in 0..self.batch {
-                let dst = self.state_off(d, b);
-                out.get_mut(dst..dst + hid)
+                let sr = d.wrapping_mul(self.batch).wrapping_add(b); // < ndir · batch
+                win_mut(out, self.state_off(d, b), hid)
                     .ok_or(Error::internal("RNN state output row"))?
-                    .copy_from_slice(row(st, d * self.batch + b, hid)?);
+                    .copy_from_slice(row(st, sr, hid)?);
             }
         }
         Ok(())
@@ -496,9 +548,10 @@ fn opt_f32<'a>(io: &KernelIo<'a>, i: usize) -> Result<Option<&'a [f32]>> {
     }
 }
 
-fn as_f32(s: &mut [u8], n: usize) -> Result<&mut [f32]> {
+/// The first `bytes` bytes of scratch as f32.
+fn as_f32(s: &mut [u8], bytes: usize) -> Result<&mut [f32]> {
     let s = s
-        .get_mut(..n * 4)
+        .get_mut(..bytes)
         .ok_or(Error::internal("RNN scratch size"))?;
     bytemuck::try_cast_slice_mut(s).map_err(|_| Error::internal("scratch alignment"))
 }
@@ -562,15 +615,16 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
         return Err(shape_err("X, W and R must be 3-D"));
     };
     let (seq, batch) = if batch_major { (x1, x0) } else { (x0, x1) };
-    let g = cell.gates();
     let hs = ctx.attr_int("hidden_size", -1)?;
     if hs >= 0 && hs as usize != hidden {
         return Err(shape_err("hidden_size differs from R's shape"));
     }
-    if w.shape != [ndir, g * hidden, input] {
+    let overflow = || Error::new(ErrorKind::Overflow);
+    let gh = cell.gates().checked_mul(hidden).ok_or_else(overflow)?;
+    if w.shape != [ndir, gh, input] {
         return Err(shape_err("W must be [num_directions, gates*hidden, input]"));
     }
-    if r.shape != [ndir, g * hidden, hidden] {
+    if r.shape != [ndir, gh, hidden] {
         return Err(shape_err(
             "R must be [num_directions, gates*hidden, hidden]",
         ));
@@ -578,7 +632,7 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
     check_shape(
         ctx,
         3,
-        &[ndir, 2 * g * hidden],
+        &[ndir, gh.checked_mul(2).ok_or_else(overflow)?],
         "B must be [num_directions, 2*gates*hidden]",
     )?;
     if let Some(l) = ctx.opt_input(4) {
@@ -598,7 +652,7 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
         check_shape(
             ctx,
             7,
-            &[ndir, 3 * hidden],
+            &[ndir, hidden.checked_mul(3).ok_or_else(overflow)?],
             "P must be [num_directions, 3*hidden]",
         )?;
         3
@@ -622,7 +676,8 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
         None => {}
         Some(AttrValue::Strings(names)) => {
             // One set per direction; a single set serves both directions.
-            if names.len() != k * ndir && names.len() != k {
+            // k <= 3, ndir <= 2: the product does not wrap.
+            if names.len() != k.wrapping_mul(ndir) && names.len() != k {
                 return Err(Error::new(ErrorKind::Attribute {
                     name: "activations",
                     problem: "needs one entry per gate function and direction",
@@ -684,7 +739,8 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
         let shape: &[usize] = if i == 0 { &y_shape } else { &state };
         outputs.push(OutputInfo::new(DType::F32, shape));
     }
-    let n = plan.scratch_len();
+    // In bytes.
+    let n = plan.scratch_len()?.checked_mul(4).ok_or_else(overflow)?;
     let is_lstm = matches!(cell, Cell::Lstm { .. });
     Ok(Prepared::new(
         outputs,
@@ -714,7 +770,7 @@ fn prepare(ctx: &PrepareCtx<'_>, cell: Cell) -> Result<Prepared> {
             Ok(())
         }),
     )
-    .with_scratch(n * 4))
+    .with_scratch(n))
 }
 
 #[cfg(test)]
