@@ -9,11 +9,7 @@
 //! subgraphs are not run (mote has no subgraph evaluation inside a kernel):
 //! nodes carrying a non-identity one are reported unsupported.
 
-// 47 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::model::AttrValue;
 use crate::ops::util::{div, divides, rem, row, row_mut};
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared};
@@ -98,6 +94,15 @@ fn shape_err(m: &'static str) -> Error {
 
 fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
+}
+
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
+}
+
+/// `n` f64 of scratch, in bytes.
+fn f64_bytes(n: usize) -> Result<usize> {
+    n.checked_mul(8).ok_or_else(overflow)
 }
 
 fn need<T>(s: &[T], n: usize) -> Result<()> {
@@ -246,10 +251,11 @@ fn prepare_causal_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             true
         }
     };
+    let p = k.wrapping_sub(1); // k >= 1 (checked above)
     let past = match ctx.opt_input(3) {
         None => false,
-        Some(p) => {
-            if p.dtype != dt || p.shape != [batch, ch, k - 1] {
+        Some(ps) => {
+            if ps.dtype != dt || ps.shape != [batch, ch, p] {
                 return Err(shape_err(
                     "CausalConvWithState: past_state must be (B, C, K - 1) of the input type",
                 ));
@@ -271,7 +277,7 @@ fn prepare_causal_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     Ok(Prepared::new(
         vec![
             OutputInfo::new(dt, x.shape),
-            OutputInfo::new(dt, &[batch, ch, k - 1]),
+            OutputInfo::new(dt, &[batch, ch, p]),
         ],
         kernel("CausalConvWithState", move |io| f(&c, io)),
     ))
@@ -283,19 +289,20 @@ fn run_causal_conv<T: Fl>(c: &Ccs, io: &mut KernelIo<'_>) -> Result<()> {
     let p =
         c.k.checked_sub(1)
             .ok_or(Error::internal("CausalConvWithState: kernel size 0"))?;
-    let rows = c.batch * c.ch;
-    need(x, rows * c.len)?;
-    need(w, c.ch * c.k)?;
+    let rows = checked_numel(&[c.batch, c.ch])?;
+    let (x_len, st_len) = (checked_numel(&[rows, c.len])?, checked_numel(&[rows, p])?);
+    need(x, x_len)?;
+    need(w, checked_numel(&[c.ch, c.k])?)?;
     let bias: &[T] = if c.bias { io.input_slice::<T>(2)? } else { &[] };
     let past: &[T] = if c.past { io.input_slice::<T>(3)? } else { &[] };
     need(bias, if c.bias { c.ch } else { 0 })?;
-    need(past, if c.past { rows * p } else { 0 })?;
+    need(past, if c.past { st_len } else { 0 })?;
     if c.present {
         let (y, st) = io.outputs2(0, 1)?;
         let y = y.into_slice::<T>()?;
         let st = st.into_slice::<T>()?;
-        need(y, rows * c.len)?;
-        need(st, rows * p)?;
+        need(y, x_len)?;
+        need(st, st_len)?;
         conv_rows(c, p, w, bias, x, past, y)?;
         // The new state is the last K - 1 values of the padded row: the
         // tail of the past state (or zeros) when L < K - 1, then the input.
@@ -322,7 +329,7 @@ fn run_causal_conv<T: Fl>(c: &Ccs, io: &mut KernelIo<'_>) -> Result<()> {
         }
     } else {
         let y = io.output_slice::<T>(0)?;
-        need(y, rows * c.len)?;
+        need(y, x_len)?;
         conv_rows(c, p, w, bias, x, past, y)?;
     }
     Ok(())
@@ -339,7 +346,7 @@ fn conv_rows<T: Fl>(
     past: &[T],
     y: &mut [T],
 ) -> Result<()> {
-    for r in 0..c.batch * c.ch {
+    for r in 0..checked_numel(&[c.batch, c.ch])? {
         let ch = rem(r, c.ch, "causal conv channel")?;
         let wr = row(w, ch, c.k)?;
         let b0 = if c.bias {
@@ -419,7 +426,7 @@ fn prepare_linear_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let hq = ctx.attr_int("q_num_heads", 0)?;
     let hkv = ctx.attr_int("kv_num_heads", 0)?;
-    if hq <= 0 || hkv <= 0 || hq % hkv != 0 {
+    if hq <= 0 || hkv <= 0 || hq.checked_rem(hkv) != Some(0) {
         return Err(attr_err(
             "q_num_heads",
             "q_num_heads and kv_num_heads are required, q_num_heads a multiple of kv_num_heads",
@@ -465,7 +472,8 @@ fn prepare_linear_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 }));
             }
             match *d.shape {
-                [b, t, w] if b == batch && t == seq && w == hkv * dk => Some(true),
+                // kw = hkv · dk (checked above).
+                [b, t, w] if b == batch && t == seq && w == kw => Some(true),
                 [b, t, w] if b == batch && t == seq && w == hkv => Some(false),
                 _ => {
                     return Err(shape_err(
@@ -549,27 +557,29 @@ fn prepare_linear_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             }))
         }
     };
-    let states = batch * hkv * dk * dv;
+    let states = checked_numel(&state_shape)?;
+    let scratch = f64_bytes(states.checked_add(dv).ok_or_else(overflow)?)?;
+    let out_w = hq.checked_mul(dv).ok_or_else(overflow)?;
     Ok(Prepared::new(
         vec![
-            OutputInfo::new(dt, &[batch, seq, hq * dv]),
+            OutputInfo::new(dt, &[batch, seq, out_w]),
             OutputInfo::new(state_dt, &state_shape),
         ],
         kernel("LinearAttention", move |io| f(&l, io)),
     )
-    .with_scratch((states + dv) * 8))
+    .with_scratch(scratch))
 }
 
 fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
     let (b_n, t_n, dk, dv) = (l.batch, l.seq, l.dk, l.dv);
-    let per = dk * dv;
-    let states = b_n * l.hkv * per;
+    let per = checked_numel(&[dk, dv])?;
+    let states = checked_numel(&[b_n, l.hkv, per])?;
     let q = io.input_slice::<T>(0)?;
     let k = io.input_slice::<T>(1)?;
     let v = io.input_slice::<T>(2)?;
-    need(q, b_n * t_n * l.hq * dk)?;
-    need(k, b_n * t_n * l.hkv * dk)?;
-    need(v, b_n * t_n * l.hkv * dv)?;
+    need(q, checked_numel(&[b_n, t_n, l.hq, dk])?)?;
+    need(k, checked_numel(&[b_n, t_n, l.hkv, dk])?)?;
+    need(v, checked_numel(&[b_n, t_n, l.hkv, dv])?)?;
     let past: &[S] = if l.past { io.input_slice::<S>(3)? } else { &[] };
     need(past, if l.past { states } else { 0 })?;
     let decay: &[T] = if l.decay.is_some() {
@@ -578,11 +588,11 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
         &[]
     };
     let dw = match l.decay {
-        Some(true) => l.hkv * dk,
+        Some(true) => checked_numel(&[l.hkv, dk])?,
         Some(false) => l.hkv,
         None => 0,
     };
-    need(decay, b_n * t_n * dw)?;
+    need(decay, checked_numel(&[b_n, t_n, dw])?)?;
     let beta: &[T] = if l.beta.is_some() {
         io.input_slice::<T>(5)?
     } else {
@@ -593,35 +603,43 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
         Some(false) => 1,
         None => 0,
     };
-    need(beta, b_n * t_n * bw)?;
+    need(beta, checked_numel(&[b_n, t_n, bw])?)?;
     if dv == 0 {
         // No output element and no state value: nothing to compute (and the
         // state rows below have dv >= 1 values each).
         return Ok(());
     }
     let group = div(l.hq, l.hkv, "LinearAttention: kv heads")?;
+    // Row indices in the loops below: b·hkv + g < b_n·hkv, bt = b·t_n + t
+    // < b_n·t_n, and bt·hkv + g, bt·bw + g, bt·hq + h < b_n·t_n·hq (bw <=
+    // hkv <= hq, a multiple of it): within the products checked here, so
+    // the wrapping operations are exact.
+    checked_numel(&[b_n, l.hq])?;
+    checked_numel(&[b_n, t_n, l.hq])?;
     {
         let (out, scratch) = io.output_and_scratch(0)?;
         let out = out.into_slice::<T>()?;
-        need(out, b_n * t_n * l.hq * dv)?;
-        let sc = as_f64(scratch, states + dv)?;
+        need(out, checked_numel(&[b_n, t_n, l.hq, dv])?)?;
+        let sc = as_f64(scratch, states.checked_add(dv).ok_or_else(overflow)?)?;
         let (all, vt) = sc
             .split_at_mut_checked(states)
             .ok_or(Error::internal("LinearAttention: scratch split"))?;
         for b in 0..b_n {
             for g in 0..l.hkv {
                 // The state of this head: dk rows of dv values.
-                let st = row_mut(all, b * l.hkv + g, per)?;
+                let bg = b.wrapping_mul(l.hkv).wrapping_add(g);
+                let st = row_mut(all, bg, per)?;
                 if l.past {
-                    for (s, p) in st.iter_mut().zip(row(past, b * l.hkv + g, per)?) {
+                    for (s, p) in st.iter_mut().zip(row(past, bg, per)?) {
                         *s = p.get();
                     }
                 } else {
                     st.fill(0.0);
                 }
                 for t in 0..t_n {
-                    let bt = b * t_n + t;
-                    let kt = row(k, bt * l.hkv + g, dk)?;
+                    let bt = b.wrapping_mul(t_n).wrapping_add(t);
+                    let btg = bt.wrapping_mul(l.hkv).wrapping_add(g);
+                    let kt = row(k, btg, dk)?;
                     if let Some(per_dim) = l.decay {
                         // One gate per key dim, or the head's one for all
                         // of them (cycled).
@@ -638,14 +656,15 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
                             }
                         }
                     }
-                    for (o, x) in vt.iter_mut().zip(row(v, bt * l.hkv + g, dv)?) {
+                    for (o, x) in vt.iter_mut().zip(row(v, btg, dv)?) {
                         *o = x.get();
                     }
                     if let Some(per_head) = l.beta {
                         // Delta rule: write only what the state does not
                         // already retrieve for this key.
+                        let at = bt.wrapping_mul(bw);
                         let be = beta
-                            .get(bt * bw + if per_head { g } else { 0 })
+                            .get(if per_head { at.wrapping_add(g) } else { at })
                             .ok_or(Error::internal("LinearAttention: beta"))?
                             .get();
                         for (m, o) in vt.iter_mut().enumerate() {
@@ -663,9 +682,12 @@ fn run_linear<T: Fl, S: Fl>(l: &Lin, io: &mut KernelIo<'_>) -> Result<()> {
                             *s += kd * x;
                         }
                     }
-                    for h in g * group..(g + 1) * group {
-                        let qt = row(q, bt * l.hq + h, dk)?;
-                        let o = row_mut(out, bt * l.hq + h, dv)?;
+                    // (g + 1) · group <= hkv · group = hq.
+                    let h0 = g.wrapping_mul(group);
+                    for h in h0..h0.wrapping_add(group) {
+                        let bth = bt.wrapping_mul(l.hq).wrapping_add(h);
+                        let qt = row(q, bth, dk)?;
+                        let o = row_mut(out, bth, dv)?;
                         for (m, om) in o.iter_mut().enumerate() {
                             let mut acc = 0.0;
                             for (qd, s) in qt.iter().zip(st.iter().skip(m).step_by(dv)) {
@@ -754,7 +776,7 @@ fn prepare_flex_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if kb != batch || vb != batch || vh != hkv || vs != s || ke != e {
         return Err(shape_err("FlexAttention: Q, K, V shapes disagree"));
     }
-    if hkv == 0 || hq % hkv != 0 {
+    if !divides(hq, hkv) {
         return Err(shape_err(
             "FlexAttention: q heads must be a multiple of kv heads",
         ));
@@ -774,38 +796,50 @@ fn prepare_flex_attention(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         scale,
     };
     let f = by_float!(dt, run_flex);
+    let scratch = f64_bytes(s.checked_add(e).ok_or_else(overflow)?)?;
     Ok(Prepared::single(
         dt,
         &[batch, hq, l, ev],
         kernel("FlexAttention", move |io| f(&fx, io)),
     )
-    .with_scratch((s + e) * 8))
+    .with_scratch(scratch))
 }
 
 fn run_flex<T: Fl>(f: &Flex, io: &mut KernelIo<'_>) -> Result<()> {
     let q = io.input_slice::<T>(0)?;
     let k = io.input_slice::<T>(1)?;
     let v = io.input_slice::<T>(2)?;
-    need(q, f.batch * f.hq * f.l * f.e)?;
-    need(k, f.batch * f.hkv * f.s * f.e)?;
-    need(v, f.batch * f.hkv * f.s * f.ev)?;
+    need(q, checked_numel(&[f.batch, f.hq, f.l, f.e])?)?;
+    need(k, checked_numel(&[f.batch, f.hkv, f.s, f.e])?)?;
+    need(v, checked_numel(&[f.batch, f.hkv, f.s, f.ev])?)?;
+    let (k_row, v_row) = (checked_numel(&[f.s, f.e])?, checked_numel(&[f.s, f.ev])?);
+    // Row indices in the loop below: b·hq + h < batch·hq, (b·hq + h)·l + i
+    // < batch·hq·l and kv = b·hkv + h / group < batch·hkv <= batch·hq (hq,
+    // when not 0, is a multiple of hkv): within the products checked here,
+    // so the wrapping operations are exact.
+    checked_numel(&[f.batch, f.hq])?;
+    checked_numel(&[f.batch, f.hq, f.l])?;
     // The reference scales Q and K each by sqrt(scale), in the input type.
     let ss = T::rt(libm::sqrtf(f.scale as f32) as f64);
     let group = div(f.hq, f.hkv, "FlexAttention: kv heads")?;
     let (out, scratch) = io.output_and_scratch(0)?;
     let out = out.into_slice::<T>()?;
-    need(out, f.batch * f.hq * f.l * f.ev)?;
-    let sc = as_f64(scratch, f.s + f.e)?;
+    need(out, checked_numel(&[f.batch, f.hq, f.l, f.ev])?)?;
+    let sc = as_f64(scratch, f.s.checked_add(f.e).ok_or_else(overflow)?)?;
     let (p, qs) = sc
         .split_at_mut_checked(f.s)
         .ok_or(Error::internal("FlexAttention: scratch split"))?;
     for b in 0..f.batch {
         for h in 0..f.hq {
-            let kv = b * f.hkv + div(h, group, "FlexAttention: head group")?;
-            let kh = row(k, kv, f.s * f.e)?;
-            let vh = row(v, kv, f.s * f.ev)?;
+            let bh = b.wrapping_mul(f.hq).wrapping_add(h);
+            let kv =
+                b.wrapping_mul(f.hkv)
+                    .wrapping_add(div(h, group, "FlexAttention: head group")?);
+            let kh = row(k, kv, k_row)?;
+            let vh = row(v, kv, v_row)?;
             for i in 0..f.l {
-                let qr = row(q, (b * f.hq + h) * f.l + i, f.e)?;
+                let bhi = bh.wrapping_mul(f.l).wrapping_add(i);
+                let qr = row(q, bhi, f.e)?;
                 for (o, x) in qs.iter_mut().zip(qr) {
                     *o = T::rt(x.get() * ss);
                 }
@@ -823,7 +857,7 @@ fn run_flex<T: Fl>(f: &Flex, io: &mut KernelIo<'_>) -> Result<()> {
                     *pj = libm::exp(*pj - mx);
                     sum += *pj;
                 }
-                let o = row_mut(out, (b * f.hq + h) * f.l + i, f.ev)?;
+                let o = row_mut(out, bhi, f.ev)?;
                 for (m, om) in o.iter_mut().enumerate() {
                     let mut acc = 0.0;
                     // Column m of V (o is not empty here, so f.ev >= 1).
