@@ -20,23 +20,35 @@ pub fn repo() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// A folder of generated fixtures: `$VAR`, or `.cache/CACHE`; when its
+/// file `marker` is missing, `scripts/SCRIPT DIR` (with the venv's python)
+/// fills it first.
+pub fn generated_dir(var: &str, cache: &str, script: &str, marker: &str) -> PathBuf {
+    let dir = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".cache").join(cache));
+    if !dir.join(marker).exists() {
+        let py = python();
+        let st = Command::new(&py)
+            .arg(repo().join("scripts").join(script))
+            .arg(&dir)
+            .status()
+            .unwrap_or_else(|e| panic!("running {py}: {e}"));
+        assert!(st.success(), "scripts/{script} failed");
+    }
+    dir
+}
+
 /// Directory of generated test models (`MOTE_TEST_MODELS` or `.cache/test-models`).
 pub fn models_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::var_os("MOTE_TEST_MODELS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join(".cache/test-models"));
-        if !dir.join("dynamic.expected.npy").exists() {
-            let py = python();
-            let st = Command::new(&py)
-                .arg(repo().join("scripts/make_test_models.py"))
-                .arg(&dir)
-                .status()
-                .unwrap_or_else(|e| panic!("running {py}: {e}"));
-            assert!(st.success(), "scripts/make_test_models.py failed");
-        }
-        dir
+        generated_dir(
+            "MOTE_TEST_MODELS",
+            "test-models",
+            "make_test_models.py",
+            "dynamic.expected.npy",
+        )
     })
     .clone()
 }

@@ -9,25 +9,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::Command;
 
 use mote_std::conformance::{run_suite, CaseResult, Outcome, Summary};
-use mote_tests::{python, repo};
+use mote_tests::{generated_dir, repo};
 
 fn suite_dir() -> PathBuf {
-    let dir = std::env::var_os("MOTE_CONFORMANCE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".cache/onnx-node-tests"));
-    if !dir.join(".complete").exists() {
-        let py = python();
-        let st = Command::new(&py)
-            .arg(repo().join("scripts/gen_conformance.py"))
-            .arg(&dir)
-            .status()
-            .unwrap_or_else(|e| panic!("running {py}: {e}"));
-        assert!(st.success(), "scripts/gen_conformance.py failed");
-    }
-    dir
+    generated_dir(
+        "MOTE_CONFORMANCE_DIR",
+        "onnx-node-tests",
+        "gen_conformance.py",
+        ".complete",
+    )
 }
 
 fn manifest() -> BTreeSet<String> {

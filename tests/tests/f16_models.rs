@@ -17,11 +17,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use mote_core::{DType, Model, Session, SessionBuilder};
-use mote_tests::{python, repo};
+use mote_tests::generated_dir;
 
 /// Counts heap allocations per thread (the test harness allocates on its
 /// own threads meanwhile), to check f16 runs allocate nothing either.
@@ -66,19 +65,12 @@ const ATOL: f64 = 1e-3;
 fn f16_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::var_os("MOTE_F16_MODELS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join(".cache/f16-models"));
-        if !dir.join("convnet_f16io.expected.npy").exists() {
-            let py = python();
-            let st = Command::new(&py)
-                .arg(repo().join("scripts/make_f16_models.py"))
-                .arg(&dir)
-                .status()
-                .unwrap_or_else(|e| panic!("running {py}: {e}"));
-            assert!(st.success(), "scripts/make_f16_models.py failed");
-        }
-        dir
+        generated_dir(
+            "MOTE_F16_MODELS",
+            "f16-models",
+            "make_f16_models.py",
+            "convnet_f16io.expected.npy",
+        )
     })
     .clone()
 }

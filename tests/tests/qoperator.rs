@@ -7,25 +7,17 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 
 use mote_std::Session;
-use mote_tests::{python, repo};
+use mote_tests::generated_dir;
 
 fn cases_dir() -> PathBuf {
-    let dir = std::env::var_os("MOTE_QOP_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".cache/qop-cases"));
-    if !dir.join(".complete").exists() {
-        let py = python();
-        let st = Command::new(&py)
-            .arg(repo().join("scripts/make_qop_cases.py"))
-            .arg(&dir)
-            .status()
-            .unwrap_or_else(|e| panic!("running {py}: {e}"));
-        assert!(st.success(), "scripts/make_qop_cases.py failed");
-    }
-    dir
+    generated_dir(
+        "MOTE_QOP_DIR",
+        "qop-cases",
+        "make_qop_cases.py",
+        ".complete",
+    )
 }
 
 #[test]

@@ -11,25 +11,17 @@
 //! through up to 14 ops in another order than onnxruntime's).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use mote_core::{Model, Session, SessionBuilder, TensorView};
-use mote_tests::{python, repo};
+use mote_tests::generated_dir;
 
 fn cases_dir() -> PathBuf {
-    let dir = std::env::var_os("MOTE_RANDOM_GRAPHS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".cache/random-graphs"));
-    if !dir.join(".complete").exists() {
-        let py = python();
-        let st = Command::new(&py)
-            .arg(repo().join("scripts/make_random_graphs.py"))
-            .arg(&dir)
-            .status()
-            .unwrap_or_else(|e| panic!("running {py}: {e}"));
-        assert!(st.success(), "scripts/make_random_graphs.py failed");
-    }
-    dir
+    generated_dir(
+        "MOTE_RANDOM_GRAPHS",
+        "random-graphs",
+        "make_random_graphs.py",
+        ".complete",
+    )
 }
 
 fn npy(path: PathBuf) -> (Vec<usize>, Vec<f32>) {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use mote_core::{Model, Session};
 use mote_std::compiled::{compile_onnx, emit_rust, MoteFile};
-use mote_tests::{python, repo};
+use mote_tests::{generated_dir, repo};
 
 /// A model directory and what the host computes for it.
 #[allow(dead_code)]
@@ -33,19 +33,12 @@ pub fn kws() -> &'static FwModel {
 }
 
 fn quant_dir() -> PathBuf {
-    let dir = std::env::var_os("MOTE_QUANT_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".cache/quant-models"));
-    if !dir.join("manifest.json").exists() {
-        let py = python();
-        let st = Command::new(&py)
-            .arg(repo().join("scripts/make_quant_models.py"))
-            .arg(&dir)
-            .status()
-            .unwrap_or_else(|e| panic!("running {py}: {e}"));
-        assert!(st.success(), "scripts/make_quant_models.py failed");
-    }
-    dir
+    generated_dir(
+        "MOTE_QUANT_MODELS",
+        "quant-models",
+        "make_quant_models.py",
+        "manifest.json",
+    )
 }
 
 fn make(stem: &str, input: &str) -> FwModel {
