@@ -487,7 +487,7 @@ impl Session {
             Provider::Cuda { device } => device,
             Provider::Cpu => 0,
         };
-        self.pool.install(|| {
+        let outputs = self.pool.install(|| -> Result<Vec<Tensor>> {
             let mut s =
                 mote_core::Session::new(model, plan, arena).map_err(|e| explain(model, &e))?;
             #[cfg(feature = "cuda")]
@@ -506,6 +506,7 @@ impl Session {
                         .map_err(|e| explain(model, &e))
                 })
                 .collect()
-        })
+        })??;
+        Ok(outputs)
     }
 }
