@@ -2,9 +2,9 @@
 //! and f16 / bf16 accumulating in f32; f16 B against f32 A for
 //! `Model::weights_to_f16`).
 
-// 83 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+// Integer arithmetic (issue 8): the spans an operand must hold are checked
+// once (`needed`, `check_gemm`; `Overflow` past usize), and the index
+// arithmetic of the loops below them wraps by name under those bounds.
 use crate::error::{Error, ErrorKind, Result};
 use crate::kern::sgemm::{self, Dense, MatA, Trans};
 use crate::ops::activation::Act;
@@ -31,13 +31,18 @@ fn len_err(expected: usize, got: usize) -> Error {
 }
 
 /// Minimum slice length holding a `rows x cols` row-major matrix with
-/// leading dimension `ld`.
-fn needed(rows: usize, cols: usize, ld: usize) -> usize {
+/// leading dimension `ld`; `None` past `usize`.
+fn needed(rows: usize, cols: usize, ld: usize) -> Option<usize> {
     if rows == 0 || cols == 0 {
-        0
+        Some(0)
     } else {
-        (rows - 1) * ld + cols
+        rows.wrapping_sub(1).checked_mul(ld)?.checked_add(cols)
     }
+}
+
+/// [`needed`], or `Overflow`.
+fn span(rows: usize, cols: usize, ld: usize) -> Result<usize> {
+    needed(rows, cols, ld).ok_or(Error::new(ErrorKind::Overflow))
 }
 
 /// `C = alpha * op(A) * op(B) + beta * C`, row-major, over f32.
@@ -143,16 +148,16 @@ fn check_gemm(
     ldc: usize,
 ) -> Result<()> {
     let need_a = if transa {
-        needed(k, m, lda)
+        span(k, m, lda)?
     } else {
-        needed(m, k, lda)
+        span(m, k, lda)?
     };
     let need_b = if transb {
-        needed(n, k, ldb)
+        span(n, k, ldb)?
     } else {
-        needed(k, n, ldb)
+        span(k, n, ldb)?
     };
-    let need_c = needed(m, n, ldc);
+    let need_c = span(m, n, ldc)?;
     if a_len < need_a {
         return Err(len_err(need_a, a_len));
     }
@@ -168,7 +173,7 @@ fn check_gemm(
 /// The `count` elements `s[0], s[ld], ..., s[(count - 1) * ld]`, their span
 /// checked once (`None` if `s` is shorter); a zero `ld` repeats `s[0]`.
 fn strided<T>(s: &[T], ld: usize, count: usize) -> Option<impl Iterator<Item = &T> + Clone> {
-    let span = s.get(..needed(count, 1, ld))?;
+    let span = s.get(..needed(count, 1, ld)?)?;
     // `step_by` yields the `count` elements of the span (one when `ld` is
     // 0, which `cycle` repeats).
     Some(span.iter().step_by(ld.max(1)).cycle().take(count))
@@ -220,14 +225,20 @@ fn reference_loops<A: Float, B: Float<Acc = A::Acc>>(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    // check_gemm has bounded every index below by an operand's length:
+    // i * lda + p and p * lda + i < a.len() (i < m, p < k), p * ldb + j and
+    // j * ldb + p < b.len(), i * ldc + j < c.len() (j < n); so the index
+    // arithmetic wraps by name, and a short operand is an `Err` (`get`).
+    let at = |r: usize, ld: usize, col: usize| r.wrapping_mul(ld).wrapping_add(col);
+    let c_row = |i: usize| at(i, ldc, 0)..at(i, ldc, n);
     // Scale C by beta.
     for i in 0..m {
-        let row = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
+        let row = c.get_mut(c_row(i)).ok_or(short)?;
         if beta == zero {
             row.fill(zero);
         } else if beta != <A::Acc as Acc>::ONE {
             for v in row.iter_mut() {
-                *v *= beta;
+                *v = v.times(beta);
             }
         }
     }
@@ -235,94 +246,95 @@ fn reference_loops<A: Float, B: Float<Acc = A::Acc>>(
         return Ok(());
     }
     let a_at = |i: usize, p: usize| -> Result<A::Acc> {
-        let at = if transa { p * lda + i } else { i * lda + p };
-        a.get(at).map(|v| v.to_acc()).ok_or(short)
+        let ix = if transa { at(p, lda, i) } else { at(i, lda, p) };
+        a.get(ix).map(|v| v.to_acc()).ok_or(short)
     };
+    // k rounded down to a multiple of 4 (a mask: no arithmetic to check).
+    let k4 = k & !3;
     if !transb {
         // i-k-j: the inner loop runs contiguously over a row of B and of C.
-        let b_row = |p: usize| b.get(p * ldb..p * ldb + n).ok_or(short);
+        let b_row = |p: usize| b.get(at(p, ldb, 0)..at(p, ldb, n)).ok_or(short);
         for i in 0..m {
-            let crow = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
-            let mut p = 0;
-            while p + 4 <= k {
-                let a0 = alpha * a_at(i, p)?;
-                let a1 = alpha * a_at(i, p + 1)?;
-                let a2 = alpha * a_at(i, p + 2)?;
-                let a3 = alpha * a_at(i, p + 3)?;
-                let b0 = b_row(p)?;
-                let b1 = b_row(p + 1)?;
-                let b2 = b_row(p + 2)?;
-                let b3 = b_row(p + 3)?;
+            let crow = c.get_mut(c_row(i)).ok_or(short)?;
+            for p in (0..k4).step_by(4) {
+                // p + 3 < k4 <= k.
+                let (p1, p2, p3) = (p | 1, p | 2, p | 3);
+                let a0 = alpha.times(a_at(i, p)?);
+                let a1 = alpha.times(a_at(i, p1)?);
+                let a2 = alpha.times(a_at(i, p2)?);
+                let a3 = alpha.times(a_at(i, p3)?);
+                let (b0, b1, b2, b3) = (b_row(p)?, b_row(p1)?, b_row(p2)?, b_row(p3)?);
                 for ((((cv, &x0), &x1), &x2), &x3) in
                     crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3)
                 {
-                    *cv +=
-                        a0 * x0.to_acc() + a1 * x1.to_acc() + a2 * x2.to_acc() + a3 * x3.to_acc();
+                    let sum = a0
+                        .times(x0.to_acc())
+                        .plus(a1.times(x1.to_acc()))
+                        .plus(a2.times(x2.to_acc()))
+                        .plus(a3.times(x3.to_acc()));
+                    *cv = cv.plus(sum);
                 }
-                p += 4;
             }
-            while p < k {
-                let a0 = alpha * a_at(i, p)?;
+            for p in k4..k {
+                let a0 = alpha.times(a_at(i, p)?);
                 let b0 = b_row(p)?;
                 for (cv, &x0) in crow.iter_mut().zip(b0) {
-                    *cv += a0 * x0.to_acc();
+                    *cv = cv.plus(a0.times(x0.to_acc()));
                 }
-                p += 1;
             }
         }
     } else if !transa {
         // Both operands contiguous over k: dot products, 4 accumulators.
         for i in 0..m {
-            let arow = a.get(i * lda..i * lda + k).ok_or(short)?;
-            let crow = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
+            let arow = a.get(at(i, lda, 0)..at(i, lda, k)).ok_or(short)?;
+            let crow = c.get_mut(c_row(i)).ok_or(short)?;
             for (j, cv) in crow.iter_mut().enumerate() {
-                let brow = b.get(j * ldb..j * ldb + k).ok_or(short)?;
+                let brow = b.get(at(j, ldb, 0)..at(j, ldb, k)).ok_or(short)?;
                 let mut s = [zero; 4];
                 let mut ac = arow.chunks_of(4);
                 let mut bc = brow.chunks_of(4);
                 for (x, y) in (&mut ac).zip(&mut bc) {
                     for ((sq, xq), yq) in s.iter_mut().zip(x).zip(y) {
-                        *sq += xq.to_acc() * yq.to_acc();
+                        *sq = sq.plus(xq.to_acc().times(yq.to_acc()));
                     }
                 }
                 let [s0, s1, s2, s3] = s;
-                let mut t = (s0 + s1) + (s2 + s3);
+                let mut t = s0.plus(s1).plus(s2.plus(s3));
                 for (x, y) in ac.remainder().iter().zip(bc.remainder()) {
-                    t += x.to_acc() * y.to_acc();
+                    t = t.plus(x.to_acc().times(y.to_acc()));
                 }
-                *cv += alpha * t;
+                *cv = cv.plus(alpha.times(t));
             }
         }
     } else {
         // A^T B^T: A(i, p) = a[p*lda + i]; keep the dot over k, 4 columns of
         // C at a time.
-        let b_row = |j: usize| b.get(j * ldb..j * ldb + k).ok_or(short);
+        let b_row = |j: usize| b.get(at(j, ldb, 0)..at(j, ldb, k)).ok_or(short);
         for i in 0..m {
             let acol = a.get(i..).and_then(|a| strided(a, lda, k)).ok_or(short)?;
-            let crow = c.get_mut(i * ldc..i * ldc + n).ok_or(short)?;
+            let crow = c.get_mut(c_row(i)).ok_or(short)?;
             let mut quads = crow.chunks_of_mut(4);
-            for (q, cq) in (&mut quads).enumerate() {
-                let j = 4 * q;
-                let (b0, b1, b2, b3) = (b_row(j)?, b_row(j + 1)?, b_row(j + 2)?, b_row(j + 3)?);
+            for (j, cq) in (0..).step_by(4).zip(&mut quads) {
+                // j + 3 < n: cq is a whole quad of the row.
+                let (b0, b1, b2, b3) = (b_row(j)?, b_row(j | 1)?, b_row(j | 2)?, b_row(j | 3)?);
                 let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
                 for ((((av, x0), x1), x2), x3) in acol.clone().zip(b0).zip(b1).zip(b2).zip(b3) {
                     let av = av.to_acc();
-                    s0 += av * x0.to_acc();
-                    s1 += av * x1.to_acc();
-                    s2 += av * x2.to_acc();
-                    s3 += av * x3.to_acc();
+                    s0 = s0.plus(av.times(x0.to_acc()));
+                    s1 = s1.plus(av.times(x1.to_acc()));
+                    s2 = s2.plus(av.times(x2.to_acc()));
+                    s3 = s3.plus(av.times(x3.to_acc()));
                 }
                 for (cv, sv) in cq.iter_mut().zip([s0, s1, s2, s3]) {
-                    *cv += alpha * sv;
+                    *cv = cv.plus(alpha.times(sv));
                 }
             }
-            let j0 = n - n % 4;
-            for (j, cv) in (j0..).zip(quads.into_remainder()) {
+            for (j, cv) in ((n & !3)..).zip(quads.into_remainder()) {
                 let mut t = zero;
                 for (av, x) in acol.clone().zip(b_row(j)?) {
-                    t += av.to_acc() * x.to_acc();
+                    t = t.plus(av.to_acc().times(x.to_acc()));
                 }
-                *cv += alpha * t;
+                *cv = cv.plus(alpha.times(t));
             }
         }
     }
@@ -457,9 +469,22 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         transb,
         c: c_strides,
     } = gemm_geom(ctx, a.shape, b.shape, c.map(|c| c.shape))?;
+    let mn = m.checked_mul(n).ok_or(Error::new(ErrorKind::Overflow))?;
+    // The span of the broadcast C that the kernel reads.
+    let c_span = match c_strides {
+        Some((s0, s1)) if m != 0 && n != 0 => m
+            .wrapping_sub(1)
+            .checked_mul(s0)
+            .and_then(|r| n.wrapping_sub(1).checked_mul(s1)?.checked_add(r))
+            .and_then(|v| v.checked_add(1))
+            .ok_or(Error::new(ErrorKind::Overflow))?,
+        _ => 0,
+    };
     let g = GemmParams {
         m,
         n,
+        mn,
+        c_span,
         k,
         lda,
         ldb,
@@ -477,7 +502,7 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         ));
     }
     util::with_float!(dt, T => {
-        let scratch = util::acc_scratch::<T>(m * n)?;
+        let scratch = util::acc_scratch::<T>(mn)?;
         Ok(Prepared::single(dt, &[m, n], kernel("Gemm", move |io| run_gemm::<T, T>(io, &g)))
             .with_scratch(scratch))
     }, other => Err(Error::new(ErrorKind::UnsupportedDType {
@@ -491,6 +516,11 @@ fn prepare_gemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 struct GemmParams {
     m: usize,
     n: usize,
+    /// `m * n`, checked.
+    mn: usize,
+    /// Elements of C that the broadcast reads, `(m-1)*s0 + (n-1)*s1 + 1`
+    /// (0 without C), checked.
+    c_span: usize,
     k: usize,
     lda: usize,
     ldb: usize,
@@ -507,6 +537,8 @@ fn run_gemm<T: Float, W: Float<Acc = T::Acc>>(io: &mut KernelIo<'_>, g: &GemmPar
     let GemmParams {
         m,
         n,
+        mn,
+        c_span,
         k,
         lda,
         ldb,
@@ -524,31 +556,25 @@ fn run_gemm<T: Float, W: Float<Acc = T::Acc>>(io: &mut KernelIo<'_>, g: &GemmPar
     };
     let (y, scratch) = io.output_and_scratch(0)?;
     let y = y.into_slice::<T>()?;
-    if y.len() < m * n {
-        return Err(len_err(m * n, y.len()));
+    if y.len() < mn {
+        return Err(len_err(mn, y.len()));
     }
     let body = |acc: &mut [T::Acc]| -> Result<()> {
         let beta_eff = match c {
+            Some((cv, _)) if cv.len() < c_span => return Err(len_err(c_span, cv.len())),
             Some((cv, (s0, s1))) => {
-                let need = if m == 0 || n == 0 {
-                    0
-                } else {
-                    (m - 1) * s0 + (n - 1) * s1 + 1
-                };
-                if cv.len() < need {
-                    return Err(len_err(need, cv.len()));
-                }
                 let beta = T::Acc::from_f32(beta);
                 let short = Error::new(ErrorKind::Internal("Gemm: C or scratch too short"));
-                for i in 0..m {
-                    // C(i, j) is cv[i * s0 + j * s1] (a zero stride broadcasts).
-                    let crow = cv.get(i * s0..).and_then(|r| strided(r, s1, n));
-                    let arow = acc.get_mut(i * n..i * n + n);
-                    let (Some(crow), Some(arow)) = (crow, arow) else {
+                // acc holds m rows of n (mn checked in prepare).
+                for (i, arow) in acc.chunks_of_mut(n).take(m).enumerate() {
+                    // C(i, j) is cv[i * s0 + j * s1] (a zero stride
+                    // broadcasts); i * s0 < c_span, checked in prepare.
+                    let crow = cv.get(i.wrapping_mul(s0)..).and_then(|r| strided(r, s1, n));
+                    let Some(crow) = crow else {
                         return Err(short);
                     };
                     for (o, v) in arow.iter_mut().zip(crow) {
-                        *o = beta * v.to_acc();
+                        *o = beta.times(v.to_acc());
                     }
                 }
                 <T::Acc as Acc>::ONE
@@ -562,13 +588,13 @@ fn run_gemm<T: Float, W: Float<Acc = T::Acc>>(io: &mut KernelIo<'_>, g: &GemmPar
     };
     if T::IS_ACC {
         let y = y
-            .get_mut(..m * n)
+            .get_mut(..mn)
             .ok_or(Error::new(ErrorKind::Internal("Gemm output")))?;
         let acc: &mut [T::Acc] = bytemuck::try_cast_slice_mut(y)
             .map_err(|_| Error::new(ErrorKind::Internal("Gemm output")))?;
         body(acc)?;
     } else {
-        let acc = util::acc_buf::<T>(scratch, m * n)?;
+        let acc = util::acc_buf::<T>(scratch, mn)?;
         body(acc)?;
         util::store(y, acc);
     }
@@ -607,7 +633,7 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     if k != kb {
         return Err(Error::new(ErrorKind::Dim {
-            axis: if rb == 1 { 0 } else { rb - 2 },
+            axis: rb.saturating_sub(2),
             expected: k as u64,
             got: kb as u64,
         }));
@@ -628,18 +654,32 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if out_shape.len() > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
     }
+    let overflow = || Error::new(ErrorKind::Overflow);
+    let (mk, kn, mn) = (
+        m.checked_mul(k).ok_or_else(overflow)?,
+        k.checked_mul(n).ok_or_else(overflow)?,
+        m.checked_mul(n).ok_or_else(overflow)?,
+    );
+    // Element strides of A's and B's matrices along the batch axes (the
+    // last one reached is below the checked element count of A or B).
     let mut sa = broadcast_strides(a_batch, &batch);
     let mut sb = broadcast_strides(b_batch, &batch);
-    for v in sa.iter_mut() {
-        *v *= m * k;
+    for (v, size) in sa
+        .iter_mut()
+        .map(|v| (v, mk))
+        .chain(sb.iter_mut().map(|v| (v, kn)))
+    {
+        *v = v.checked_mul(size).ok_or_else(overflow)?;
     }
-    for v in sb.iter_mut() {
-        *v *= k * n;
-    }
+    // Y's element count, checked for the kernel's row offsets.
+    crate::error::checked_numel(&out_shape)?;
     let p = MatMulParams {
         m,
         n,
         k,
+        mk,
+        kn,
+        mn,
         batch,
         sa,
         sb,
@@ -652,7 +692,7 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         ));
     }
     util::with_float!(dt, T => {
-        let scratch = util::acc_scratch::<T>(m * n)?;
+        let scratch = util::acc_scratch::<T>(mn)?;
         Ok(Prepared::single(dt, &out_shape, kernel("MatMul", move |io| run_matmul::<T, T>(io, &p)))
             .with_scratch(scratch))
     }, other => Err(Error::new(ErrorKind::UnsupportedDType {
@@ -667,6 +707,10 @@ struct MatMulParams {
     m: usize,
     n: usize,
     k: usize,
+    /// `m * k`, `k * n` and `m * n`, checked.
+    mk: usize,
+    kn: usize,
+    mn: usize,
     batch: Vec<usize>,
     sa: [usize; MAX_RANK],
     sb: [usize; MAX_RANK],
@@ -677,17 +721,33 @@ fn run_matmul<T: Float, W: Float<Acc = T::Acc>>(
     io: &mut KernelIo<'_>,
     p: &MatMulParams,
 ) -> Result<()> {
-    let (m, n, k) = (p.m, p.n, p.k);
+    let (m, n, k, mk, kn, mn) = (p.m, p.n, p.k, p.mk, p.kn, p.mn);
     let a = io.input_slice::<T>(0)?;
     let b = io.input_slice::<W>(1)?;
     let (y, scratch) = io.output_and_scratch(0)?;
     let y = y.into_slice::<T>()?;
-    let mn = m * n;
-    for (bi, [oa, ob]) in StridedIter::new(&p.batch, [p.sa, p.sb]).enumerate() {
-        let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
-        let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
-        let yv = y
-            .get_mut(bi * mn..bi * mn + mn)
+    if mn == 0 {
+        return Ok(());
+    }
+    // `len` elements from `s` of an operand of `have`.
+    let window = |s: usize, len: usize, have: usize| {
+        let end = s.checked_add(len).ok_or(Error::new(ErrorKind::Overflow))?;
+        if end > have {
+            return Err(len_err(end, have));
+        }
+        Ok(s..end)
+    };
+    // Y is batch matrices of mn elements, one per batch index.
+    let mut ys = y.chunks_of_mut(mn);
+    for [oa, ob] in StridedIter::new(&p.batch, [p.sa, p.sb]) {
+        let av = a
+            .get(window(oa, mk, a.len())?)
+            .ok_or(len_err(mk, a.len()))?;
+        let bv = b
+            .get(window(ob, kn, b.len())?)
+            .ok_or(len_err(kn, b.len()))?;
+        let yv = ys
+            .next()
             .ok_or(Error::new(ErrorKind::Internal("MatMul output")))?;
         let one = <T::Acc as Acc>::ONE;
         let zero = <T::Acc as Acc>::ZERO;
@@ -713,10 +773,8 @@ fn prepare_det(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         [ref batch @ .., rows, cols] if rows == cols => (batch, cols),
         _ => return Err(Error::new(ErrorKind::Shape("Det input must be [*, M, M]"))),
     };
-    let bytes = n
-        .checked_mul(n)
-        .and_then(|v| v.checked_mul(8))
-        .ok_or(Error::new(ErrorKind::Overflow))?;
+    let nn = n.checked_mul(n).ok_or(Error::new(ErrorKind::Overflow))?;
+    let bytes = nn.checked_mul(8).ok_or(Error::new(ErrorKind::Overflow))?;
     macro_rules! typed {
         ($t:ty, $get:expr, $put:expr) => {
             Prepared::single(
@@ -731,13 +789,22 @@ fn prepare_det(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                             .ok_or(Error::new(ErrorKind::Internal("Det scratch")))?,
                     )
                     .map_err(|_| Error::new(ErrorKind::Internal("scratch alignment")))?;
-                    if xs.len() != y.len() * n * n {
-                        return Err(len_err(y.len() * n * n, xs.len()));
+                    let need = y
+                        .len()
+                        .checked_mul(nn)
+                        .ok_or(Error::new(ErrorKind::Overflow))?;
+                    if xs.len() != need {
+                        return Err(len_err(need, xs.len()));
                     }
-                    for (b, yv) in y.iter_mut().enumerate() {
-                        let xm = xs
-                            .get(b * n * n..(b + 1) * n * n)
-                            .ok_or(Error::new(ErrorKind::Internal("Det input")))?;
+                    // A 0 x 0 matrix has determinant 1 (xs is empty then).
+                    let mut xms = xs.chunks_of(nn);
+                    for yv in y.iter_mut() {
+                        let xm = if nn == 0 {
+                            &[][..]
+                        } else {
+                            xms.next()
+                                .ok_or(Error::new(ErrorKind::Internal("Det input")))?
+                        };
                         for (d, &v) in a.iter_mut().zip(xm) {
                             *d = $get(v);
                         }
@@ -766,13 +833,18 @@ fn prepare_det(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 /// Determinant of the row-major `n x n` matrix `a` (destroyed).
 fn lu_det(a: &mut [f64], n: usize) -> Result<f64> {
     let short = Error::new(ErrorKind::Internal("Det: scratch shorter than n x n"));
-    let a = a.get_mut(..n * n).ok_or(short)?;
+    let nn = n.checked_mul(n).ok_or(Error::new(ErrorKind::Overflow))?;
+    let a = a.get_mut(..nn).ok_or(short)?;
+    // Row r starts at r * n; every index below is under n * n (r, c < n).
+    let row_at = |r: usize| r.wrapping_mul(n);
     let mut det = 1.0f64;
     for c in 0..n {
+        // c < n: c + 1 <= n.
+        let c1 = c.wrapping_add(1);
         // Largest pivot keeps the elimination stable.
         let mut p = c;
-        let mut piv = *a.get(c * n + c).ok_or(short)?;
-        for (i, row) in a.chunks_of(n).enumerate().skip(c + 1) {
+        let mut piv = *a.get(row_at(c).wrapping_add(c)).ok_or(short)?;
+        for (i, row) in a.chunks_of(n).enumerate().skip(c1) {
             let v = *row.get(c).ok_or(short)?;
             if v.abs() > piv.abs() {
                 p = i;
@@ -784,19 +856,23 @@ fn lu_det(a: &mut [f64], n: usize) -> Result<f64> {
         }
         // `upper` ends with row c, `lower` holds the rows below it (p among
         // them when p != c).
-        let (upper, lower) = a.split_at_mut_checked((c + 1) * n).ok_or(short)?;
-        let prow = upper.get_mut(c * n..).ok_or(short)?;
+        let (upper, lower) = a.split_at_mut_checked(row_at(c1)).ok_or(short)?;
+        let prow = upper.get_mut(row_at(c)..).ok_or(short)?;
         if p != c {
-            let other = lower.get_mut((p - c - 1) * n..(p - c) * n).ok_or(short)?;
+            // c < p < n: row p of the matrix is row p - c - 1 of `lower`.
+            let q = p.wrapping_sub(c1);
+            let other = lower
+                .get_mut(row_at(q)..row_at(q.wrapping_add(1)))
+                .ok_or(short)?;
             for (u, v) in prow.iter_mut().zip(other) {
                 core::mem::swap(u, v);
             }
             det = -det;
         }
         det *= piv;
-        let tail = prow.get(c + 1..).ok_or(short)?;
+        let tail = prow.get(c1..).ok_or(short)?;
         for row in lower.chunks_of_mut(n) {
-            let (head, rest) = row.split_at_mut_checked(c + 1).ok_or(short)?;
+            let (head, rest) = row.split_at_mut_checked(c1).ok_or(short)?;
             let f = *head.last().ok_or(short)? / piv;
             if f != 0.0 {
                 for (v, &t) in rest.iter_mut().zip(tail) {
@@ -811,7 +887,20 @@ fn lu_det(a: &mut [f64], n: usize) -> Result<f64> {
 #[cfg(test)]
 mod det_tests {
     use crate::ops::testing::{assert_close, run, t, vals};
+    use crate::ErrorKind;
     use alloc::vec;
+
+    #[test]
+    fn empty_operands_with_an_output_past_usize() {
+        // [2^33, 0] x [0, 2^33]: no data, but m * n = 2^66 elements.
+        let big = 1usize << 33;
+        for op in ["MatMul", "Gemm"] {
+            let a = t(&[big, 0], &[0.0f32; 0]);
+            let b = t(&[0, big], &[0.0f32; 0]);
+            let e = run(op, 13, vec![], &[a, b], 1).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Overflow, "{op}");
+        }
+    }
 
     #[test]
     fn det_batched_with_pivoting() {

@@ -905,6 +905,13 @@ pub mod util {
         const ZERO: Self;
         /// 1.
         const ONE: Self;
+        /// `self + o`, by name: on a type parameter clippy cannot tell the
+        /// operators from integer arithmetic (`arithmetic_side_effects`).
+        fn plus(self, o: Self) -> Self;
+        /// `self * o`, by name (see [`Acc::plus`]).
+        fn times(self, o: Self) -> Self;
+        /// `self / o`, by name (see [`Acc::plus`]).
+        fn over(self, o: Self) -> Self;
     }
 
     impl Float for f32 {
@@ -999,15 +1006,27 @@ pub mod util {
     }
     half_float!(half::f16, half::bf16);
 
-    impl Acc for f32 {
-        const ZERO: Self = 0.0;
-        const ONE: Self = 1.0;
+    macro_rules! float_acc {
+        ($($t:ty),*) => {$(
+            impl Acc for $t {
+                const ZERO: Self = 0.0;
+                const ONE: Self = 1.0;
+                #[inline(always)]
+                fn plus(self, o: Self) -> Self {
+                    self + o
+                }
+                #[inline(always)]
+                fn times(self, o: Self) -> Self {
+                    self * o
+                }
+                #[inline(always)]
+                fn over(self, o: Self) -> Self {
+                    self / o
+                }
+            }
+        )*};
     }
-
-    impl Acc for f64 {
-        const ZERO: Self = 0.0;
-        const ONE: Self = 1.0;
-    }
+    float_acc!(f32, f64);
 
     /// The float dtypes of [`Float`].
     pub const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];

@@ -6,6 +6,7 @@
 use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::kern::win;
 use crate::math;
+use crate::ops::util::Acc as _;
 use crate::ops::{kernel, util, KernelIo, OpDef, OutputInfo, PrepareCtx, Prepared, Unary};
 use crate::tensor::ChunksOf as _;
 use crate::tensor::MAX_RANK;
@@ -218,32 +219,8 @@ struct BatchNorm {
     folded: Option<(Vec<f32>, Vec<f32>)>,
 }
 
-/// `a * x + b` in an accumulator type (f32 or f64), rounded after each
-/// operation (not fused); a method, as the lint flags operators on a
-/// generic type.
-trait MulAdd: Copy {
-    fn mul_add_acc(self, x: Self, b: Self) -> Self;
-}
-
-impl MulAdd for f32 {
-    #[inline(always)]
-    fn mul_add_acc(self, x: f32, b: f32) -> f32 {
-        self * x + b
-    }
-}
-
-impl MulAdd for f64 {
-    #[inline(always)]
-    fn mul_add_acc(self, x: f64, b: f64) -> f64 {
-        self * x + b
-    }
-}
-
 impl BatchNorm {
-    fn run<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<()>
-    where
-        T::Acc: MulAdd,
-    {
+    fn run<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<()> {
         let (n, c, inner, eps) = (self.n, self.c, self.inner, self.eps);
         let params = match &self.folded {
             Some(_) => None,
@@ -271,7 +248,8 @@ impl BatchNorm {
                 let (a, b) = (T::Acc::from_f32(a), T::Acc::from_f32(b));
                 for plane in planes_mut(y, c, inner, ch) {
                     for v in plane {
-                        *v = T::from_acc(a.mul_add_acc(v.to_acc(), b));
+                        // a * x + b, rounded after each operation (not fused).
+                        *v = T::from_acc(a.times(v.to_acc()).plus(b));
                     }
                 }
             }

@@ -521,7 +521,7 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
 /// from a left-to-right sum only by rounding, as in onnxruntime's own
 /// vectorized pools.
 #[inline(always)]
-fn sum_lanes<T: Copy, A: LaneAcc>(xs: &[T], widen: impl Fn(T) -> A) -> A {
+fn sum_lanes<T: Copy, A: Acc>(xs: &[T], widen: impl Fn(T) -> A) -> A {
     let mut lanes = [A::ZERO; 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {
@@ -538,30 +538,6 @@ fn sum_lanes<T: Copy, A: LaneAcc>(xs: &[T], widen: impl Fn(T) -> A) -> A {
     ae.plus(bf).plus(cg.plus(dh)).plus(tail)
 }
 
-/// The float accumulators of [`sum_lanes`] and [`run_global`], added and
-/// divided by name: on a type parameter, clippy cannot tell `+` and `/`
-/// from integer arithmetic.
-trait LaneAcc: Acc {
-    fn plus(self, o: Self) -> Self;
-    fn over(self, o: Self) -> Self;
-}
-
-macro_rules! lane_acc {
-    ($($t:ty),*) => {$(
-        impl LaneAcc for $t {
-            #[inline(always)]
-            fn plus(self, o: Self) -> Self {
-                self + o
-            }
-            #[inline(always)]
-            fn over(self, o: Self) -> Self {
-                self / o
-            }
-        }
-    )*};
-}
-lane_acc!(f32, f64);
-
 /// A global pool over `planes` planes of `plane` elements, accumulated in
 /// f32 (f64 for f64).
 fn run_global<T: Float>(
@@ -571,7 +547,6 @@ fn run_global<T: Float>(
     plane: usize,
 ) -> Result<()>
 where
-    T::Acc: LaneAcc,
 {
     let x = io.input_slice::<T>(0)?;
     let y = io.output_slice::<T>(0)?;
