@@ -5,15 +5,12 @@
 //! PyTorch's `grid_sample` / `affine_grid` / `fold` and torchvision's
 //! `roi_align` / `deform_conv2d`); f32 data.
 
-// 83 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::ops::util::{div, div_rem, divides, dtype_in};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::{win, win_mut};
+use crate::ops::util::{div, div_rem, divides, dtype_in, row, row_mut};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
 use crate::tensor::MAX_RANK;
@@ -39,6 +36,15 @@ fn shape_err(s: &'static str) -> Error {
 
 fn to_usize(v: i64, what: &'static str) -> Result<usize> {
     usize::try_from(v).map_err(|_| shape_err(what))
+}
+
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
+}
+
+/// `a * b`, or `Overflow`.
+fn mul(a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b).ok_or(overflow())
 }
 
 // ---------------------------------------------------------------- GridSample
@@ -101,16 +107,15 @@ fn cubic_coeffs(t: f32) -> [f32; 4] {
 /// The element index along one axis of size `d` that integer position `i`
 /// reads under `pad`, or `None` for an implicit zero.
 fn pixel_index(i: i64, d: usize, pad: Pad, lo: f64, hi: f64) -> Option<usize> {
-    if d == 0 {
-        return None; // an empty axis has no pixel (and `clamp(0, -1)` panics)
-    }
-    let di = d as i64;
+    // An empty axis has no pixel (and `clamp(0, -1)` panics). An axis
+    // longer than i64::MAX (no buffer holds one) clamps at i64::MAX.
+    let last = i64::try_from(d.checked_sub(1)?).unwrap_or(i64::MAX);
     match pad {
-        Pad::Zeros => (i >= 0 && i < di).then_some(i as usize),
-        Pad::Border => Some(i.clamp(0, di - 1) as usize),
+        Pad::Zeros => (i >= 0 && i <= last).then_some(i as usize),
+        Pad::Border => Some(i.clamp(0, last) as usize),
         Pad::Reflection => {
             let r = reflect(i as f64, lo, hi) as i64;
-            Some(r.clamp(0, di - 1) as usize)
+            Some(r.clamp(0, last) as usize)
         }
     }
 }
@@ -131,12 +136,15 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     dtype_in(x.dtype, &[DType::F32], "GridSample X")?;
     dtype_in(g.dtype, &[DType::F32], "GridSample grid")?;
     let r = x.shape.len();
-    if !(r == 4 || r == 5) {
-        return Err(Error::new(ErrorKind::Unsupported(
-            "GridSample: only 4-D and 5-D input",
-        )));
-    }
-    let nd = r - 2;
+    let nd = match r {
+        4 => 2,
+        5 => 3,
+        _ => {
+            return Err(Error::new(ErrorKind::Unsupported(
+                "GridSample: only 4-D and 5-D input",
+            )))
+        }
+    };
     let (&[n, c], xsp) = x
         .shape
         .split_first_chunk::<2>()
@@ -184,11 +192,13 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             lo,
             hi,
         });
-        s *= len;
+        s = mul(s, len)?;
     }
     axes.reverse();
     let plane = s;
-    let npts: usize = gsp.iter().product();
+    let npts = checked_numel(gsp)?;
+    // Per image: input elements, output elements, grid values.
+    let (cplane, cnpts, gpts) = (mul(c, plane)?, mul(c, npts)?, mul(npts, nd)?);
     let mut out = vec![n, c];
     out.extend_from_slice(gsp);
     let k: usize = match mode {
@@ -212,15 +222,9 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .get_mut(..ncombo)
                 .ok_or(Error::internal("image index"))?;
             for b in 0..n {
-                let xb = xs
-                    .get(b * c * plane..(b + 1) * c * plane)
-                    .ok_or(Error::internal("image index"))?;
-                let yb = y
-                    .get_mut(b * c * npts..(b + 1) * c * npts)
-                    .ok_or(Error::internal("image index"))?;
-                let gb = gs
-                    .get(b * npts * nd..(b + 1) * npts * nd)
-                    .ok_or(Error::internal("image index"))?;
+                let xb = row(xs, b, cplane)?;
+                let yb = row_mut(y, b, cnpts)?;
+                let gb = row(gs, b, gpts)?;
                 for (p, gp) in gb.chunks_of(nd).enumerate() {
                     let mut idx = [[None::<usize>; 4]; 3];
                     let mut wt = [[0f32; 4]; 3];
@@ -296,7 +300,11 @@ fn prepare_grid_sample(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                                 .get(j)
                                 .zip(wt_d.get(j))
                                 .ok_or(Error::internal("image index"))?;
-                            off = off.zip(*i).map(|(o, i)| o + i * ax.stride);
+                            // i < ax.len (pixel_index): the offset stays
+                            // below plane, checked in prepare.
+                            off = off
+                                .zip(*i)
+                                .map(|(o, i)| o.wrapping_add(i.wrapping_mul(ax.stride)));
                             w *= wj;
                         }
                         *tap = off.map(|o| (o, w));
@@ -348,8 +356,10 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         _ => return Err(shape_err("AffineGrid: size must have 4 or 5 entries")),
     };
     let nd = size_sp.len();
+    // One theta row of nd + 1 (nd is 2 or 3) per output coordinate.
+    let cols = nd.wrapping_add(1);
     let n = to_usize(n, "AffineGrid: negative size")?;
-    if th.shape != [n, nd, nd + 1] {
+    if th.shape != [n, nd, cols] {
         return Err(shape_err(
             "AffineGrid: theta must be [N, 2, 3] or [N, 3, 4]",
         ));
@@ -360,7 +370,9 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     // Axes of `sp` are (D,) H, W; the output's last axis lists x (W) first.
     let axes: Vec<Vec<f64>> = sp.iter().map(|&d| base_coords(d, align)).collect();
-    let npts: usize = sp.iter().product();
+    let npts = checked_numel(&sp)?;
+    // Per image: theta values, output values.
+    let (tl, ypts) = (mul(nd, cols)?, mul(npts, nd)?);
     let mut out = vec![n];
     out.extend_from_slice(&sp);
     out.push(nd);
@@ -370,14 +382,9 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         kernel("AffineGrid", move |io| {
             let t = io.input_slice::<f32>(0)?;
             let y = io.output_slice::<f32>(0)?;
-            let tl = nd * (nd + 1);
             for b in 0..n {
-                let tb = t
-                    .get(b * tl..(b + 1) * tl)
-                    .ok_or(Error::internal("image index"))?;
-                let yb = y
-                    .get_mut(b * npts * nd..(b + 1) * npts * nd)
-                    .ok_or(Error::internal("image index"))?;
+                let tb = row(t, b, tl)?;
+                let yb = row_mut(y, b, ypts)?;
                 for (p, yp) in yb.chunks_of_mut(nd).enumerate() {
                     let mut homo = [1f64; 4];
                     let mut rem = p;
@@ -388,9 +395,9 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         *h = *ax.get(i).ok_or(Error::internal("image index"))?;
                     }
                     // One theta row of nd + 1 per output coordinate.
-                    for (o, row) in yp.iter_mut().zip(tb.chunks_of(nd + 1)) {
+                    for (o, trow) in yp.iter_mut().zip(tb.chunks_of(cols)) {
                         let mut acc = 0f64;
-                        for (&tv, &hv) in row.iter().zip(&homo) {
+                        for (&tv, &hv) in trow.iter().zip(&homo) {
                             acc += tv as f64 * hv;
                         }
                         *o = acc as f32;
@@ -405,7 +412,8 @@ fn prepare_affine_grid(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 // ---------------------------------------------------------------- Col2Im
 
 /// One image axis of Col2Im: image and block length, stride, dilation,
-/// begin pad, and the number of block positions along it.
+/// begin pad, the number of block positions along it, and the element
+/// stride of the axis in the image.
 #[derive(Clone, Copy, Debug)]
 struct Col2ImAxis {
     img: i64,
@@ -414,6 +422,7 @@ struct Col2ImAxis {
     dil: i64,
     pad: i64,
     ncol: i64,
+    step: usize,
 }
 
 fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
@@ -439,7 +448,8 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
     };
     let dil = list("dilations", 1, nd)?;
-    let pads = list("pads", 0, 2 * nd)?;
+    // nd <= MAX_RANK (checked above).
+    let pads = list("pads", 0, nd.wrapping_mul(2))?;
     let strides = list("strides", 1, nd)?;
     let &[n, ck, l] = x.shape else {
         return Err(Error::new(ErrorKind::Rank {
@@ -447,7 +457,10 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             got: x.shape.len(),
         }));
     };
-    let ksize: i64 = blk.iter().product();
+    let ksize = blk
+        .iter()
+        .try_fold(1i64, |a, &b| a.checked_mul(b))
+        .ok_or(overflow())?;
     if ksize <= 0 || !divides(ck, ksize as usize) {
         return Err(shape_err(
             "Col2Im: input dim 1 not a multiple of the block size",
@@ -472,7 +485,7 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         let v = im
             .checked_add(p0)
             .and_then(|v| v.checked_add(p1))
-            .and_then(|v| v.checked_sub(d.checked_mul(bk - 1)?.checked_add(1)?))
+            .and_then(|v| v.checked_sub(d.checked_mul(bk.checked_sub(1)?)?.checked_add(1)?))
             .and_then(|v| v.checked_div(st))
             .and_then(|v| v.checked_add(1))
             .ok_or(Error::new(ErrorKind::Overflow))?;
@@ -486,42 +499,60 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             dil: d,
             pad: p0,
             ncol: v,
+            step: 0,
         });
     }
-    if axes.iter().map(|a| a.ncol).product::<i64>() as usize != l {
+    let nblk = axes
+        .iter()
+        .try_fold(1i64, |a, ax| a.checked_mul(ax.ncol))
+        .ok_or(overflow())?;
+    if usize::try_from(nblk).ok() != Some(l) {
         return Err(shape_err(
             "Col2Im: input dim 2 does not match the block count",
         ));
     }
-    let plane: usize = img.iter().product::<i64>() as usize;
+    // Every image length is positive (checked above).
+    let img_sz: Vec<usize> = img.iter().map(|&v| v as usize).collect();
+    let plane = checked_numel(&img_sz)?;
+    let mut step = 1usize;
+    for (ax, &len) in axes.iter_mut().zip(&img_sz).rev() {
+        ax.step = step;
+        step = mul(step, len)?;
+    }
+    // Per image and channel: input elements (one per table entry).
+    let kl = mul(ksize, l)?;
+    let nc = mul(n, c)?;
     // For each (kernel offset, block) the image element it adds to.
-    let mut table = Vec::with_capacity(ksize * l);
+    let mut table = Vec::with_capacity(kl);
     for kc in 0..ksize {
         for col in 0..l {
             let (mut kr, mut cr) = (kc, col);
-            let mut off = 0i64;
-            let mut stride = 1i64;
-            let mut inside = true;
+            let mut off = Some(0usize);
             for ax in axes.iter().rev() {
                 let (blk, ncol) = (ax.blk as usize, ax.ncol as usize);
                 let (qk, ko) = div_rem(kr, blk, "Col2Im: block table")?;
                 let (qc, co) = div_rem(cr, ncol, "Col2Im: block table")?;
                 (kr, cr) = (qk, qc);
                 let (ko, co) = (ko as i64, co as i64);
-                let pos = co * ax.stride - ax.pad + ko * ax.dil;
-                if pos < 0 || pos >= ax.img {
-                    inside = false;
-                }
-                off += pos * stride;
-                stride *= ax.img;
+                // The position co * stride - pad + ko * dil, None outside
+                // the image. co * stride + ko * dil does not overflow (it
+                // is below the padded length checked with ncol); an
+                // overflow after the pad means a position far outside.
+                let pos = co
+                    .checked_mul(ax.stride)
+                    .and_then(|v| v.checked_add(ko.checked_mul(ax.dil)?))
+                    .and_then(|v| v.checked_sub(ax.pad))
+                    .filter(|p| (0..ax.img).contains(p));
+                // pos < img: the offset stays below plane (checked above).
+                off = off
+                    .zip(pos)
+                    .map(|(o, p)| o.wrapping_add((p as usize).wrapping_mul(ax.step)));
             }
-            table.push(if inside { off as usize } else { usize::MAX });
+            table.push(off.unwrap_or(usize::MAX));
         }
     }
     let mut out = vec![n, c];
-    for &v in &img {
-        out.push(v as usize);
-    }
+    out.extend_from_slice(&img_sz);
     Ok(Prepared::single(
         DType::F32,
         &out,
@@ -529,18 +560,13 @@ fn prepare_col2im(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let xs = io.input_slice::<f32>(0)?;
             let y = io.output_slice::<f32>(0)?;
             y.fill(0.0);
-            for b in 0..n {
-                for ch in 0..c {
-                    let src = xs
-                        .get((b * c + ch) * ksize * l..(b * c + ch + 1) * ksize * l)
-                        .ok_or(Error::internal("image index"))?;
-                    let dst = y
-                        .get_mut((b * c + ch) * plane..(b * c + ch + 1) * plane)
-                        .ok_or(Error::internal("image index"))?;
-                    for (&t, &v) in table.iter().zip(src) {
-                        if let Some(o) = dst.get_mut(t) {
-                            *o += v;
-                        }
+            // Image by image, channel by channel: row b * c + ch.
+            for bc in 0..nc {
+                let src = row(xs, bc, kl)?;
+                let dst = row_mut(y, bc, plane)?;
+                for (&t, &v) in table.iter().zip(src) {
+                    if let Some(o) = dst.get_mut(t) {
+                        *o += v;
                     }
                 }
             }
@@ -593,31 +619,50 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         };
         let d = *o;
         *o = s;
+        let half = div(d.abs_diff(s), 2, "CenterCropPad: half")?;
         if s < d {
-            *src0 = (d - s) / 2;
+            *src0 = half;
             *cnt = s;
         } else if s > d {
-            *dst0 = (s - d) / 2;
+            *dst0 = half;
         }
     }
     let es = x.dtype.size();
+    // Byte sizes of input and output: every offset below stays under them.
+    mul(checked_numel(x.shape)?, es)?;
+    mul(checked_numel(&out)?, es)?;
+    // Each axis copies inside both shapes: always so for distinct axes; a
+    // repeated axis (undefined by the spec) can leave a span outside, and
+    // the kernel then refuses to run rather than read a neighbouring row.
+    let inside = span
+        .iter()
+        .zip(x.shape.iter().zip(&out))
+        .all(|(&(s0, d0, n), (&di, &dout))| {
+            s0.checked_add(n).is_some_and(|e| e <= di)
+                && d0.checked_add(n).is_some_and(|e| e <= dout)
+        });
     let ist = crate::tensor::strides(x.shape).ok_or(Error::internal("image index"))?;
     let ost = crate::tensor::strides(&out).ok_or(Error::internal("image index"))?;
     let mut plan: Vec<CropAxis> = span
         .iter()
         .zip(ist.iter().zip(&ost))
-        .map(|(&(src0, dst0, cnt), (&ist, &ost))| CropAxis {
-            cnt,
-            src0: src0 * ist,
-            ist,
-            dst0: dst0 * ost,
-            ost,
+        .map(|(&(src0, dst0, cnt), (&ist, &ost))| {
+            Ok(CropAxis {
+                cnt,
+                src0: mul(src0, ist)?,
+                ist,
+                dst0: mul(dst0, ost)?,
+                ost,
+            })
         })
-        .collect();
+        .collect::<Result<_>>()?;
     // Rows of the innermost axis are copied whole.
     let last = plan.pop().ok_or(Error::internal("image index"))?;
-    let rows: usize = plan.iter().map(|a| a.cnt).product();
-    let row = last.cnt * es;
+    let rows = plan
+        .iter()
+        .try_fold(1usize, |a, ax| a.checked_mul(ax.cnt))
+        .ok_or(overflow())?;
+    let row = mul(last.cnt, es)?;
     Ok(Prepared::single(
         x.dtype,
         &out,
@@ -626,8 +671,11 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             let mut o = io.output(0)?;
             let y = o.bytes_mut();
             y.fill(0);
-            if row == 0 {
+            if row == 0 || rows == 0 {
                 return Ok(());
+            }
+            if !inside {
+                return Err(Error::internal("image index"));
             }
             for ri in 0..rows {
                 let mut rem = ri;
@@ -636,13 +684,14 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 for ax in plan.iter().rev() {
                     let (q, i) = div_rem(rem, ax.cnt, "CenterCropPad: rows")?;
                     rem = q;
-                    si += ax.src0 + i * ax.ist;
-                    di += ax.dst0 + i * ax.ost;
+                    // i < cnt and every span inside its shape: si * es +
+                    // row stays within the input's bytes and di * es + row
+                    // within the output's, both checked in prepare.
+                    si = si.wrapping_add(ax.src0.wrapping_add(i.wrapping_mul(ax.ist)));
+                    di = di.wrapping_add(ax.dst0.wrapping_add(i.wrapping_mul(ax.ost)));
                 }
-                let s = xs
-                    .get(si * es..si * es + row)
-                    .ok_or(Error::internal("image index"))?;
-                y.get_mut(di * es..di * es + row)
+                let s = win(xs, si.wrapping_mul(es), row).ok_or(Error::internal("image index"))?;
+                win_mut(y, di.wrapping_mul(es), row)
                     .ok_or(Error::internal("image index"))?
                     .copy_from_slice(s);
             }
@@ -654,37 +703,43 @@ fn prepare_center_crop_pad(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 // ---------------------------------------------------------------- RoiAlign
 
 /// One bilinear sample of a roi bin: four flat positions and weights
-/// (all zero when the point lies outside the feature map).
+/// (all zero when the point lies outside the feature map). `h * w` must
+/// not overflow (prepare checks it).
 fn roi_sample(y: f64, x: f64, h: usize, w: usize) -> ([usize; 4], [f64; 4]) {
     if y < -1.0 || y > h as f64 || x < -1.0 || x > w as f64 {
         return ([0; 4], [0.0; 4]);
     }
+    // h, w >= 1 (checked in prepare): exact, not saturated.
+    let (hl, wl) = (h.saturating_sub(1), w.saturating_sub(1));
     let mut y = y.max(0.0);
     let mut x = x.max(0.0);
     let mut yl = y as usize;
     let mut xl = x as usize;
     let yh;
     let xh;
-    if yl >= h - 1 {
-        yl = h - 1;
+    // yl < yh <= hl and xl < xh <= wl in the else branches: no wrap.
+    if yl >= hl {
+        yl = hl;
         yh = yl;
         y = yl as f64;
     } else {
-        yh = yl + 1;
+        yh = yl.wrapping_add(1);
     }
-    if xl >= w - 1 {
-        xl = w - 1;
+    if xl >= wl {
+        xl = wl;
         xh = xl;
         x = xl as f64;
     } else {
-        xh = xl + 1;
+        xh = xl.wrapping_add(1);
     }
     let ly = y - yl as f64;
     let lx = x - xl as f64;
     let hy = 1.0 - ly;
     let hx = 1.0 - lx;
+    // Rows below h, columns below w: flat positions below h * w.
+    let at = |r: usize, c: usize| r.wrapping_mul(w).wrapping_add(c);
     (
-        [yl * w + xl, yl * w + xh, yh * w + xl, yh * w + xh],
+        [at(yl, xl), at(yl, xh), at(yh, xl), at(yh, xh)],
         [hy * hx, hy * lx, ly * hx, ly * lx],
     )
 }
@@ -728,6 +783,9 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if h == 0 || w == 0 {
         return Err(shape_err("RoiAlign: empty feature map"));
     }
+    // Per feature map and channel, per roi and channel: elements.
+    let (hw, ohw) = (mul(h, w)?, mul(oh, ow)?);
+    let (chw, cohw) = (mul(c, hw)?, mul(c, ohw)?);
     Ok(Prepared::single(
         DType::F32,
         &[nr, c, oh, ow],
@@ -742,9 +800,8 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     .ok()
                     .filter(|&b| b < n)
                     .ok_or(shape_err("RoiAlign: batch index out of range"))?;
-                let [x1, y1, x2, y2] = *rs
-                    .get(ri * 4..)
-                    .and_then(|s| s.first_chunk::<4>())
+                let [x1, y1, x2, y2] = *row(rs, ri, 4)?
+                    .first_chunk::<4>()
                     .ok_or(Error::internal("image index"))?;
                 let sw = x1 as f64 * scale - off;
                 let sh = y1 as f64 * scale - off;
@@ -767,18 +824,15 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 } else {
                     libm::ceil(rw / ow as f64).max(0.0) as usize
                 };
-                let count = (gh * gw).max(1) as f64;
+                // Saturating: past usize::MAX the sample loops below could
+                // never finish, so no run sees the difference.
+                let count = gh.saturating_mul(gw).max(1) as f64;
+                let (xb, yr) = (row(xs, b, chw)?, row_mut(y, ri, cohw)?);
                 for ch in 0..c {
-                    let plane = xs
-                        .get((b * c + ch) * h * w..(b * c + ch + 1) * h * w)
-                        .ok_or(Error::internal("image index"))?;
-                    let yc = y
-                        .get_mut((ri * c + ch) * oh * ow..(ri * c + ch + 1) * oh * ow)
-                        .ok_or(Error::internal("image index"))?;
+                    let plane = row(xb, ch, hw)?;
+                    let yc = row_mut(yr, ch, ohw)?;
                     for ph in 0..oh {
-                        let yrow = yc
-                            .get_mut(ph * ow..(ph + 1) * ow)
-                            .ok_or(Error::internal("image index"))?;
+                        let yrow = row_mut(yc, ph, ow)?;
                         for (pw, yv) in yrow.iter_mut().enumerate() {
                             let mut acc = 0f64;
                             let mut first = true;
@@ -826,7 +880,8 @@ fn prepare_roi_align(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 // ---------------------------------------------------------------- DeformConv
 
 /// Bilinear sample of one `h` x `w` plane at (y, x), zero outside; `None`
-/// only if `p` is shorter than `h * w`.
+/// only if `p` is shorter than `h * w`, which must not overflow (prepare
+/// checks it).
 fn bilinear_zero(p: &[f32], h: usize, w: usize, y: f32, x: f32) -> Option<f32> {
     let fy = libm::floorf(y);
     let fx = libm::floorf(x);
@@ -834,7 +889,9 @@ fn bilinear_zero(p: &[f32], h: usize, w: usize, y: f32, x: f32) -> Option<f32> {
     let (y0, x0) = (fy as i64, fx as i64);
     let at = |yy: i64, xx: i64| -> Option<f32> {
         if yy >= 0 && (yy as usize) < h && xx >= 0 && (xx as usize) < w {
-            p.get(yy as usize * w + xx as usize).copied()
+            // yy < h, xx < w: below h * w.
+            p.get((yy as usize).wrapping_mul(w).wrapping_add(xx as usize))
+                .copied()
         } else {
             Some(0.0)
         }
@@ -862,6 +919,8 @@ struct DeformGeo {
 /// Adds kernel tap (a, e) of weight `w` to every output pixel of one
 /// output plane `acc`: `acc += x(tap position + offset) * w * mask`, with
 /// `dy` / `dx` the tap's offset planes and `plane` one input channel.
+/// `acc` holds at most the output plane and (a, e) lies inside the kernel:
+/// prepare checked that the tap positions of that range fit in i64.
 fn deform_tap(
     acc: &mut [f32],
     plane: &[f32],
@@ -877,15 +936,27 @@ fn deform_tap(
     // Output pixel (i, j) of the flat position, stepped row-major.
     let (mut i, mut j) = (0i64, 0i64);
     for (((o, &dy), &dx), m) in acc.iter_mut().zip(dy).zip(dx).zip(mask) {
-        let py = (i * st0 - pt + a * dil0) as f64 + dy as f64;
-        let px = (j * st1 - pl + e * dil1) as f64 + dx as f64;
+        // i < oh, j < ow, a < kh, e < kw: i * s + a * d - p lies between
+        // -p and (oh - 1) * s + (kh - 1) * d - p (the same for j, e),
+        // checked in prepare.
+        let py = i
+            .wrapping_mul(st0)
+            .wrapping_add(a.wrapping_mul(dil0))
+            .wrapping_sub(pt) as f64
+            + dy as f64;
+        let px = j
+            .wrapping_mul(st1)
+            .wrapping_add(e.wrapping_mul(dil1))
+            .wrapping_sub(pl) as f64
+            + dx as f64;
         let v = bilinear_zero(plane, g.ih, g.iw, py as f32, px as f32)
             .ok_or(Error::internal("image index"))?;
         *o += v * w * m;
-        j += 1;
+        // j < ow <= i64::MAX (checked in prepare); i < oh likewise.
+        j = j.wrapping_add(1);
         if j == ow {
             j = 0;
-            i += 1;
+            i = i.wrapping_add(1);
         }
     }
     Ok(())
@@ -948,7 +1019,9 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     let eh = extent(ih, pad_t, pad_b, ks0, dil0, st0).ok_or(Error::new(ErrorKind::Overflow))?;
     let ew = extent(iw, pad_l, pad_r, ks1, dil1, st1).ok_or(Error::new(ErrorKind::Overflow))?;
-    if off_n != n || off_c != og * kh * kw * 2 || eh != oh as i64 || ew != ow as i64 {
+    let kk = mul(kh, kw)?;
+    let ogkk = mul(og, kk)?;
+    if off_n != n || off_c != mul(ogkk, 2)? || eh != oh as i64 || ew != ow as i64 {
         return Err(shape_err(
             "DeformConv: offset shape does not match the output",
         ));
@@ -965,7 +1038,7 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let has_m = ctx.opt_input(4).is_some();
     if let Some(m) = ctx.opt_input(4) {
         dtype_in(m.dtype, &[DType::F32], "DeformConv mask")?;
-        if m.shape != [n, og * kh * kw, oh, ow] {
+        if m.shape != [n, ogkk, oh, ow] {
             return Err(shape_err(
                 "DeformConv: mask shape does not match the offset",
             ));
@@ -974,8 +1047,39 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let icg = div(ic, group, "DeformConv: group")?;
     let ocg = div(oc, group, "DeformConv: group")?;
     let icog = div(ic, og, "DeformConv: offset group")?;
-    let kk = kh * kw;
-    let opl = oh * ow;
+    let opl = mul(oh, ow)?;
+    // deform_tap's tap positions i * s + a * d - p (i < o, a < k) lie
+    // between -p and (o - 1) * s + (k - 1) * d - p, the latter reached
+    // through i * s + a * d <= (o - 1) * s + (k - 1) * d: with these in
+    // i64, its arithmetic cannot wrap. Without output pixels or taps it
+    // computes none.
+    let reach = |o: usize, k: i64, s: i64, d: i64, p: i64| -> Option<i64> {
+        0i64.checked_sub(p)?;
+        i64::try_from(o)
+            .ok()?
+            .checked_sub(1)?
+            .checked_mul(s)?
+            .checked_add(k.checked_sub(1)?.checked_mul(d)?)?
+            .checked_sub(p)
+    };
+    if opl > 0
+        && kk > 0
+        && (reach(oh, ks0, st0, dil0, pad_t).is_none()
+            || reach(ow, ks1, st1, dil1, pad_l).is_none())
+    {
+        return Err(overflow());
+    }
+    // Sizes of one input channel, one image, the offsets of one offset
+    // group and of one image, the masks of the same, one filter.
+    let ihw = mul(ih, iw)?;
+    let xsz = mul(ic, ihw)?;
+    let opl2 = mul(opl, 2)?;
+    let og_off = mul(kk, opl2)?;
+    let off_sz = mul(og, og_off)?;
+    let og_msk = mul(kk, opl)?;
+    let msk_sz = mul(og, og_msk)?;
+    let wsz = mul(icg, kk)?;
+    let ysz = mul(oc, opl)?;
     let geo = DeformGeo {
         ih,
         iw,
@@ -1008,39 +1112,36 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             // Output plane by plane: bias, then every input channel's taps in
             // order, so each pixel sums in the order of the direct loop.
             for b in 0..n {
+                let (xb, ob) = (row(xs, b, xsz)?, row(os, b, off_sz)?);
+                let mb = if has_m {
+                    Some(row(ms, b, msk_sz)?)
+                } else {
+                    None
+                };
+                let yb = row_mut(y, b, ysz)?;
                 for o in 0..oc {
                     let g = div(o, ocg, "DeformConv: group")?;
-                    let yo = y
-                        .get_mut((b * oc + o) * opl..(b * oc + o + 1) * opl)
-                        .ok_or(Error::internal("image index"))?;
+                    let yo = row_mut(yb, o, opl)?;
                     yo.fill(if has_b {
                         *bs.get(o).ok_or(Error::internal("image index"))?
                     } else {
                         0.0
                     });
-                    for c in g * icg..(g + 1) * icg {
+                    let wo = row(ws, o, wsz)?;
+                    // g < group: g * icg + cg < group * icg = ic.
+                    let c0 = g.wrapping_mul(icg);
+                    for cg in 0..icg {
+                        let c = c0.wrapping_add(cg);
                         let ogi = div(c, icog, "DeformConv: offset group")?;
-                        let plane = xs
-                            .get((b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw)
-                            .ok_or(Error::internal("image index"))?;
-                        let bo = b * og + ogi;
+                        let plane = row(xb, c, ihw)?;
                         // Per tap: the dy plane, then the dx plane.
-                        let offs = os
-                            .get(bo * kk * 2 * opl..(bo + 1) * kk * 2 * opl)
-                            .ok_or(Error::internal("image index"))?;
-                        let masks = if has_m {
-                            Some(
-                                ms.get(bo * kk * opl..(bo + 1) * kk * opl)
-                                    .ok_or(Error::internal("image index"))?,
-                            )
-                        } else {
-                            None
+                        let offs = row(ob, ogi, og_off)?;
+                        let masks = match mb {
+                            Some(mb) => Some(row(mb, ogi, og_msk)?),
+                            None => None,
                         };
-                        let cg = c - g * icg;
-                        let wk = ws
-                            .get((o * icg + cg) * kk..(o * icg + cg + 1) * kk)
-                            .ok_or(Error::internal("image index"))?;
-                        for (k, (&wv, dydx)) in wk.iter().zip(offs.chunks_of(2 * opl)).enumerate() {
+                        let wk = row(wo, cg, kk)?;
+                        for (k, (&wv, dydx)) in wk.iter().zip(offs.chunks_of(opl2)).enumerate() {
                             let dydx = dydx
                                 .split_at_checked(opl)
                                 .ok_or(Error::internal("image index"))?;
@@ -1048,9 +1149,7 @@ fn prepare_deform_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                             let tap = (kh_i as i64, kw_i as i64, wv);
                             match masks {
                                 Some(ms) => {
-                                    let mk = ms
-                                        .get(k * opl..(k + 1) * opl)
-                                        .ok_or(Error::internal("image index"))?;
+                                    let mk = row(ms, k, opl)?;
                                     deform_tap(yo, plane, dydx, mk.iter().copied(), &geo, tap)?;
                                 }
                                 None => {
@@ -1189,5 +1288,27 @@ mod tests {
         let m = t(&[1, 4, 2, 2], &[0.5f32; 16]);
         let y = run("DeformConv", 19, vec![], &[x, w, off, b, m], 1).unwrap();
         assert_close(&vals::<f32>(&y[0]), &[7.0, 9.0, 13.0, 15.0], 0.0);
+    }
+
+    #[test]
+    fn col2im_block_product_overflow() {
+        // 2^32 * 2^32 blocks: Overflow, not a multiplication panic.
+        let x = t(&[1, 1, 1], &[0.0f32]);
+        let img = t(&[2], &[1i64 << 32, 1i64 << 32]);
+        let blk = t(&[2], &[1i64 << 32, 1i64 << 32]);
+        let e = run("Col2Im", 18, vec![], &[x, img, blk], 1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Overflow);
+    }
+
+    #[test]
+    fn deform_conv_pad_at_i64_min() {
+        // A begin pad of i64::MIN (with i64::MAX at the end, one output
+        // row): the tap position 0 - pad does not fit in i64.
+        let x = t(&[1, 1, 3, 3], &[1.0f32; 9]);
+        let w = t(&[1, 1, 2, 2], &[1.0f32; 4]);
+        let off = t(&[1, 8, 1, 2], &[0.0f32; 16]);
+        let pads = AttrValue::Ints(vec![i64::MIN, 0, i64::MAX, 0]);
+        let e = run("DeformConv", 19, vec![("pads", pads)], &[x, w, off], 1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Overflow);
     }
 }
