@@ -19,13 +19,12 @@
 //!
 //! DynamicQuantizeLinear computes entirely in f32, as its reference does.
 
-// 52 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec::Vec;
 
-use crate::error::{Error, ErrorKind, Result};
+use core::num::NonZeroUsize;
+
+use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::{win, win_mut};
 use crate::ops::conv::{forward_geom, Geom, MAX_SPATIAL};
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
@@ -119,6 +118,10 @@ fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
 }
 
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
+}
+
 /// `acc * multiplier + zero_point`, rounded half to even, saturated.
 #[inline]
 fn requant<Y: QInt>(acc: i32, multiplier: f32, zero_point: i32) -> Y {
@@ -137,11 +140,20 @@ fn multiplier<S: QScale>(s_in: f32, s_w: f32, s_out: f32) -> f32 {
 // ---------------------------------------------------------------------------
 
 /// numpy.matmul geometry of `a @ b` (as the float MatMul).
+///
+/// Every size the kernels index with is checked here (Overflow): the
+/// element counts of A, B and the output, `m·k`, `k·n` and `m·n`. Batch
+/// offsets stay under numel(A) and numel(B), row offsets under `m·k`,
+/// `k·n` and `m·n`, output blocks under numel(output).
 #[derive(Clone, Debug)]
 struct MmGeom {
     m: usize,
     k: usize,
     n: usize,
+    /// `m·k`, `k·n` and `m·n`: one batch matrix of A, B and the output.
+    mk: usize,
+    kn: usize,
+    mn: usize,
     /// Broadcast batch shape of the output.
     batch: Vec<usize>,
     out_shape: Vec<usize>,
@@ -167,7 +179,8 @@ fn mm_geom(a: &[usize], b: &[usize]) -> Result<MmGeom> {
     };
     if k != kb {
         return Err(Error::new(ErrorKind::Dim {
-            axis: if rb == 1 { 0 } else { rb - 2 },
+            // rb >= 1 here: axis 0 for a vector, rb - 2 otherwise.
+            axis: rb.saturating_sub(2),
             expected: k as u64,
             got: kb as u64,
         }));
@@ -185,18 +198,21 @@ fn mm_geom(a: &[usize], b: &[usize]) -> Result<MmGeom> {
     if out_shape.len() > MAX_RANK {
         return Err(Error::new(ErrorKind::Unsupported("rank above 8")));
     }
-    let mut sa = broadcast_strides(a_batch, &batch);
-    let mut sb = broadcast_strides(b_batch, &batch);
-    for v in sa.iter_mut() {
-        *v *= m * k;
-    }
-    for v in sb.iter_mut() {
-        *v *= k * n;
-    }
+    checked_numel(a)?;
+    checked_numel(b)?;
+    checked_numel(&out_shape)?;
+    let mk = m.checked_mul(k).ok_or_else(overflow)?;
+    let kn = k.checked_mul(n).ok_or_else(overflow)?;
+    let mn = m.checked_mul(n).ok_or_else(overflow)?;
+    let sa = scaled(broadcast_strides(a_batch, &batch), mk)?;
+    let sb = scaled(broadcast_strides(b_batch, &batch), kn)?;
     Ok(MmGeom {
         m,
         k,
         n,
+        mk,
+        kn,
+        mn,
         batch,
         out_shape,
         sa,
@@ -204,6 +220,14 @@ fn mm_geom(a: &[usize], b: &[usize]) -> Result<MmGeom> {
         a_batch: a_batch.to_vec(),
         b_batch: b_batch.to_vec(),
     })
+}
+
+/// `strides` times `by` (element strides of blocks of `by` elements).
+fn scaled(mut strides: [usize; MAX_RANK], by: usize) -> Result<[usize; MAX_RANK]> {
+    for v in strides.iter_mut() {
+        *v = v.checked_mul(by).ok_or_else(overflow)?;
+    }
+    Ok(strides)
 }
 
 /// Where the scale or zero point of one row of A (or column of B) is: at
@@ -214,7 +238,8 @@ struct LineParam {
     batch: [usize; MAX_RANK],
     /// Stride per row (A) or column (B); 0 when shared.
     line: usize,
-    /// Elements the parameter tensor must hold.
+    /// Elements the parameter tensor must hold (checked): every offset
+    /// `batch offset + line index · line` stays under it.
     numel: usize,
 }
 
@@ -229,7 +254,7 @@ fn line_param(
     lines: usize,
     row: bool,
 ) -> Result<LineParam> {
-    let numel: usize = p.iter().product();
+    let numel = checked_numel(p)?;
     let mut lp = LineParam {
         batch: [0; MAX_RANK],
         line: 0,
@@ -268,10 +293,7 @@ fn line_param(
             "scale / zero point batch axes do not match the operand",
         ));
     }
-    lp.batch = broadcast_strides(pb, out_batch);
-    for v in lp.batch.iter_mut() {
-        *v *= along;
-    }
+    lp.batch = scaled(broadcast_strides(pb, out_batch), along)?;
     lp.line = usize::from(along > 1);
     Ok(lp)
 }
@@ -301,9 +323,15 @@ fn dot_int<A: QInt, B: QInt>(
         .ok_or(Error::internal("dot_int column"))?
         .iter()
         .step_by(n);
+    // za and zb are zero points of types A and B (or 0): the differences
+    // are at most 255 in magnitude and their product exact in i32; the sum
+    // wraps like numpy's int32.
     let mut acc = 0i32;
     for (&av, &bv) in arow.iter().zip(col) {
-        let prod = (av.get() - za) * (bv.get() - zb);
+        let prod = av
+            .get()
+            .wrapping_sub(za)
+            .wrapping_mul(bv.get().wrapping_sub(zb));
         acc = acc.wrapping_add(prod);
     }
     Ok(acc)
@@ -398,34 +426,33 @@ fn qmm_run<A: QInt, B: QInt, Y: QInt, S: QScale>(
     let (m, k, n) = (g.m, g.k, g.n);
     let y = io.output_slice::<Y>(0)?;
     let strides = [g.sa, g.sb, qas.batch, qaz.batch, qbs.batch, qbz.batch];
+    // Exact, wrapping by name only, under the sizes `mm_geom` and
+    // `line_param` checked: bi < numel(batch) with numel(batch)·m·n the
+    // output's count, i < m and j < n, a parameter offset under its numel.
     for (bi, [oa, ob, pas, paz, pbs, pbz]) in StridedIter::new(&g.batch, strides).enumerate() {
-        let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
-        let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
-        let yv = y
-            .get_mut(bi * m * n..(bi + 1) * m * n)
-            .ok_or(len_err((bi + 1) * m * n, 0))?;
+        let av = win(a, oa, g.mk).ok_or(len_err(oa.saturating_add(g.mk), a.len()))?;
+        let bv = win(b, ob, g.kn).ok_or(len_err(ob.saturating_add(g.kn), b.len()))?;
+        let yv = win_mut(y, bi.wrapping_mul(g.mn), g.mn)
+            .ok_or(len_err(bi.wrapping_add(1).wrapping_mul(g.mn), 0))?;
         for i in 0..m {
             let sa = a_s
-                .get(pas + i * qas.line)
+                .get(pas.wrapping_add(i.wrapping_mul(qas.line)))
                 .ok_or(Error::internal("a_scale"))?
                 .f32();
             let za = a_z
-                .get(paz + i * qaz.line)
+                .get(paz.wrapping_add(i.wrapping_mul(qaz.line)))
                 .ok_or(Error::internal("a_zero_point"))?
                 .get();
-            let arow = av
-                .get(i * k..(i + 1) * k)
-                .ok_or(Error::internal("QLinearMatMul row"))?;
-            let yrow = yv
-                .get_mut(i * n..(i + 1) * n)
-                .ok_or(Error::internal("QLinearMatMul row"))?;
+            let arow = win(av, i.wrapping_mul(k), k).ok_or(Error::internal("QLinearMatMul row"))?;
+            let yrow =
+                win_mut(yv, i.wrapping_mul(n), n).ok_or(Error::internal("QLinearMatMul row"))?;
             for (j, yo) in yrow.iter_mut().enumerate() {
                 let sb = b_s
-                    .get(pbs + j * qbs.line)
+                    .get(pbs.wrapping_add(j.wrapping_mul(qbs.line)))
                     .ok_or(Error::internal("b_scale"))?
                     .f32();
                 let zb = b_z
-                    .get(pbz + j * qbz.line)
+                    .get(pbz.wrapping_add(j.wrapping_mul(qbz.line)))
                     .ok_or(Error::internal("b_zero_point"))?
                     .get();
                 let acc = dot_int(arow, za, bv, j, n, zb)?;
@@ -509,31 +536,28 @@ fn mmi_run<A: QInt, B: QInt>(io: &mut KernelIo<'_>, p: &MmiParams) -> Result<()>
     let (m, k, n) = (g.m, g.k, g.n);
     let y = io.output_slice::<i32>(0)?;
     let strides = [g.sa, g.sb, qa.batch, qb.batch];
+    // Offsets exact under the sizes checked at prepare, as in `qmm_run`.
     for (bi, [oa, ob, pa, pb]) in StridedIter::new(&g.batch, strides).enumerate() {
-        let av = a.get(oa..oa + m * k).ok_or(len_err(oa + m * k, a.len()))?;
-        let bv = b.get(ob..ob + k * n).ok_or(len_err(ob + k * n, b.len()))?;
-        let yv = y
-            .get_mut(bi * m * n..(bi + 1) * m * n)
-            .ok_or(len_err((bi + 1) * m * n, 0))?;
+        let av = win(a, oa, g.mk).ok_or(len_err(oa.saturating_add(g.mk), a.len()))?;
+        let bv = win(b, ob, g.kn).ok_or(len_err(ob.saturating_add(g.kn), b.len()))?;
+        let yv = win_mut(y, bi.wrapping_mul(g.mn), g.mn)
+            .ok_or(len_err(bi.wrapping_add(1).wrapping_mul(g.mn), 0))?;
         for i in 0..m {
             // An absent zero point is 0.
             let za = match a_z {
                 Some(z) => z
-                    .get(pa + i * qa.line)
+                    .get(pa.wrapping_add(i.wrapping_mul(qa.line)))
                     .ok_or(Error::internal("a_zero_point"))?
                     .get(),
                 None => 0,
             };
-            let arow = av
-                .get(i * k..(i + 1) * k)
-                .ok_or(Error::internal("MatMulInteger row"))?;
-            let yrow = yv
-                .get_mut(i * n..(i + 1) * n)
-                .ok_or(Error::internal("MatMulInteger row"))?;
+            let arow = win(av, i.wrapping_mul(k), k).ok_or(Error::internal("MatMulInteger row"))?;
+            let yrow =
+                win_mut(yv, i.wrapping_mul(n), n).ok_or(Error::internal("MatMulInteger row"))?;
             for (j, yo) in yrow.iter_mut().enumerate() {
                 let zb = match b_z {
                     Some(z) => z
-                        .get(pb + j * qb.line)
+                        .get(pb.wrapping_add(j.wrapping_mul(qb.line)))
                         .ok_or(Error::internal("b_zero_point"))?
                         .get(),
                     None => 0,
@@ -617,8 +641,8 @@ pub(crate) fn int_conv_geom(
 /// Whether a scale / zero point of W is per output channel (1-D of `m`
 /// elements) rather than per tensor (one element).
 pub(crate) fn per_channel(shape: &[usize], m: usize, what: &'static str) -> Result<bool> {
-    let numel: usize = shape.iter().product();
-    if numel == 1 {
+    // A shape whose count overflows has more than one element.
+    if checked_numel(shape).is_ok_and(|n| n == 1) {
         Ok(false)
     } else if shape == [m] {
         Ok(true)
@@ -628,10 +652,66 @@ pub(crate) fn per_channel(shape: &[usize], m: usize, what: &'static str) -> Resu
 }
 
 pub(crate) fn per_tensor(shape: &[usize], what: &'static str) -> Result<()> {
-    if shape.iter().product::<usize>() != 1 {
+    // A shape whose count overflows has more than one element.
+    if !checked_numel(shape).is_ok_and(|n| n == 1) {
         return Err(Error::new(ErrorKind::Shape(what)));
     }
     Ok(())
+}
+
+/// The sizes the integer convolutions index with, checked once at prepare
+/// ([`conv_sizes`], Overflow): every offset in [`conv_each`] and
+/// [`conv_acc`] stays under one of them.
+#[derive(Clone, Copy, Debug)]
+struct ConvSizes {
+    /// Elements of one input plane, output plane and kernel.
+    in_sz: usize,
+    out_sz: usize,
+    k_sz: usize,
+    /// Input and output channels per group.
+    cg: usize,
+    mg: usize,
+    /// Elements of a group's input planes (`cg·in_sz`) and of an output
+    /// channel's kernels (`cg·k_sz`).
+    xg: usize,
+    wk: usize,
+    /// Elements of X, W and Y.
+    x: usize,
+    w: usize,
+    y: usize,
+}
+
+fn conv_sizes(p: &IntConv) -> Result<ConvSizes> {
+    let g = &p.g;
+    let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(overflow);
+    // The reach of the last window on each axis, `(out - 1)·s + (k - 1)·d`:
+    // every `o·s + t·d` of [`tap`] stays under it.
+    let axes = g.out.iter().zip(&g.s).zip(g.k.iter().zip(&g.d));
+    for ((&o, &s), (&k, &d)) in axes {
+        mul(o.saturating_sub(1), s)?
+            .checked_add(mul(k.saturating_sub(1), d)?)
+            .ok_or_else(overflow)?;
+    }
+    let (in_sz, out_sz, k_sz) = (
+        checked_numel(&g.inp)?,
+        checked_numel(&g.out)?,
+        checked_numel(&g.k)?,
+    );
+    let cg = util::div(p.c, p.group, "QLinearConv: group")?;
+    let mg = util::div(p.m, p.group, "QLinearConv: group")?;
+    let (xg, wk) = (mul(cg, in_sz)?, mul(cg, k_sz)?);
+    Ok(ConvSizes {
+        in_sz,
+        out_sz,
+        k_sz,
+        cg,
+        mg,
+        xg,
+        wk,
+        x: mul(mul(p.batch, p.c)?, in_sz)?,
+        w: mul(p.m, wk)?,
+        y: mul(mul(p.batch, p.m)?, out_sz)?,
+    })
 }
 
 /// One spatial axis of a [`Geom`]: stride, dilation, padding at the
@@ -675,21 +755,25 @@ fn axes(g: &Geom) -> [Axis; 3] {
 /// axis `a`; `None` inside the padding.
 #[inline]
 fn tap(a: Axis, o: usize, t: usize) -> Option<usize> {
-    (o * a.s + t * a.d).checked_sub(a.pb).filter(|&i| i < a.inp)
+    // o < out and t < k: o·s + t·d is under the reach `conv_sizes` checked.
+    let at = o.wrapping_mul(a.s).wrapping_add(t.wrapping_mul(a.d));
+    at.checked_sub(a.pb).filter(|&i| i < a.inp)
 }
 
 /// `sum (x - xz) * (w - wz)` over the receptive field of output position
 /// `o` (three spatial axes), `xg` being the group's `cg` input planes and
-/// `wk` the output channel's `cg` kernels. Wraps in i32.
+/// `wk` the output channel's `cg` kernels. Wraps in i32. `sz` are `g`'s
+/// sizes ([`conv_sizes`]).
 fn conv_acc<X: QInt, W: QInt>(
     xg: &[X],
     xz: i32,
     wk: &[W],
     wz: i32,
     g: &Geom,
+    sz: &ConvSizes,
     o: [usize; 3],
 ) -> Result<i32> {
-    let (in_sz, k_sz) = (g.in_size(), g.k_size());
+    let (in_sz, k_sz) = (sz.in_sz, sz.k_sz);
     let [_, k1, k2] = g.k;
     let [_, in1, in2] = g.inp;
     let [o0, o1, o2] = o;
@@ -697,10 +781,12 @@ fn conv_acc<X: QInt, W: QInt>(
     if in_sz == 0 || k_sz == 0 {
         return Err(Error::internal("conv_acc on an empty plane"));
     }
+    // Offsets in a plane are under in_sz, and k1·k2 under k_sz (checked
+    // by `conv_sizes`): exact, wrapping by name only.
     let mut acc = 0i32;
     for (xp, wp) in xg.chunks_of(in_sz).zip(wk.chunks_of(k_sz)) {
         // k_sz > 0: k1 and k2 are too.
-        for (kd, wd) in wp.chunks_of(k1 * k2).enumerate() {
+        for (kd, wd) in wp.chunks_of(k1.wrapping_mul(k2)).enumerate() {
             let Some(id) = tap(a0, o0, kd) else {
                 continue;
             };
@@ -709,17 +795,18 @@ fn conv_acc<X: QInt, W: QInt>(
                     continue;
                 };
                 // The input row (id, ih): `tap` keeps `iw` inside it.
-                let at = (id * in1 + ih) * in2;
-                let xr = xp
-                    .get(at..at + in2)
-                    .ok_or(Error::internal("conv input row"))?;
+                let at = id.wrapping_mul(in1).wrapping_add(ih).wrapping_mul(in2);
+                let xr = win(xp, at, in2).ok_or(Error::internal("conv input row"))?;
                 for (kw, &w) in wr.iter().enumerate() {
                     let Some(&x) = tap(a2, o2, kw).and_then(|iw| xr.get(iw)) else {
                         continue;
                     };
-                    let xv = x.get() - xz;
-                    let wv = w.get() - wz;
-                    acc = acc.wrapping_add(xv * wv);
+                    // 8-bit values less their 8-bit zero points: at most
+                    // 255 in magnitude, the product exact in i32; the sum
+                    // wraps like numpy's int32.
+                    let xv = x.get().wrapping_sub(xz);
+                    let wv = w.get().wrapping_sub(wz);
+                    acc = acc.wrapping_add(xv.wrapping_mul(wv));
                 }
             }
         }
@@ -729,46 +816,52 @@ fn conv_acc<X: QInt, W: QInt>(
 
 /// Runs the integer convolution, handing each output element's flat index,
 /// output channel and accumulator to `put`. `wz(oc)` is W's zero point for
-/// output channel `oc`.
+/// output channel `oc`; `sz` are `p`'s sizes ([`conv_sizes`]).
 fn conv_each<X: QInt, W: QInt>(
     x: &[X],
     xz: i32,
     w: &[W],
     wz: impl Fn(usize) -> Result<i32>,
     p: &IntConv,
+    sz: &ConvSizes,
     mut put: impl FnMut(usize, usize, i32) -> Result<()>,
 ) -> Result<()> {
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = util::div(p.c, p.group, "QLinearConv: group")?;
-    let mg = util::div(p.m, p.group, "QLinearConv: group")?;
-    check_len(x.len(), p.batch * p.c * in_sz)?;
-    check_len(w.len(), p.m * cg * k_sz)?;
+    let (in_sz, out_sz, k_sz) = (sz.in_sz, sz.out_sz, sz.k_sz);
+    check_len(x.len(), sz.x)?;
+    check_len(w.len(), sz.w)?;
     if in_sz == 0 || k_sz == 0 {
         // No input elements: every accumulator is an empty sum.
-        for i in 0..p.batch * p.m * out_sz {
-            put(i, (i / out_sz.max(1)) % p.m.max(1), 0)?;
+        let (planes, chans) = (nonzero(out_sz), nonzero(p.m));
+        for i in 0..sz.y {
+            put(i, (i / planes) % chans, 0)?;
         }
         return Ok(());
     }
     let [o0, o1, o2] = g.out;
+    // Exact, wrapping by name only: ni < batch, oc < m, grp < group with
+    // grp·cg + cg <= c, and (od, oh, ow) < out, so the group's planes end
+    // within batch·c·in_sz = x.len(), the kernels within m·cg·k_sz =
+    // w.len() and the output index stays under batch·m·out_sz (all
+    // checked by `conv_sizes`).
     for ni in 0..p.batch {
         for oc in 0..p.m {
-            let grp = util::div(oc, mg, "QLinearConv: group")?;
-            let xa = (ni * p.c + grp * cg) * in_sz;
-            let xg = x
-                .get(xa..xa + cg * in_sz)
-                .ok_or(Error::internal("conv input group"))?;
-            let wk = w
-                .get(oc * cg * k_sz..(oc + 1) * cg * k_sz)
-                .ok_or(Error::internal("conv weights"))?;
+            let grp = util::div(oc, sz.mg, "QLinearConv: group")?;
+            let xa = ni
+                .wrapping_mul(p.c)
+                .wrapping_add(grp.wrapping_mul(sz.cg))
+                .wrapping_mul(in_sz);
+            let xg = win(x, xa, sz.xg).ok_or(Error::internal("conv input group"))?;
+            let wk =
+                win(w, oc.wrapping_mul(sz.wk), sz.wk).ok_or(Error::internal("conv weights"))?;
             let z = wz(oc)?;
-            let base = (ni * p.m + oc) * out_sz;
+            let base = ni.wrapping_mul(p.m).wrapping_add(oc).wrapping_mul(out_sz);
             for od in 0..o0 {
                 for oh in 0..o1 {
+                    let row = od.wrapping_mul(o1).wrapping_add(oh).wrapping_mul(o2);
                     for ow in 0..o2 {
-                        let acc = conv_acc(xg, xz, wk, z, g, [od, oh, ow])?;
-                        put(base + (od * o1 + oh) * o2 + ow, oc, acc)?;
+                        let acc = conv_acc(xg, xz, wk, z, g, sz, [od, oh, ow])?;
+                        put(base.wrapping_add(row).wrapping_add(ow), oc, acc)?;
                     }
                 }
             }
@@ -777,11 +870,18 @@ fn conv_each<X: QInt, W: QInt>(
     Ok(())
 }
 
+/// `d` as a divisor, 1 for 0 (for the `.max(1)` of an empty dimension).
+#[inline]
+fn nonzero(d: usize) -> NonZeroUsize {
+    NonZeroUsize::new(d).unwrap_or(NonZeroUsize::MIN)
+}
+
 /// ConvInteger: geometry and whether each zero point is present / per
 /// output channel.
 #[derive(Clone, Copy, Debug)]
 struct ConvIntParams {
     p: IntConv,
+    sz: ConvSizes,
     has_xz: bool,
     /// `None`: no w zero point; `Some(per_channel)`.
     wz: Option<bool>,
@@ -812,7 +912,12 @@ fn prepare_conv_integer(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
         None => None,
     };
-    let cp = ConvIntParams { p, has_xz, wz };
+    let cp = ConvIntParams {
+        p,
+        sz: conv_sizes(&p)?,
+        has_xz,
+        wz,
+    };
     with_qint!(x.dtype, "ConvInteger x", X => {
         with_qint!(w.dtype, "ConvInteger w", W => Ok(Prepared::single(
             DType::I32,
@@ -847,8 +952,8 @@ fn conv_integer_run<X: QInt, W: QInt>(io: &mut KernelIo<'_>, cp: &ConvIntParams)
         Some(_) => Ok(w_z.get(oc).ok_or(Error::internal("w_zero_point"))?.get()),
     };
     let y = io.output_slice::<i32>(0)?;
-    check_len(y.len(), cp.p.batch * cp.p.m * cp.p.g.out_size())?;
-    conv_each(x, xz, w, wz, &cp.p, |i, _, acc| {
+    check_len(y.len(), cp.sz.y)?;
+    conv_each(x, xz, w, wz, &cp.p, &cp.sz, |i, _, acc| {
         *y.get_mut(i).ok_or(Error::internal("ConvInteger output"))? = acc;
         Ok(())
     })
@@ -859,6 +964,7 @@ fn conv_integer_run<X: QInt, W: QInt>(io: &mut KernelIo<'_>, cp: &ConvIntParams)
 #[derive(Clone, Copy, Debug)]
 struct QConvParams {
     p: IntConv,
+    sz: ConvSizes,
     ws_pc: bool,
     wz_pc: bool,
     has_bias: bool,
@@ -899,6 +1005,7 @@ fn prepare_qlinear_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     let qp = QConvParams {
         p,
+        sz: conv_sizes(&p)?,
         ws_pc,
         wz_pc,
         has_bias,
@@ -936,12 +1043,12 @@ fn qconv_run<X: QInt, W: QInt, Y: QInt>(io: &mut KernelIo<'_>, qp: &QConvParams)
     };
     let (ws_pc, wz_pc) = (qp.ws_pc, qp.wz_pc);
     let y = io.output_slice::<Y>(0)?;
-    check_len(y.len(), qp.p.batch * m * qp.p.g.out_size())?;
+    check_len(y.len(), qp.sz.y)?;
     let wzf = |oc: usize| {
         let z = wz.get(if wz_pc { oc } else { 0 });
         Ok(z.ok_or(Error::internal("w_zero_point"))?.get())
     };
-    conv_each(x, xz, w, wzf, &qp.p, |i, oc, acc| {
+    conv_each(x, xz, w, wzf, &qp.p, &qp.sz, |i, oc, acc| {
         // The bias is already in the accumulator's scale (x_scale * w_scale);
         // an absent bias (empty) adds 0.
         let acc = acc.wrapping_add(bias.get(oc).copied().unwrap_or(0));

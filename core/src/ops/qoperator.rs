@@ -25,23 +25,19 @@
 //! Scales are f32 and per tensor (one element), except QGemm's `b_scale`;
 //! a missing zero point is 0.
 
-// 32 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use alloc::vec::Vec;
 
 use crate::compiled::export::{Export, Params};
 use crate::compiled::op::OpView;
-use crate::error::{Error, ErrorKind, Result};
-use crate::kern::check_len;
+use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::kern::qbin::{qbinary, BinParams};
 use crate::kern::qpool::{avg_pool, global_avg, PoolParams};
+use crate::kern::{check_len, win_mut};
 use crate::ops::conv::forward_geom;
 use crate::ops::matmul::gemm_geom;
 use crate::ops::requant::{clamp, Requant, Requant2};
 use crate::ops::{util, Kernel, KernelIo, OpDef, PrepareCtx, Prepared, Unary};
-use crate::tensor::{broadcast_shapes, broadcast_strides, TensorView, MAX_RANK};
+use crate::tensor::{broadcast_shapes, broadcast_strides, ChunksOf as _, TensorView, MAX_RANK};
 use crate::DType;
 
 /// Domain of this family.
@@ -71,6 +67,10 @@ fn len_err(expected: usize, got: usize) -> Error {
 
 fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
+}
+
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
 }
 
 /// Table lookup of a byte pattern (the `u8` index is always in the
@@ -331,12 +331,14 @@ fn prepare_binary(
 /// Maps byte patterns of the input type to byte patterns of the output.
 type Table = [u8; 256];
 
-/// `table[x] = quantize(f(sx · (x - zx)), sy, zy)` over all 256 values.
+/// `table[x] = quantize(f(sx · (x - zx)), sy, zy)` over all 256 values
+/// (`zx` a zero point of type `T`, as [`zero_point`] reads it).
 fn build_table<T: Q8>(sx: f32, zx: i32, sy: f32, zy: i32, f: impl Fn(f32) -> f32) -> Table {
     let mut t = [0u8; 256];
     for (i, e) in t.iter_mut().enumerate() {
         let x = T::from_bits(i as u8);
-        let v = sx * (x.get() - zx) as f32;
+        // Both 8-bit values of T: |x - zx| <= 255, exact in i32.
+        let v = sx * x.get().wrapping_sub(zx) as f32;
         *e = quantize::<T>(f(v), sy, zy).bits();
     }
     t
@@ -509,7 +511,7 @@ fn prepare_global_avg(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let name = "QLinearGlobalAveragePool";
     let (dt, xs, cl) = pool_input(ctx, name)?;
     let (n, c, sp) = split_nc(xs, cl)?;
-    let img: usize = sp.iter().product();
+    let img = checked_numel(sp)?;
     let ones = alloc::vec![1usize; sp.len()];
     let out = join_nc(n, c, &ones, cl);
     if all_const(ctx, &[1, 2, 3, 4]) {
@@ -621,11 +623,25 @@ enum Map {
     Table(Table),
 }
 
+/// One input of QLinearConcat: its X, X_scale and X_zero_point inputs and
+/// where its blocks go.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    x: usize,
+    scale: usize,
+    zp: usize,
+    /// Elements of one block (`len · inner`, `len` its size along the axis).
+    block: usize,
+    /// Elements of X (`outer · block`).
+    numel: usize,
+    /// Offset of its blocks in an output row of `total_axis · inner`.
+    at: usize,
+}
+
 /// Inputs Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) triples.
-fn concat_map(get: Get<'_, '_>, dt: DType, j: usize) -> Result<Map> {
+fn concat_map(get: Get<'_, '_>, dt: DType, part: &Part) -> Result<Map> {
     let (sy, zy) = (scale(get, 0)?, zero_point(get, 1, dt)?);
-    let base = 2 + 3 * j;
-    let (sx, zx) = (scale(get, base + 1)?, zero_point(get, base + 2, dt)?);
+    let (sx, zx) = (scale(get, part.scale)?, zero_point(get, part.zp, dt)?);
     if sx == sy && zx == zy {
         return Ok(Map::Copy);
     }
@@ -635,12 +651,15 @@ fn concat_map(get: Get<'_, '_>, dt: DType, j: usize) -> Result<Map> {
 fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let name = "QLinearConcat";
     let ni = ctx.num_inputs();
-    if ni < 5 || !(ni - 2).is_multiple_of(3) {
+    // At least one triple after Y_scale, Y_zero_point (ni >= 5).
+    if !ni
+        .checked_sub(2)
+        .is_some_and(|r| r >= 3 && r.is_multiple_of(3))
+    {
         return Err(Error::new(ErrorKind::Invalid(
             "QLinearConcat takes Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) triples",
         )));
     }
-    let parts = (ni - 2) / 3;
     check_scale(ctx, 0)?;
     let x0 = ctx.input(2)?;
     let dt = match ctx.opt_input(1) {
@@ -676,23 +695,21 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             .split_at_checked(axis)
             .ok_or(Error::internal("QLinearConcat axis"))?;
         let rest = tail.get(1..).ok_or(Error::internal("QLinearConcat axis"))?;
-        (
-            head.iter().product::<usize>(),
-            rest.iter().product::<usize>(),
-        )
+        (checked_numel(head)?, checked_numel(rest)?)
     };
     let out_axis = out
         .get_mut(axis)
         .ok_or(Error::internal("QLinearConcat axis"))?;
     *out_axis = 0;
-    let mut lens = Vec::with_capacity(parts);
+    let mut parts = Vec::new();
     let mut param_idx = alloc::vec![0usize, 1];
-    for j in 0..parts {
-        let base = 2 + 3 * j;
+    // ni - 2 is a multiple of 3: base + 2 < ni for every triple.
+    for base in (2..ni).step_by(3) {
+        let (si, zi) = (base.wrapping_add(1), base.wrapping_add(2));
         let x = ctx.input_of(base, dt)?;
-        check_scale(ctx, base + 1)?;
-        check_zp(ctx, base + 2, dt)?;
-        param_idx.extend([base + 1, base + 2]);
+        check_scale(ctx, si)?;
+        check_zp(ctx, zi, dt)?;
+        param_idx.extend([si, zi]);
         if x.shape.len() != rank
             || x.shape
                 .iter()
@@ -708,15 +725,27 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             .shape
             .get(axis)
             .ok_or(Error::internal("QLinearConcat axis"))?;
-        lens.push(len);
-        *out_axis += len;
+        // Sizes of this part and its offset in an output row, checked once:
+        // the kernel only walks blocks of them.
+        let block = len.checked_mul(inner).ok_or_else(overflow)?;
+        parts.push(Part {
+            x: base,
+            scale: si,
+            zp: zi,
+            block,
+            numel: outer.checked_mul(block).ok_or_else(overflow)?,
+            at: out_axis.checked_mul(inner).ok_or_else(overflow)?,
+        });
+        *out_axis = out_axis.checked_add(len).ok_or_else(overflow)?;
     }
-    let total_axis = *out_axis;
+    let row = out_axis.checked_mul(inner).ok_or_else(overflow)?;
+    let y_len = outer.checked_mul(row).ok_or_else(overflow)?;
     let pre: Option<Vec<Map>> = if all_const(ctx, &param_idx) {
         let get = const_get(ctx);
         Some(
-            (0..parts)
-                .map(|j| concat_map(&get, dt, j))
+            parts
+                .iter()
+                .map(|p| concat_map(&get, dt, p))
                 .collect::<Result<_>>()?,
         )
     } else {
@@ -724,27 +753,22 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     };
     with_q8!(dt, name, T => {
         let k = crate::ops::kernel(name, move |io| {
-            let mut off = 0usize;
-            for (j, &len) in lens.iter().enumerate() {
+            for (j, part) in parts.iter().enumerate() {
                 let map = match &pre {
                     Some(m) => *m.get(j).ok_or(Error::internal("QLinearConcat maps"))?,
                     None => {
                         let get = |i: usize| io.opt_input(i);
-                        concat_map(&get, dt, j)?
+                        concat_map(&get, dt, part)?
                     }
                 };
-                let x = io.input_slice::<T>(2 + 3 * j)?;
-                let block = len * inner;
-                check_len(x.len(), outer * block)?;
+                let x = io.input_slice::<T>(part.x)?;
+                check_len(x.len(), part.numel)?;
                 let y = io.output_slice::<T>(0)?;
-                check_len(y.len(), outer * total_axis * inner)?;
-                for o in 0..outer {
-                    let src = x
-                        .get(o * block..(o + 1) * block)
-                        .ok_or(Error::internal("QLinearConcat input block"))?;
-                    let at = (o * total_axis + off) * inner;
-                    let dst = y
-                        .get_mut(at..at + block)
+                check_len(y.len(), y_len)?;
+                // `outer` blocks of X, one per output row (none when the
+                // block or the row is empty: nothing to copy).
+                for (src, yrow) in x.chunks_of(part.block).zip(y.chunks_of_mut(row)) {
+                    let dst = win_mut(yrow, part.at, part.block)
                         .ok_or(Error::internal("QLinearConcat output block"))?;
                     match &map {
                         Map::Copy => dst.copy_from_slice(src),
@@ -755,7 +779,6 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         }
                     }
                 }
-                off += len;
             }
             Ok(())
         });
@@ -819,7 +842,7 @@ fn gemm_params(
             }));
         }
         for i in 0..z.numel() {
-            zb.push(z.int_at(i).ok_or(len_err(i + 1, i))? as i32);
+            zb.push(z.int_at(i).ok_or(len_err(i.saturating_add(1), i))? as i32);
         }
     } else {
         zb.push(0);
@@ -834,7 +857,7 @@ fn gemm_params(
     let mut fscale = Vec::with_capacity(bs.numel());
     let mut req = Vec::new();
     for i in 0..bs.numel() {
-        let sb = bs.f64_at(i).ok_or(len_err(i + 1, i))? as f32;
+        let sb = bs.f64_at(i).ok_or(len_err(i.saturating_add(1), i))? as f32;
         if !(sb.is_finite() && sb > 0.0) {
             return Err(Error::new(ErrorKind::Invalid(
                 "quantization scale must be finite and > 0",
@@ -864,10 +887,10 @@ fn lane<T>(
     step: usize,
     k: usize,
 ) -> Result<core::iter::Take<core::iter::StepBy<core::slice::Iter<'_, T>>>> {
-    if k == 0 {
+    let Some(k1) = k.checked_sub(1) else {
         return Ok(x.iter().step_by(1).take(0));
-    }
-    let last = (k - 1).checked_mul(step).and_then(|s| s.checked_add(start));
+    };
+    let last = k1.checked_mul(step).and_then(|s| s.checked_add(start));
     if step == 0 || last.is_none_or(|l| l >= x.len()) {
         return Err(Error::internal("QGemm operand lane"));
     }
@@ -932,8 +955,14 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     } else {
         None
     };
-    let (na, nb) = (a.numel(), b.numel());
-    let cn = c.map_or(0, |c| c.numel());
+    // Sizes checked once: A is [m, lda] unless transposed and B [n, ldb]
+    // when transposed, so a row start i·lda (i < m) stays under numel(A)
+    // and a column start j·ldb (j < n) under numel(B); C's broadcast
+    // strides (r, q) keep i·r + j·q under numel(C); the output index
+    // i·n + j under m·n.
+    let (na, nb) = (checked_numel(a.shape)?, checked_numel(b.shape)?);
+    let cn = c.map_or(Ok(0), |c| checked_numel(c.shape))?;
+    let mn = g.m.checked_mul(g.n).ok_or_else(overflow)?;
     with_q8!(dta, name, A => {
         with_q8!(dtb, name, B => {
             let k = crate::ops::kernel(name, move |io| {
@@ -964,29 +993,37 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                         .get(if p.zb.len() == 1 { 0 } else { j })
                         .ok_or(Error::internal("QGemm b_zero_point"))?;
                     // Row i of op(A) and column j of op(B), k elements each.
+                    // Offsets exact under numel(A), numel(B), numel(C)
+                    // (checked at prepare).
                     let al = if g.transa {
                         lane(a, i, g.lda, g.k)?
                     } else {
-                        lane(a, i * g.lda, 1, g.k)?
+                        lane(a, i.wrapping_mul(g.lda), 1, g.k)?
                     };
                     let bl = if g.transb {
-                        lane(b, j * g.ldb, 1, g.k)?
+                        lane(b, j.wrapping_mul(g.ldb), 1, g.k)?
                     } else {
                         lane(b, j, g.ldb, g.k)?
                     };
+                    // 8-bit values less 8-bit zero points (zero_point and
+                    // gemm_params check their dtypes): each product is at
+                    // most 255² in magnitude, exact in i32; the sum and C
+                    // wrap in i32 (an int32 accumulator, wrapping by name).
                     let mut s = 0i32;
                     for (av, bv) in al.zip(bl) {
-                        s = s.wrapping_add((av.get() - p.za) * (bv.get() - zb));
+                        let d = av.get().wrapping_sub(p.za).wrapping_mul(bv.get().wrapping_sub(zb));
+                        s = s.wrapping_add(d);
                     }
                     if let Some((cv, (r, q))) = c {
-                        s = s.wrapping_add(*cv.get(i * r + j * q).ok_or(Error::internal("QGemm C"))?);
+                        let at = i.wrapping_mul(r).wrapping_add(j.wrapping_mul(q));
+                        s = s.wrapping_add(*cv.get(at).ok_or(Error::internal("QGemm C"))?);
                     }
                     Ok(s)
                 };
                 if quant_out {
                     with_q8!(ydt, name, Y => {
                         let y = io.output_slice::<Y>(0)?;
-                        check_len(y.len(), g.m * g.n)?;
+                        check_len(y.len(), mn)?;
                         for i in 0..g.m {
                             for j in 0..g.n {
                                 let rq = p
@@ -994,7 +1031,8 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                                     .get(if p.req.len() == 1 { 0 } else { j })
                                     .ok_or(Error::internal("QGemm requantizer"))?;
                                 let v = rq.apply(acc(i, j)?);
-                                *y.get_mut(i * g.n + j).ok_or(Error::internal("QGemm output"))? =
+                                let at = i.wrapping_mul(g.n).wrapping_add(j);
+                                *y.get_mut(at).ok_or(Error::internal("QGemm output"))? =
                                     Y::from_sat(clamp(v, p.zy, Y::LO, Y::HI));
                             }
                         }
@@ -1002,14 +1040,15 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     })
                 } else {
                     let y = io.output_slice::<f32>(0)?;
-                    check_len(y.len(), g.m * g.n)?;
+                    check_len(y.len(), mn)?;
                     for i in 0..g.m {
                         for j in 0..g.n {
                             let &fs = p
                                 .fscale
                                 .get(if p.fscale.len() == 1 { 0 } else { j })
                                 .ok_or(Error::internal("QGemm scale"))?;
-                            *y.get_mut(i * g.n + j).ok_or(Error::internal("QGemm output"))? =
+                            let at = i.wrapping_mul(g.n).wrapping_add(j);
+                            *y.get_mut(at).ok_or(Error::internal("QGemm output"))? =
                                 acc(i, j)? as f32 * fs;
                         }
                     }
