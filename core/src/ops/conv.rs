@@ -6,13 +6,10 @@
 //! loop always runs over the (contiguous) last axis with its bounds hoisted.
 //! The window geometry helpers here are shared with the pool family.
 
-// 100 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::kern::dwconv;
 use crate::kern::par;
 use crate::kern::sgemm::{self, MatA};
@@ -38,6 +35,33 @@ fn attr_err(name: &'static str, problem: &'static str) -> Error {
 
 fn shape_err(what: &'static str) -> Error {
     Error::new(ErrorKind::Shape(what))
+}
+
+fn overflow() -> Error {
+    Error::new(ErrorKind::Overflow)
+}
+
+/// `a * b`, Overflow past usize.
+fn mul(a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(overflow)
+}
+
+/// `a + b`, Overflow past usize.
+fn add(a: usize, b: usize) -> Result<usize> {
+    a.checked_add(b).ok_or_else(overflow)
+}
+
+/// `total` split in two halves for SAME_UPPER (the odd one at the end) or
+/// SAME_LOWER (at the beginning).
+fn same_halves(total: usize, upper: bool) -> (usize, usize) {
+    let small = total / 2;
+    // small = total / 2 <= total.
+    let large = total.wrapping_sub(small);
+    if upper {
+        (small, large)
+    } else {
+        (large, small)
+    }
 }
 
 /// `auto_pad` attribute.
@@ -91,11 +115,12 @@ pub(crate) fn axis_attr(
 
 /// `pads` of length `2n` (begin..., end...), non-negative; zeros if absent.
 pub(crate) fn read_pads(ctx: &PrepareCtx<'_>, n: usize) -> Result<Vec<usize>> {
+    let two_n = mul(n, 2)?;
     match ctx.attr_ints("pads")? {
-        None => Ok(vec![0; 2 * n]),
-        Some([]) => Ok(vec![0; 2 * n]),
+        None => Ok(vec![0; two_n]),
+        Some([]) => Ok(vec![0; two_n]),
         Some(v) => {
-            if v.len() != 2 * n {
+            if v.len() != two_n {
                 return Err(attr_err(
                     "pads",
                     "length must be twice the number of spatial axes",
@@ -162,7 +187,7 @@ pub(crate) fn forward_geom(
     let pads = if ap == AutoPad::NotSet {
         read_pads(ctx, n)?
     } else {
-        vec![0; 2 * n]
+        vec![0; mul(n, 2)?]
     };
     let (pads_b, pads_e) = pad_halves(&pads, n)?;
     // Output size and padding (begin, end) per axis.
@@ -172,44 +197,43 @@ pub(crate) fn forward_geom(
         if ki == 0 {
             return Err(attr_err("kernel_shape", "must be positive"));
         }
-        let ek = (ki - 1)
-            .checked_mul(di)
-            .and_then(|x| x.checked_add(1))
-            .ok_or(Error::new(ErrorKind::Overflow))?;
+        // ki >= 1 (checked above).
+        let ek = add(mul(ki.wrapping_sub(1), di)?, 1)?;
         match ap {
             AutoPad::SameUpper | AutoPad::SameLower => {
                 if si == 0 {
                     return Err(attr_err("strides", "must be positive"));
                 }
                 let o = xi.div_ceil(si);
-                let total = (o.saturating_sub(1) * si + ek).saturating_sub(xi);
-                let small = total / 2;
-                let (b, e) = if ap == AutoPad::SameUpper {
-                    (small, total - small)
-                } else {
-                    (total - small, small)
-                };
+                // (o - 1)·si < xi: the product fits; the reach may not.
+                let total = add(o.saturating_sub(1).wrapping_mul(si), ek)?.saturating_sub(xi);
+                let (b, e) = same_halves(total, ap == AutoPad::SameUpper);
                 out.push(o);
                 pb.push(b);
                 pe.push(e);
             }
             AutoPad::NotSet | AutoPad::Valid => {
                 let (b, e) = (bi, ei);
-                let num = (xi + b + e)
+                let xb = add(xi, b)?;
+                let num = add(xb, e)?
                     .checked_sub(ek)
                     .ok_or(shape_err("window larger than the padded input"))?;
                 if si == 0 {
                     return Err(attr_err("strides", "must be positive"));
                 }
+                // ek >= 1, so num < usize::MAX and num / si + 1 (or its
+                // ceiling + 1, at most num + 1) fits.
                 let o = if ceil_mode {
-                    let o = num.div_ceil(si) + 1;
-                    if (o - 1) * si >= xi + b {
-                        o - 1
+                    let o = num.div_ceil(si).wrapping_add(1);
+                    // o >= 1; a product past usize is past xi + b too.
+                    let last = o.wrapping_sub(1);
+                    if last.checked_mul(si).is_none_or(|v| v >= xb) {
+                        last
                     } else {
                         o
                     }
                 } else {
-                    div(num, si, "Conv: stride")? + 1
+                    div(num, si, "Conv: stride")?.wrapping_add(1)
                 };
                 out.push(o);
                 pb.push(b);
@@ -232,14 +256,93 @@ pub(crate) fn forward_geom(
 /// Parameters of one Conv / ConvTranspose node.
 #[derive(Clone, Copy, Debug)]
 struct ConvParams {
-    batch: usize,
-    /// Input channels.
-    c: usize,
     /// Output channels.
     m: usize,
     group: usize,
     g: Geom,
     has_bias: bool,
+    sz: ConvSizes,
+}
+
+/// The sizes of a Conv / ConvTranspose, checked once at prepare
+/// ([`conv_sizes`], Overflow): every offset in the kernels below is under
+/// one of them, so they are taken wrapping by name.
+#[derive(Clone, Copy, Debug)]
+struct ConvSizes {
+    /// Input, output and kernel plane sizes.
+    in_sz: usize,
+    out_sz: usize,
+    k_sz: usize,
+    /// Input and output channels per group.
+    cg: usize,
+    mg: usize,
+    /// One image of X (`c · in_sz`) and of Y (`m · out_sz`).
+    xb: usize,
+    yb: usize,
+    /// One group of an image of X (`cg · in_sz`) and of Y (`mg · out_sz`).
+    xg: usize,
+    yg: usize,
+    /// The weights of one output channel (`cg · k_sz`, forward) and of one
+    /// group (`mg · cg · k_sz`, forward; `cg · mg · k_sz`, transposed).
+    wk: usize,
+    wg: usize,
+    /// X, W and Y.
+    x: usize,
+    w: usize,
+    y: usize,
+    /// (image, group) pairs, `batch · group`.
+    pairs: usize,
+}
+
+/// [`ConvSizes`] of a node; also checks the reach of the last window on
+/// each axis, `(count - 1)·s + (k - 1)·d` (count: the outputs of a forward
+/// Conv, the inputs of a ConvTranspose), so that every `o·s + t·d` of the
+/// plane loops (`o < count`, `t < k`) stays under it.
+fn conv_sizes(
+    batch: usize,
+    c: usize,
+    m: usize,
+    group: usize,
+    g: &Geom,
+    dir: ConvDir,
+) -> Result<ConvSizes> {
+    let count = match dir {
+        ConvDir::Forward => &g.out,
+        ConvDir::Transpose => &g.inp,
+    };
+    let axes = count.iter().zip(&g.s).zip(g.k.iter().zip(&g.d));
+    for ((&o, &s), (&k, &d)) in axes {
+        add(mul(o.saturating_sub(1), s)?, mul(k.saturating_sub(1), d)?)?;
+    }
+    let (in_sz, out_sz, k_sz) = (
+        checked_numel(&g.inp)?,
+        checked_numel(&g.out)?,
+        checked_numel(&g.k)?,
+    );
+    let cg = div(c, group, "Conv: group")?;
+    let mg = div(m, group, "Conv: group")?;
+    let wk = mul(cg, k_sz)?;
+    let (xb, yb) = (mul(c, in_sz)?, mul(m, out_sz)?);
+    Ok(ConvSizes {
+        in_sz,
+        out_sz,
+        k_sz,
+        cg,
+        mg,
+        xb,
+        yb,
+        xg: mul(cg, in_sz)?,
+        yg: mul(mg, out_sz)?,
+        wk,
+        wg: mul(mg, wk)?,
+        x: mul(batch, xb)?,
+        w: match dir {
+            ConvDir::Forward => mul(m, wk)?,
+            ConvDir::Transpose => mul(mul(c, mg)?, k_sz)?,
+        },
+        y: mul(batch, yb)?,
+        pairs: mul(batch, group)?,
+    })
 }
 
 /// Reads X, W, B and group; returns (x shape, w shape, group, spatial kernel
@@ -315,7 +418,8 @@ fn out_shape(batch: usize, ch: usize, g: &Geom, n: usize) -> Result<Vec<usize>> 
     let mut s = vec![batch, ch];
     s.extend_from_slice(
         g.out
-            .get(MAX_SPATIAL - n..)
+            .get(MAX_SPATIAL.saturating_sub(n)..)
+            .filter(|o| o.len() == n)
             .ok_or(Error::new(ErrorKind::Internal("Conv: spatial rank")))?,
     );
     Ok(s)
@@ -338,10 +442,10 @@ fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if !divides(c, group) || !divides(m, group) {
         return Err(attr_err("group", "does not divide the channels"));
     }
-    if wc * group != c {
+    if wc.checked_mul(group) != Some(c) {
         return Err(Error::new(ErrorKind::Dim {
             axis: 1,
-            expected: (c / group) as u64,
+            expected: div(c, group, "Conv: group")? as u64,
             got: wc as u64,
         }));
     }
@@ -349,12 +453,11 @@ fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let n = xsp.len();
     let g = forward_geom(ctx, xsp, wsp, false)?;
     let p = ConvParams {
-        batch,
-        c,
         m,
         group,
         g,
         has_bias,
+        sz: conv_sizes(batch, c, m, group, &g, ConvDir::Forward)?,
     };
     let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "Conv", ConvDir::Forward)
@@ -412,7 +515,7 @@ fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
     name: &'static str,
     dir: ConvDir,
 ) -> Result<Prepared> {
-    let plane = p.g.out_size();
+    let plane = p.sz.out_sz;
     Ok(Prepared::single(
         T::DTYPE,
         shape,
@@ -475,7 +578,7 @@ fn bias_of<T: Float>(b: Option<&[T]>, oc: usize) -> Result<T::Acc> {
 #[inline]
 fn axpy<W: Float>(y: &mut [W::Acc], x: &[W], a: W::Acc) {
     for (o, &v) in y.iter_mut().zip(x) {
-        *o += a * v.to_acc();
+        *o = o.plus(a.times(v.to_acc()));
     }
 }
 
@@ -490,12 +593,11 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
     p: &ConvParams,
 ) -> Result<()> {
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = div(p.c, p.group, "Conv: group")?;
-    let mg = div(p.m, p.group, "Conv: group")?;
-    check_len(x.len(), p.batch * p.c * in_sz)?;
-    check_len(w.len(), p.m * cg * k_sz)?;
-    check_len(y.len(), p.batch * p.m * out_sz)?;
+    let sz = &p.sz;
+    let (in_sz, out_sz, k_sz, cg, mg) = (sz.in_sz, sz.out_sz, sz.k_sz, sz.cg, sz.mg);
+    check_len(x.len(), sz.x)?;
+    check_len(w.len(), sz.w)?;
+    check_len(y.len(), sz.y)?;
     if let Some(b) = b {
         check_len(b.len(), p.m)?;
     }
@@ -529,19 +631,12 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
             }
         }
     }
-    let (xb_len, xg_len, w_len) = (p.c * in_sz, cg * in_sz, cg * k_sz);
-    for (ni, yb) in y.chunks_of_mut(p.m * out_sz).enumerate() {
-        let xb = x
-            .get(ni * xb_len..(ni + 1) * xb_len)
-            .ok_or(short("Conv: X shorter than its shape"))?;
+    for (ni, yb) in y.chunks_of_mut(sz.yb).enumerate() {
+        let xb = util::row(x, ni, sz.xb)?;
         for (oc, yp) in yb.chunks_of_mut(out_sz).enumerate() {
             let grp = div(oc, mg, "Conv: group")?;
-            let wrow = w
-                .get(oc * w_len..(oc + 1) * w_len)
-                .ok_or(short("Conv: W shorter than its shape"))?;
-            let xg = xb
-                .get(grp * xg_len..(grp + 1) * xg_len)
-                .ok_or(short("Conv: X shorter than its shape"))?;
+            let wrow = util::row(w, oc, sz.wk)?;
+            let xg = util::row(xb, grp, sz.xg)?;
             let bias = bias_of(b, oc)?;
             let mut res = Ok(());
             util::accumulate_into(yp, acc, |yp| {
@@ -582,20 +677,17 @@ fn conv_blocked(
     p: &ConvParams,
     pointwise: bool,
 ) -> bool {
-    let g = &p.g;
-    let (out_sz, k_sz) = (g.out_size(), g.k_size());
-    let (Some(cg), Some(mg)) = (p.c.checked_div(p.group), p.m.checked_div(p.group)) else {
-        return false;
-    };
-    let pairs = p.batch * p.group;
-    let y_len = mg * out_sz;
+    let sz = &p.sz;
+    let (pairs, y_len) = (sz.pairs, sz.yg);
     if y_len == 0 {
         return true;
     }
     let workers = par::workers();
-    let gemm_macs = mg.saturating_mul(out_sz).saturating_mul(cg * k_sz);
+    let gemm_macs = y_len.saturating_mul(sz.wk);
     let t = par::tasks(workers, gemm_macs.saturating_mul(pairs), pairs);
-    let outer = t > 1 && (pairs >= 2 * workers || par::tasks(workers, gemm_macs, usize::MAX) <= 1);
+    // Exact: workers is far below usize::MAX / 2.
+    let outer = t > 1
+        && (pairs >= workers.saturating_mul(2) || par::tasks(workers, gemm_macs, usize::MAX) <= 1);
     if !outer {
         for (idx, yg) in y.chunks_of_mut(y_len).take(pairs).enumerate() {
             if !conv_gemm(idx, x, w, b, yg, p, pointwise, false) {
@@ -609,9 +701,12 @@ fn conv_blocked(
     par::for_each(t, &|ti| {
         let (lo, hi) = par::chunk(pairs, t, ti);
         for idx in lo..hi {
+            // idx < pairs: idx · y_len < pairs · mg · out_sz, Y's length
+            // (`conv_sizes`).
+            let start = idx.wrapping_mul(y_len);
             // SAFETY: pair idx owns y[idx * y_len..][..y_len], and the runs
             // of pairs of the tasks are disjoint.
-            let Some(yg) = (unsafe { ys.slice(idx * y_len, y_len) }) else {
+            let Some(yg) = (unsafe { ys.slice(start, y_len) }) else {
                 failed.set();
                 return;
             };
@@ -637,23 +732,17 @@ fn conv_gemm(
     serial: bool,
 ) -> bool {
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let (Some(cg), Some(mg)) = (p.c.checked_div(p.group), p.m.checked_div(p.group)) else {
-        return false;
-    };
-    let kk = cg * k_sz;
+    let sz = &p.sz;
+    let (in_sz, out_sz, mg, kk) = (sz.in_sz, sz.out_sz, sz.mg, sz.wk);
     // Images are `group × cg` input planes, so pair idx's input channels
     // start at idx * cg planes; its weights are those of its group.
     let Some(grp) = idx.checked_rem(p.group) else {
         return false;
     };
-    let (Some(xg), Some(wg)) = (
-        x.get(idx * cg * in_sz..(idx + 1) * cg * in_sz),
-        w.get(grp * mg * kk..(grp + 1) * mg * kk),
-    ) else {
+    let (Ok(xg), Ok(wg)) = (util::row(x, idx, sz.xg), util::row(w, grp, sz.wg)) else {
         return false;
     };
-    let beta = match b.and_then(|b| b.get(grp * mg..(grp + 1) * mg)) {
+    let beta = match b.and_then(|b| util::row(b, grp, mg).ok()) {
         Some(bias) => {
             for (row, &bv) in yg.chunks_of_mut(out_sz).zip(bias) {
                 row.fill(bv);
@@ -701,7 +790,7 @@ fn gemm_on<B: sgemm::SrcB + Sync>(
 /// whole by one task, as in the single-thread run).
 fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &ConvParams) -> bool {
     let g = &p.g;
-    let (out_sz, k_sz) = (g.out_size(), g.k_size());
+    let (out_sz, k_sz) = (p.sz.out_sz, p.sz.k_sz);
     if g.k[0] != 1 || g.inp[0] != 1 || g.out[0] != 1 || out_sz == 0 {
         return false;
     }
@@ -768,19 +857,21 @@ impl DepthwiseJob<'_, '_> {
     fn planes_body(&self, (lo, hi): (usize, usize)) -> bool {
         let DepthwiseJob { x, w, b, ys, p } = *self;
         let g = &p.g;
-        let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+        let (in_sz, out_sz, k_sz) = (p.sz.in_sz, p.sz.out_sz, p.sz.k_sz);
         let mut flat = dwconv::Flat::new();
         for i in lo..hi {
             let Some(c) = i.checked_rem(p.m) else {
                 return false;
             };
+            // i < planes = y.len() / out_sz: i · out_sz < y.len().
+            let start = i.wrapping_mul(out_sz);
             // SAFETY: plane i is y[i * out_sz..][..out_sz]; the runs of
             // planes of the tasks are disjoint, and a task holds one plane
             // at a time.
-            let (Some(yp), Some(xp), Some(wk)) = (
-                unsafe { ys.slice(i * out_sz, out_sz) },
-                x.get(i * in_sz..(i + 1) * in_sz),
-                w.get(c * k_sz..(c + 1) * k_sz),
+            let (Some(yp), Ok(xp), Ok(wk)) = (
+                unsafe { ys.slice(start, out_sz) },
+                util::row(x, i, in_sz),
+                util::row(w, c, k_sz),
             ) else {
                 return false;
             };
@@ -810,35 +901,63 @@ fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(
     let s2_nz = NonZeroUsize::new(s2).ok_or(short)?;
     let [d0, d1, d2] = g.d;
     let [p0, p1, p2] = g.pb;
+    // Offsets below wrap by name, each under a bound checked at prepare
+    // (`conv_sizes`): a tap `o·s + t·d` (o < out, t < k) is under the reach
+    // of its axis; `valid_range` keeps it in `p .. p + inp`, so minus the
+    // padding it is an input index; plane offsets are under the plane sizes
+    // (`in_sz`, `out_sz`, `k_sz`). A wrong one would fail the `get`.
     for kd in 0..k0 {
-        let (od_lo, od_hi) = valid_range(o0, s0, kd * d0, p0, i0);
+        let (od_lo, od_hi) = valid_range(o0, s0, kd.wrapping_mul(d0), p0, i0);
         for kh in 0..k1 {
-            let (oh_lo, oh_hi) = valid_range(o1, s1, kh * d1, p1, i1);
-            let w0 = (kd * k1 + kh) * k2;
-            let wrow = wk.get(w0..w0 + k2).ok_or(short)?;
+            let (oh_lo, oh_hi) = valid_range(o1, s1, kh.wrapping_mul(d1), p1, i1);
+            // (kd·k1 + kh)·k2 + k2 <= k_sz.
+            let w0 = kd.wrapping_mul(k1).wrapping_add(kh).wrapping_mul(k2);
+            let wrow = wk.get(w0..w0.wrapping_add(k2)).ok_or(short)?;
             for (kw, wv) in wrow.iter().enumerate() {
                 let wv = wv.to_acc();
-                let (lo, hi) = valid_range(o2, s2, kw * d2, p2, i2);
+                let (lo, hi) = valid_range(o2, s2, kw.wrapping_mul(d2), p2, i2);
                 if lo >= hi {
                     continue;
                 }
-                let len = hi - lo;
-                let iw0 = lo * s2 + kw * d2 - p2;
-                // The `len` inputs of a row, `s2` apart.
-                let span = (len - 1) * s2 + 1;
+                // lo < hi.
+                let len = hi.wrapping_sub(lo);
+                // Tap of the first output of the row, an input index.
+                let iw0 = lo
+                    .wrapping_mul(s2)
+                    .wrapping_add(kw.wrapping_mul(d2))
+                    .wrapping_sub(p2);
+                // The `len` inputs of a row, `s2` apart: the last one,
+                // iw0 + (len - 1)·s2, is an input index too.
+                let span = len.wrapping_sub(1).wrapping_mul(s2).wrapping_add(1);
                 for od in od_lo..od_hi {
-                    let id = od * s0 + kd * d0 - p0;
+                    let id = od
+                        .wrapping_mul(s0)
+                        .wrapping_add(kd.wrapping_mul(d0))
+                        .wrapping_sub(p0);
                     for oh in oh_lo..oh_hi {
-                        let ih = oh * s1 + kh * d1 - p1;
-                        let y0 = (od * o1 + oh) * o2 + lo;
-                        let yrow = yp.get_mut(y0..y0 + len).ok_or(short)?;
-                        let x0 = (id * i1 + ih) * i2 + iw0;
-                        let xrow = xp.get(x0..x0 + span).ok_or(short)?;
+                        let ih = oh
+                            .wrapping_mul(s1)
+                            .wrapping_add(kh.wrapping_mul(d1))
+                            .wrapping_sub(p1);
+                        // (od·o1 + oh)·o2 + lo + len <= out_sz.
+                        let y0 = od
+                            .wrapping_mul(o1)
+                            .wrapping_add(oh)
+                            .wrapping_mul(o2)
+                            .wrapping_add(lo);
+                        let yrow = yp.get_mut(y0..y0.wrapping_add(len)).ok_or(short)?;
+                        // (id·i1 + ih)·i2 + iw0 + span <= in_sz.
+                        let x0 = id
+                            .wrapping_mul(i1)
+                            .wrapping_add(ih)
+                            .wrapping_mul(i2)
+                            .wrapping_add(iw0);
+                        let xrow = xp.get(x0..x0.wrapping_add(span)).ok_or(short)?;
                         if s2 == 1 {
                             axpy(yrow, xrow, wv);
                         } else {
                             for (o, &v) in yrow.iter_mut().zip(xrow.iter().step_by(s2_nz.get())) {
-                                *o += wv * v.to_acc();
+                                *o = o.plus(wv.times(v.to_acc()));
                             }
                         }
                     }
@@ -862,7 +981,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     if !divides(c, group) {
         return Err(attr_err("group", "does not divide the channels"));
     }
-    let m = wm * group;
+    let m = mul(wm, group)?;
     check_bias(ctx, m)?;
     let n = xsp.len();
     check_spatial(n)?;
@@ -872,7 +991,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let pads = if ap == AutoPad::NotSet {
         read_pads(ctx, n)?
     } else {
-        vec![0; 2 * n]
+        vec![0; mul(n, 2)?]
     };
     let opad: Vec<usize> = match ctx.attr_ints("output_padding")? {
         None => vec![0; n],
@@ -900,7 +1019,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         Some([]) => None,
         Some(v) => {
             let v = match v.get(2..) {
-                Some(spatial) if v.len() == n + 2 => spatial,
+                Some(spatial) if n.checked_add(2) == Some(v.len()) => spatial,
                 _ => v,
             };
             if v.len() != n || v.iter().any(|&x| x < 0) {
@@ -921,13 +1040,14 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         if k == 0 || inp == 0 {
             return Err(shape_err("ConvTranspose: empty input or kernel"));
         }
-        let ek = (k - 1) * di + 1;
-        let full = si * (inp - 1) + op + ek;
+        // k >= 1 and inp >= 1 (checked above).
+        let ek = add(mul(k.wrapping_sub(1), di)?, 1)?;
+        let full = add(add(mul(si, inp.wrapping_sub(1))?, op)?, ek)?;
         let target = match (&oshape, ap) {
             (Some(os), _) => Some(*os.get(i).ok_or(Error::new(ErrorKind::Internal(
                 "ConvTranspose output_shape",
             )))?),
-            (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(inp * si),
+            (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(mul(inp, si)?),
             _ => None,
         };
         if let Some(os) = target {
@@ -936,12 +1056,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                 .ok_or(Error::new(ErrorKind::Unsupported(
                     "ConvTranspose output_shape larger than the full output",
                 )))?;
-            let small = total / 2;
-            let (b, e) = if ap == AutoPad::SameUpper {
-                (small, total - small)
-            } else {
-                (total - small, small)
-            };
+            let (b, e) = same_halves(total, ap == AutoPad::SameUpper);
             pb.push(b);
             pe.push(e);
             out.push(os);
@@ -953,8 +1068,10 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             };
             pb.push(b);
             pe.push(e);
+            // Pads past usize exceed the output too.
             out.push(
-                full.checked_sub(b + e)
+                b.checked_add(e)
+                    .and_then(|be| full.checked_sub(be))
                     .ok_or(shape_err("ConvTranspose: pads exceed the output"))?,
             );
         }
@@ -970,12 +1087,11 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         pe: spatial(&pe, u.pe)?,
     };
     let p = ConvParams {
-        batch,
-        c,
         m,
         group,
         g,
         has_bias,
+        sz: conv_sizes(batch, c, m, group, &g, ConvDir::Transpose)?,
     };
     let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "ConvTranspose", ConvDir::Transpose)
@@ -992,23 +1108,19 @@ fn conv_transpose<T: Float, W: Float<Acc = T::Acc>>(
     p: &ConvParams,
 ) -> Result<()> {
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = div(p.c, p.group, "Conv: group")?;
-    let mg = div(p.m, p.group, "Conv: group")?;
-    check_len(x.len(), p.batch * p.c * in_sz)?;
-    check_len(w.len(), p.c * mg * k_sz)?;
-    check_len(y.len(), p.batch * p.m * out_sz)?;
+    let sz = &p.sz;
+    let (in_sz, out_sz, k_sz, cg, mg) = (sz.in_sz, sz.out_sz, sz.k_sz, sz.cg, sz.mg);
+    check_len(x.len(), sz.x)?;
+    check_len(w.len(), sz.w)?;
+    check_len(y.len(), sz.y)?;
     if let Some(b) = b {
         check_len(b.len(), p.m)?;
     }
     if y.is_empty() {
         return Ok(());
     }
-    let xb_len = p.c * in_sz;
-    for (ni, yb) in y.chunks_of_mut(p.m * out_sz).enumerate() {
-        let xb = x
-            .get(ni * xb_len..(ni + 1) * xb_len)
-            .ok_or(short("ConvTranspose: X shorter than its shape"))?;
+    for (ni, yb) in y.chunks_of_mut(sz.yb).enumerate() {
+        let xb = util::row(x, ni, sz.xb)?;
         for (oc, yp) in yb.chunks_of_mut(out_sz).enumerate() {
             let (grp, mo) = div_rem(oc, mg, "ConvTranspose: group")?;
             let bias = bias_of(b, oc)?;
@@ -1016,14 +1128,11 @@ fn conv_transpose<T: Float, W: Float<Acc = T::Acc>>(
             util::accumulate_into(yp, acc, |yp| {
                 yp.fill(bias);
                 res = (0..cg).try_for_each(|ci| {
-                    let ic = grp * cg + ci;
-                    let xp = xb
-                        .get(ic * in_sz..(ic + 1) * in_sz)
-                        .ok_or(short("ConvTranspose: X shorter than its shape"))?;
-                    let w0 = (ic * mg + mo) * k_sz;
-                    let wk = w
-                        .get(w0..w0 + k_sz)
-                        .ok_or(short("ConvTranspose: W shorter than its shape"))?;
+                    // grp < group, ci < cg, mo < mg: ic < c and
+                    // ic·mg + mo < c·mg, W's rows of k_sz (`conv_sizes`).
+                    let ic = grp.wrapping_mul(cg).wrapping_add(ci);
+                    let xp = util::row(xb, ic, in_sz)?;
+                    let wk = util::row(w, ic.wrapping_mul(mg).wrapping_add(mo), k_sz)?;
                     scatter_plane(yp, xp, wk, g)
                 });
             })?;
@@ -1049,38 +1158,64 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
     let s2_nz = NonZeroUsize::new(s2).ok_or(short)?;
     let [d0, d1, d2] = g.d;
     let [p0, p1, p2] = g.pb;
+    // Offsets wrap by name under the bounds of [`conv_plane`], with the
+    // roles of input and output swapped (the reach checked at prepare is
+    // that of the inputs, `(inp - 1)·s + (k - 1)·d`).
     for kd in 0..k0 {
-        let (id_lo, id_hi) = valid_range(i0, s0, kd * d0, p0, o0);
+        let (id_lo, id_hi) = valid_range(i0, s0, kd.wrapping_mul(d0), p0, o0);
         for kh in 0..k1 {
-            let (ih_lo, ih_hi) = valid_range(i1, s1, kh * d1, p1, o1);
-            let w0 = (kd * k1 + kh) * k2;
-            let wrow = wk.get(w0..w0 + k2).ok_or(short)?;
+            let (ih_lo, ih_hi) = valid_range(i1, s1, kh.wrapping_mul(d1), p1, o1);
+            // (kd·k1 + kh)·k2 + k2 <= k_sz.
+            let w0 = kd.wrapping_mul(k1).wrapping_add(kh).wrapping_mul(k2);
+            let wrow = wk.get(w0..w0.wrapping_add(k2)).ok_or(short)?;
             for (kw, wv) in wrow.iter().enumerate() {
                 let wv = wv.to_acc();
-                let (lo, hi) = valid_range(i2, s2, kw * d2, p2, o2);
+                let (lo, hi) = valid_range(i2, s2, kw.wrapping_mul(d2), p2, o2);
                 if lo >= hi {
                     continue;
                 }
-                let len = hi - lo;
-                let ow0 = lo * s2 + kw * d2 - p2;
-                // The `len` outputs of a row, `s2` apart.
-                let span = (len - 1) * s2 + 1;
+                // lo < hi.
+                let len = hi.wrapping_sub(lo);
+                // Tap of the first input of the row, an output index.
+                let ow0 = lo
+                    .wrapping_mul(s2)
+                    .wrapping_add(kw.wrapping_mul(d2))
+                    .wrapping_sub(p2);
+                // The `len` outputs of a row, `s2` apart: the last one,
+                // ow0 + (len - 1)·s2, is an output index too.
+                let span = len.wrapping_sub(1).wrapping_mul(s2).wrapping_add(1);
                 for id in id_lo..id_hi {
-                    let od = id * s0 + kd * d0 - p0;
+                    let od = id
+                        .wrapping_mul(s0)
+                        .wrapping_add(kd.wrapping_mul(d0))
+                        .wrapping_sub(p0);
                     for ih in ih_lo..ih_hi {
-                        let oh = ih * s1 + kh * d1 - p1;
-                        let x0 = (id * i1 + ih) * i2 + lo;
-                        let xrow = xp.get(x0..x0 + len).ok_or(short)?;
-                        let y0 = (od * o1 + oh) * o2 + ow0;
-                        let yrow = yp.get_mut(y0..y0 + span).ok_or(short)?;
+                        let oh = ih
+                            .wrapping_mul(s1)
+                            .wrapping_add(kh.wrapping_mul(d1))
+                            .wrapping_sub(p1);
+                        // (id·i1 + ih)·i2 + lo + len <= in_sz.
+                        let x0 = id
+                            .wrapping_mul(i1)
+                            .wrapping_add(ih)
+                            .wrapping_mul(i2)
+                            .wrapping_add(lo);
+                        let xrow = xp.get(x0..x0.wrapping_add(len)).ok_or(short)?;
+                        // (od·o1 + oh)·o2 + ow0 + span <= out_sz.
+                        let y0 = od
+                            .wrapping_mul(o1)
+                            .wrapping_add(oh)
+                            .wrapping_mul(o2)
+                            .wrapping_add(ow0);
+                        let yrow = yp.get_mut(y0..y0.wrapping_add(span)).ok_or(short)?;
                         if s2 == 1 {
                             // Same as axpy with the roles of x and w.
                             for (o, &v) in yrow.iter_mut().zip(xrow) {
-                                *o += wv * v.to_acc();
+                                *o = o.plus(wv.times(v.to_acc()));
                             }
                         } else {
                             for (o, &v) in yrow.iter_mut().step_by(s2_nz.get()).zip(xrow) {
-                                *o += wv * v.to_acc();
+                                *o = o.plus(wv.times(v.to_acc()));
                             }
                         }
                     }
@@ -1452,6 +1587,45 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    #[test]
+    fn absurd_sizes_overflow() {
+        use crate::error::ErrorKind;
+        let e: [f32; 0] = [];
+        let one = [1f32];
+        // An empty batch whose output plane (2^33 · 2^33) is past usize.
+        let big = 1usize << 33;
+        let err = run(
+            "Conv",
+            11,
+            vec![],
+            &[t(&[0, 1, big, big], &e), t(&[1, 1, 1, 1], &one)],
+            1,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Overflow);
+        // ConvTranspose: the full output, stride · (inp - 1) + ek, past usize.
+        let s = 1i64 << 40;
+        let err = run(
+            "ConvTranspose",
+            11,
+            vec![("strides", ints(&[s]))],
+            &[t(&[0, 1, 1 << 40], &e), t(&[1, 1, 1], &one)],
+            1,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Overflow);
+        // A window reach past usize (dilation 2^62, kernel 8).
+        let err = run(
+            "Conv",
+            11,
+            vec![("dilations", ints(&[1 << 62]))],
+            &[t(&[0, 1, 4], &e), t(&[1, 1, 8], &[0f32; 8])],
+            1,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Overflow);
     }
 
     /// Naive 2-D transposed conv by scatter; w [c, m/g, kh, kw].
