@@ -268,37 +268,38 @@ struct ConvParams {
 /// ([`conv_sizes`], Overflow): every offset in the kernels below is under
 /// one of them, so they are taken wrapping by name.
 #[derive(Clone, Copy, Debug)]
-struct ConvSizes {
+pub(crate) struct ConvSizes {
     /// Input, output and kernel plane sizes.
-    in_sz: usize,
-    out_sz: usize,
-    k_sz: usize,
+    pub(crate) in_sz: usize,
+    pub(crate) out_sz: usize,
+    pub(crate) k_sz: usize,
     /// Input and output channels per group.
-    cg: usize,
-    mg: usize,
+    pub(crate) cg: usize,
+    pub(crate) mg: usize,
     /// One image of X (`c · in_sz`) and of Y (`m · out_sz`).
-    xb: usize,
-    yb: usize,
+    pub(crate) xb: usize,
+    pub(crate) yb: usize,
     /// One group of an image of X (`cg · in_sz`) and of Y (`mg · out_sz`).
-    xg: usize,
-    yg: usize,
+    pub(crate) xg: usize,
+    pub(crate) yg: usize,
     /// The weights of one output channel (`cg · k_sz`, forward) and of one
     /// group (`mg · cg · k_sz`, forward; `cg · mg · k_sz`, transposed).
-    wk: usize,
-    wg: usize,
+    pub(crate) wk: usize,
+    pub(crate) wg: usize,
     /// X, W and Y.
-    x: usize,
-    w: usize,
-    y: usize,
+    pub(crate) x: usize,
+    pub(crate) w: usize,
+    pub(crate) y: usize,
     /// (image, group) pairs, `batch · group`.
-    pairs: usize,
+    pub(crate) pairs: usize,
 }
 
 /// [`ConvSizes`] of a node; also checks the reach of the last window on
 /// each axis, `(count - 1)·s + (k - 1)·d` (count: the outputs of a forward
 /// Conv, the inputs of a ConvTranspose), so that every `o·s + t·d` of the
-/// plane loops (`o < count`, `t < k`) stays under it.
-fn conv_sizes(
+/// plane loops (`o < count`, `t < k`) stays under it. Also the sizes of
+/// the integer convolutions of `qlinear`.
+pub(crate) fn conv_sizes(
     batch: usize,
     c: usize,
     m: usize,
@@ -482,7 +483,7 @@ fn prepare_fused_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 
 /// Which direct form a Conv-like kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ConvDir {
+pub(crate) enum ConvDir {
     Forward,
     Transpose,
 }

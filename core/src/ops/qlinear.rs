@@ -25,7 +25,7 @@ use core::num::NonZeroUsize;
 
 use crate::error::{checked_numel, Error, ErrorKind, Result};
 use crate::kern::{win, win_mut};
-use crate::ops::conv::{forward_geom, Geom, MAX_SPATIAL};
+use crate::ops::conv::{self, forward_geom, ConvDir, ConvSizes, Geom, MAX_SPATIAL};
 use crate::ops::{kernel, util, KernelIo, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
 use crate::tensor::{broadcast_shapes, broadcast_strides, StridedIter, MAX_RANK};
@@ -660,58 +660,10 @@ pub(crate) fn per_tensor(shape: &[usize], what: &'static str) -> Result<()> {
 }
 
 /// The sizes the integer convolutions index with, checked once at prepare
-/// ([`conv_sizes`], Overflow): every offset in [`conv_each`] and
-/// [`conv_acc`] stays under one of them.
-#[derive(Clone, Copy, Debug)]
-struct ConvSizes {
-    /// Elements of one input plane, output plane and kernel.
-    in_sz: usize,
-    out_sz: usize,
-    k_sz: usize,
-    /// Input and output channels per group.
-    cg: usize,
-    mg: usize,
-    /// Elements of a group's input planes (`cg·in_sz`) and of an output
-    /// channel's kernels (`cg·k_sz`).
-    xg: usize,
-    wk: usize,
-    /// Elements of X, W and Y.
-    x: usize,
-    w: usize,
-    y: usize,
-}
-
+/// (Overflow): every offset in [`conv_each`] and [`conv_acc`] stays under
+/// one of them.
 fn conv_sizes(p: &IntConv) -> Result<ConvSizes> {
-    let g = &p.g;
-    let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(overflow);
-    // The reach of the last window on each axis, `(out - 1)·s + (k - 1)·d`:
-    // every `o·s + t·d` of [`tap`] stays under it.
-    let axes = g.out.iter().zip(&g.s).zip(g.k.iter().zip(&g.d));
-    for ((&o, &s), (&k, &d)) in axes {
-        mul(o.saturating_sub(1), s)?
-            .checked_add(mul(k.saturating_sub(1), d)?)
-            .ok_or_else(overflow)?;
-    }
-    let (in_sz, out_sz, k_sz) = (
-        checked_numel(&g.inp)?,
-        checked_numel(&g.out)?,
-        checked_numel(&g.k)?,
-    );
-    let cg = util::div(p.c, p.group, "QLinearConv: group")?;
-    let mg = util::div(p.m, p.group, "QLinearConv: group")?;
-    let (xg, wk) = (mul(cg, in_sz)?, mul(cg, k_sz)?);
-    Ok(ConvSizes {
-        in_sz,
-        out_sz,
-        k_sz,
-        cg,
-        mg,
-        xg,
-        wk,
-        x: mul(mul(p.batch, p.c)?, in_sz)?,
-        w: mul(p.m, wk)?,
-        y: mul(mul(p.batch, p.m)?, out_sz)?,
-    })
+    conv::conv_sizes(p.batch, p.c, p.m, p.group, &p.g, ConvDir::Forward)
 }
 
 /// One spatial axis of a [`Geom`]: stride, dilation, padding at the
