@@ -1595,8 +1595,10 @@ mod tests {
         use crate::error::ErrorKind;
         let e: [f32; 0] = [];
         let one = [1f32];
-        // An empty batch whose output plane (2^33 · 2^33) is past usize.
-        let big = 1usize << 33;
+        // An empty batch whose output plane (big · big) is past usize (on
+        // 32- and 64-bit targets alike).
+        let half = usize::BITS / 2 + 1;
+        let big = 1usize << half;
         let err = run(
             "Conv",
             11,
@@ -1607,21 +1609,21 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.kind, ErrorKind::Overflow);
         // ConvTranspose: the full output, stride · (inp - 1) + ek, past usize.
-        let s = 1i64 << 40;
+        let s = 1i64 << half;
         let err = run(
             "ConvTranspose",
             11,
             vec![("strides", ints(&[s]))],
-            &[t(&[0, 1, 1 << 40], &e), t(&[1, 1, 1], &one)],
+            &[t(&[0, 1, big], &e), t(&[1, 1, 1], &one)],
             1,
         )
         .unwrap_err();
         assert_eq!(err.kind, ErrorKind::Overflow);
-        // A window reach past usize (dilation 2^62, kernel 8).
+        // A window reach past usize (dilation usize::MAX / 4 + 1, kernel 8).
         let err = run(
             "Conv",
             11,
-            vec![("dilations", ints(&[1 << 62]))],
+            vec![("dilations", ints(&[1i64 << (usize::BITS - 2)]))],
             &[t(&[0, 1, 4], &e), t(&[1, 1, 8], &[0f32; 8])],
             1,
         )

@@ -892,8 +892,9 @@ mod det_tests {
 
     #[test]
     fn empty_operands_with_an_output_past_usize() {
-        // [2^33, 0] x [0, 2^33]: no data, but m * n = 2^66 elements.
-        let big = 1usize << 33;
+        // [big, 0] x [0, big]: no data, but m * n is past usize (32- and
+        // 64-bit targets alike).
+        let big = 1usize << (usize::BITS / 2 + 1);
         for op in ["MatMul", "Gemm"] {
             let a = t(&[big, 0], &[0.0f32; 0]);
             let b = t(&[0, big], &[0.0f32; 0]);
