@@ -771,7 +771,14 @@ fn prepare_concat(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
                     let dst = win_mut(yrow, part.at, part.block)
                         .ok_or(Error::internal("QLinearConcat output block"))?;
                     match &map {
-                        Map::Copy => dst.copy_from_slice(src),
+                        // A zip, not `copy_from_slice`: the lengths are
+                        // equal, but its length-mismatch panic stays in
+                        // the firmware when the optimizer cannot see it.
+                        Map::Copy => {
+                            for (d, &s) in dst.iter_mut().zip(src) {
+                                *d = s;
+                            }
+                        }
                         Map::Table(t) => {
                             for (d, &s) in dst.iter_mut().zip(src) {
                                 *d = T::from_bits(lut(t, s.bits())?);
