@@ -1,6 +1,6 @@
 //! Compiled models (`.mote`): `mote compile` output runs exactly like the
 //! planned session of the same model (the int8 kernels are shared, so the
-//! bytes must be equal), keeps the planned arena, and every corrupt,
+//! bytes must be equal; QDQ and QOperator models), keeps the planned arena, and every corrupt,
 //! truncated, misaligned or version-mismatched file is an `Err`, never a
 //! panic.
 
@@ -63,6 +63,16 @@ fn compiled_models_match_the_planned_session_exactly() {
         "mbv1.qdq_pc.onnx",
         "resnet8.qdq.onnx",
         "resnet8.qdq_pc.onnx",
+        // QOperator: QLinearConv / QGemm run as the same kernels, with
+        // onnxruntime's f32 requantization (feature `qoperator`).
+        "mlp.qop.onnx",
+        "mlp.qop_pc.onnx",
+        "kws.qop.onnx",
+        "kws.qop_pc.onnx",
+        "mbv1.qop.onnx",
+        "mbv1.qop_pc.onnx",
+        "resnet8.qop.onnx",
+        "resnet8.qop_pc.onnx",
     ];
     println!(
         "{:<22} {:>9} {:>9} {:>9} {:>6}",

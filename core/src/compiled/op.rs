@@ -327,6 +327,8 @@ fn zp_ok(z: &[i32], dt: DType) -> core::result::Result<(), Fault> {
 fn mults_ok(m: &[Requant]) -> core::result::Result<(), Fault> {
     if m.iter().all(Requant::is_valid) {
         Ok(())
+    } else if !cfg!(feature = "qoperator") && m.iter().any(Requant::is_f32) {
+        Err("f32 requantization of a QOperator model not built in (feature `qoperator` of mote-core)")
     } else {
         Err("requantization multiplier out of range")
     }
@@ -471,8 +473,8 @@ impl<'a> Words<'a> {
 
     fn requant(&mut self, [m, s]: [u32; 2]) -> Option<Requant> {
         let r: Requant = bytemuck::cast([m as i32, s as i32]);
-        if !r.is_valid() {
-            return self.fail("requantization multiplier out of range");
+        if let Err(why) = mults_ok(core::slice::from_ref(&r)) {
+            return self.fail(why);
         }
         Some(r)
     }

@@ -16,10 +16,13 @@
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// A real multiplier `m > 0` as `mult · 2^-shift`.
+/// A real multiplier `m > 0` as `mult · 2^-shift`, or (made by
+/// [`Requant::f32_product`]) an f32 multiplier applied in f32 arithmetic as
+/// onnxruntime's QLinearConv / QLinearMatMul do.
 ///
 /// `repr(C)` of two `i32` so that per-channel arrays of them are read in
-/// place from a compiled model (see [`Requant::is_valid`]).
+/// place from a compiled model (see [`Requant::is_valid`]). The f32 form
+/// keeps the multiplier's bits in `mult` and [`F32_SHIFT`] in `shift`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct Requant {
@@ -47,7 +50,42 @@ fn frexp(m: f64) -> (f64, i32) {
     (f, exp.wrapping_sub(1022))
 }
 
+/// `shift` of a [`Requant`] in f32 form (`mult` holds the f32's bits).
+const F32_SHIFT: i32 = -1;
+
+/// 1.5 · 2^23: adding it to an f32 below 2^22 in magnitude rounds the value
+/// to an integer, half to even, held in the low bits of the sum (the trick
+/// of onnxruntime's MLAS requantization).
+#[cfg(feature = "qoperator")]
+const MAGIC: f32 = 12_582_912.0;
+
 impl Requant {
+    /// The multiplier `m` (an f32, finite and > 0) applied as onnxruntime's
+    /// MLAS requantization does (QLinearConv, QLinearMatMul, QGemm):
+    /// `round_half_even(f32(acc) · m)`, the product rounded to f32 first.
+    /// The fixed-point form of the same `m` rounds the exact product, and
+    /// differs from this one where the f32 product is a tie that the exact
+    /// one is not (about one output in 10^5 on MobileNetV1, which then
+    /// cascades through the layers after it).
+    #[cfg(feature = "qoperator")]
+    pub fn f32_product(m: f32) -> Result<Self> {
+        if !(m.is_finite() && m > 0.0) {
+            return Err(Error::new(ErrorKind::Invalid(
+                "requantization multiplier must be finite and > 0 (check the scales)",
+            )));
+        }
+        Ok(Requant {
+            mult: m.to_bits() as i32,
+            shift: F32_SHIFT,
+        })
+    }
+
+    /// Whether this is the f32 form ([`Requant::f32_product`]), which
+    /// needs mote-core's feature `qoperator`.
+    pub fn is_f32(&self) -> bool {
+        self.shift == F32_SHIFT
+    }
+
     /// The multiplier `m`. Errs unless `m` is finite, positive and below
     /// 2^31; multipliers below 2^-62 round every i32 accumulator to 0 and
     /// are kept as 0.
@@ -87,12 +125,20 @@ impl Requant {
     /// multiplier read from a compiled model, so `apply` cannot overflow a
     /// shift.
     pub fn is_valid(&self) -> bool {
+        if self.is_f32() {
+            let m = f32::from_bits(self.mult as u32);
+            return cfg!(feature = "qoperator") && m.is_finite() && m > 0.0;
+        }
         self.mult >= 0 && (0..=62).contains(&self.shift)
     }
 
     /// `round_half_even(acc · m)`.
     #[inline]
     pub fn apply(&self, acc: i32) -> i64 {
+        #[cfg(feature = "qoperator")]
+        if self.is_f32() {
+            return self.apply_f32(acc);
+        }
         // |acc|, |mult| < 2^31: the product is exact in i64.
         let (p, shift) = (
             (acc as i64).wrapping_mul(self.mult as i64),
@@ -140,6 +186,10 @@ impl Requant {
         lo: i32,
         hi: i32,
     ) {
+        #[cfg(feature = "qoperator")]
+        if self.is_f32() {
+            return self.apply_row_f32(bias, acc, out, zy, lo, hi);
+        }
         let (mult, shift) = (self.mult as i64, self.shift as u32);
         if shift == 0 || shift > 62 {
             for (y, &a) in out.iter_mut().zip(acc) {
@@ -163,6 +213,56 @@ impl Requant {
         }
     }
 
+    /// [`Requant::apply`] of the f32 form, out of line: the fixed-point
+    /// path, which every QDQ model and every firmware runs, stays as small
+    /// as it was.
+    #[cfg(feature = "qoperator")]
+    #[cold]
+    #[inline(never)]
+    fn apply_f32(&self, acc: i32) -> i64 {
+        let m = f32::from_bits(self.mult as u32);
+        // Past i64 (a huge m), `as` saturates; the callers clamp.
+        libm::rintf(acc as f32 * m) as i64
+    }
+
+    /// [`Requant::apply_row`] of the f32 form (QOperator models), out of
+    /// line for the same reason as [`Requant::apply_f32`].
+    #[cfg(feature = "qoperator")]
+    #[inline(never)]
+    fn apply_row_f32<Y: crate::kern::QInt>(
+        &self,
+        bias: i32,
+        acc: &[i32],
+        out: &mut [Y],
+        zy: i32,
+        lo: i32,
+        hi: i32,
+    ) {
+        let m = f32::from_bits(self.mult as u32);
+        // As MLAS: the product clamped in f32 to the bounds less the
+        // zero point, rounded by MAGIC (exact: the bounds of 8- and
+        // 16-bit outputs lie well within 2^22 of the zero point).
+        let (flo, fhi) = (
+            i64::from(lo).wrapping_sub(i64::from(zy)),
+            i64::from(hi).wrapping_sub(i64::from(zy)),
+        );
+        let small = |v: i64| v.unsigned_abs() < 1 << 22;
+        if small(flo) && small(fhi) && lo <= hi {
+            let (flo, fhi) = (flo as f32, fhi as f32);
+            let magic_bits = MAGIC.to_bits() as i32;
+            for (y, &a) in out.iter_mut().zip(acc) {
+                let v = (bias.wrapping_add(a) as f32 * m).max(flo).min(fhi);
+                // v + MAGIC in [2^23, 2^24): its low bits hold v.
+                let q = ((v + MAGIC).to_bits() as i32).wrapping_sub(magic_bits);
+                *y = Y::from_sat(q.wrapping_add(zy));
+            }
+        } else {
+            for (y, &a) in out.iter_mut().zip(acc) {
+                *y = Y::from_sat(clamp(self.apply_f32(bias.wrapping_add(a)), zy, lo, hi));
+            }
+        }
+    }
+
     /// `round_half_even(sum · m / count)` for averages (`count > 0`;
     /// `count <= 0` gives 0).
     #[inline]
@@ -170,10 +270,25 @@ impl Requant {
         if count <= 0 {
             return 0;
         }
+        #[cfg(feature = "qoperator")]
+        if self.is_f32() {
+            return self.apply_div_f32(sum, count);
+        }
         // |sum| < 2^63, mult < 2^31: exact in i128.
         let num = (sum as i128).wrapping_mul(self.mult as i128);
         let den = (count as i128) << (self.shift as u32);
         div_round_half_even(num, den)
+    }
+}
+
+#[cfg(feature = "qoperator")]
+impl Requant {
+    /// [`Requant::apply_div`] of the f32 form (no kernel makes one today).
+    #[cold]
+    #[inline(never)]
+    fn apply_div_f32(&self, sum: i64, count: i64) -> i64 {
+        let m = f32::from_bits(self.mult as u32);
+        libm::rint(sum as f64 * f64::from(m) / count as f64) as i64
     }
 }
 
@@ -356,6 +471,7 @@ pub fn clamp(v: i64, zero_point: i32, lo: i32, hi: i32) -> i32 {
 mod tests {
     use super::*;
     use crate::ops::testing::rnd;
+    use alloc::{vec, vec::Vec};
 
     fn reference(acc: i32, m: f64) -> i64 {
         libm::rint(acc as f64 * m) as i64
@@ -574,6 +690,69 @@ mod tests {
             }
             let r = Requant::new(m).unwrap();
             assert_eq!(r.apply_div(sum, count), libm::rint(exact) as i64);
+        }
+    }
+
+    #[cfg(feature = "qoperator")]
+    /// The f32 form rounds the f32 product, as onnxruntime's MLAS
+    /// requantization: a case from MobileNetV1's QOperator model, where
+    /// the exact product is just above a tie and the f32 one is the tie.
+    #[test]
+    fn f32_form_rounds_the_f32_product() {
+        let m = f32::from_bits(1_012_257_458); // 0.013050722
+        assert_eq!(5402.0f32 * m, 70.5);
+        assert_eq!(Requant::new(f64::from(m)).unwrap().apply(5402), 71);
+        let r = Requant::f32_product(m).unwrap();
+        assert!(r.is_valid());
+        assert_eq!(r.apply(5402), 70);
+        assert_eq!(r.apply(-5402), -70);
+        assert_eq!(r.apply_clamp(5402, -128, -128, 127), -58);
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(Requant::f32_product(bad).is_err());
+        }
+        // A file's f32 form with a bad multiplier is refused.
+        let bad = Requant {
+            mult: f32::NAN.to_bits() as i32,
+            shift: F32_SHIFT,
+        };
+        assert!(!bad.is_valid());
+    }
+
+    #[cfg(feature = "qoperator")]
+    /// `apply_row`'s vectorized f32 path (clamp, then MAGIC rounding) is
+    /// `apply` + `clamp` per element, bounds near and far included.
+    #[test]
+    fn f32_form_row_is_the_scalar_path() {
+        fn check<Y: crate::kern::QInt>(
+            r: &Requant,
+            bias: i32,
+            acc: &[i32],
+            zy: i32,
+            lo: i32,
+            hi: i32,
+        ) {
+            let mut row = vec![Y::default(); acc.len()];
+            r.apply_row(bias, acc, &mut row, zy, lo, hi);
+            for (&a, &y) in acc.iter().zip(&row) {
+                let want = clamp(r.apply(bias.wrapping_add(a)), zy, lo, hi);
+                assert_eq!(
+                    y.get(),
+                    want,
+                    "acc {a} bias {bias} {r:?} zy {zy} [{lo}, {hi}]"
+                );
+            }
+        }
+        let (ms, accs) = (rnd(64, 11), rnd(4096, 12));
+        let acc: Vec<i32> = accs.iter().map(|&a| (a * 3.0e5) as i32).collect();
+        for (i, &u) in ms.iter().enumerate() {
+            let r = Requant::f32_product(libm::exp2f(u * 10.0 - 6.0)).unwrap();
+            let bias = (i as i32 - 32) * 77;
+            check::<i8>(&r, bias, &acc, 0, -128, 127);
+            check::<i8>(&r, bias, &acc, -128, -128, 127);
+            check::<i8>(&r, bias, &acc, -5, -20, 30); // a fused Clip
+            check::<u8>(&r, bias, &acc, 200, 0, 255);
+            // Bounds past MAGIC's range from the zero point: scalar loop.
+            check::<i8>(&r, bias, &acc, 1 << 23, -128, 127);
         }
     }
 }

@@ -130,6 +130,7 @@ fn acc_bias(
     bi: usize,
     acc_scale: &[f64],
     beta: f64,
+    meaning: Meaning,
 ) -> Result<Option<Vec<i32>>> {
     let Some(b) = ctx.opt_input(bi) else {
         return Ok(None);
@@ -144,6 +145,13 @@ fn acc_bias(
     let at = |c: usize| vals.get(if vals.len() == 1 { 0 } else { c }).copied();
     let mut out = Vec::with_capacity(m);
     match b.dtype {
+        DType::I32 if meaning == Meaning::QLinear => {
+            // QLinearConv's B: int32 in the accumulator's scale already.
+            for c in 0..m {
+                let v = at(c).ok_or(Error::new(ErrorKind::Internal("bias")))?;
+                out.push(v.clamp(i32::MIN as f64, i32::MAX as f64) as i32);
+            }
+        }
         DType::I32 => {
             let (si, zi) = (bi.saturating_add(1), bi.saturating_add(2));
             let bs = per_ch(ctx, si, m, "bias scale: one element or one per channel")?;
@@ -189,6 +197,9 @@ struct Scales {
     zx: i32,
     zw: Vec<i32>,
     acc: Vec<f64>,
+    /// `x_scale` and the `m` weight scales, as given.
+    x: f64,
+    w: Vec<f64>,
 }
 
 fn in_scales(ctx: &PrepareCtx<'_>, xdt: DType, wdt: DType, m: usize) -> Result<Scales> {
@@ -214,11 +225,40 @@ fn in_scales(ctx: &PrepareCtx<'_>, xdt: DType, wdt: DType, m: usize) -> Result<S
         zx,
         zw: zw.iter().map(|&z| z as i32).collect(),
         acc: sw.iter().map(|&s| sx * s).collect(),
+        x: sx,
+        w: sw,
     })
 }
 
-fn multipliers(acc: &[f64], alpha: f64, sy: f64) -> Result<Vec<Requant>> {
-    acc.iter().map(|s| Requant::new(s * alpha / sy)).collect()
+/// Which operator a `QConv` / `QMatMul` kernel stands for: the two differ in
+/// how the requantization multiplier is rounded and in the bias's scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Meaning {
+    /// A fused DequantizeLinear → Conv / MatMul / Gemm → QuantizeLinear
+    /// chain: the real multiplier `x_scale · w_scale · alpha / y_scale`
+    /// (rounded once, to 31 bits); an int32 bias carries its own scale.
+    Qdq,
+    /// QLinearConv / QLinearMatMul / QGemm: the multiplier `(alpha ·
+    /// x_scale · w_scale) / y_scale` rounded to f32 at each step and applied in f32
+    /// ([`Requant::f32_product`]), as onnxruntime's kernels do, so that the
+    /// outputs are theirs bit for bit; the int32 bias is in the
+    /// accumulator's scale.
+    QLinear,
+}
+
+fn multipliers(s: &Scales, alpha: f64, sy: f64, meaning: Meaning) -> Result<Vec<Requant>> {
+    match meaning {
+        Meaning::Qdq => s.acc.iter().map(|a| Requant::new(a * alpha / sy)).collect(),
+        // onnxruntime's order: alpha · x_scale · w_scale, then / y_scale
+        // (QLinearConv and QLinearMatMul have no alpha: 1 · x is x).
+        Meaning::QLinear => {
+            s.w.iter()
+                .map(|&w| {
+                    Requant::f32_product(((alpha as f32) * (s.x as f32) * (w as f32)) / sy as f32)
+                })
+                .collect()
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -226,6 +266,25 @@ fn multipliers(acc: &[f64], alpha: f64, sy: f64) -> Result<Vec<Requant>> {
 // ---------------------------------------------------------------------------
 
 fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    qconv(ctx, Meaning::Qdq)
+}
+
+/// QLinearConv on the `QConv` kernels (im2col GEMM, depthwise, VNNI), when
+/// its scales, zero points and bias are constants (what onnxruntime's
+/// quantizer writes) and its scales finite and > 0. `Ok(None)`: run it on
+/// the per-output reference loops instead. Called after QLinearConv's own
+/// checks of dtypes and shapes.
+pub(crate) fn qlinear_conv(ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
+    let constant = |i: usize| ctx.opt_input(i).is_none_or(|t| t.value.is_some());
+    if !(1..=8).filter(|&i| i != 3).all(constant) {
+        return Ok(None);
+    }
+    // What the kernels refuse (scales zero, infinite or NaN) the reference
+    // loops take: the two compute the same values where both run.
+    Ok(qconv(ctx, Meaning::QLinear).ok())
+}
+
+fn qconv(ctx: &PrepareCtx<'_>, meaning: Meaning) -> Result<Prepared> {
     let x = ctx.input(0)?;
     let w = ctx.input(3)?;
     let yz = ctx.input(7)?;
@@ -234,7 +293,7 @@ fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     util::dtype_in(yz.dtype, &[DType::I8, DType::U8], "QConv y")?;
     let (p, shape) = int_conv_geom(ctx, 0, 3)?;
     let s = in_scales(ctx, x.dtype, w.dtype, p.m)?;
-    let bias = acc_bias(ctx, 8, &s.acc, 1.0)?.unwrap_or_else(|| alloc::vec![0; p.m]);
+    let bias = acc_bias(ctx, 8, &s.acc, 1.0, meaning)?.unwrap_or_else(|| alloc::vec![0; p.m]);
     let (xdt, wdt, ydt) = (x.dtype, w.dtype, yz.dtype);
     let depthwise = p.is_depthwise();
     // Constant weights are packed once for the host's integer GEMM.
@@ -249,9 +308,9 @@ fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             dt: [xdt, wdt, ydt],
             p,
             zx: s.zx,
+            mult: multipliers(&s, 1.0, sy, meaning)?,
             zw: s.zw,
             bias,
-            mult: multipliers(&s.acc, 1.0, sy)?,
             out,
             packed,
         };
@@ -267,9 +326,41 @@ fn prepare_qconv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
 // ---------------------------------------------------------------------------
 
 fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    qmatmul(ctx, Meaning::Qdq, [8, 6, 7])
+}
+
+/// QLinearMatMul (f32 scales, a 2-D B) and `com.microsoft` QGemm (a
+/// quantized output, no transA, a C per column) on the `QMatMul` kernels,
+/// when their scales, zero points and C are constants. `slots`: the input
+/// positions of the bias, y_scale and y_zero_point (QGemm: C, y_scale,
+/// y_zero_point are inputs 6, 7, 8). `Ok(None)`: run the per-output
+/// reference loops instead (their own checks have passed).
+pub(crate) fn qlinear_matmul(ctx: &PrepareCtx<'_>, slots: [usize; 3]) -> Result<Option<Prepared>> {
+    let constant = |i: &usize| ctx.opt_input(*i).is_none_or(|t| t.value.is_some());
+    let [bias, ys, _] = slots;
+    let f32_scales = [1, 4, ys]
+        .iter()
+        .all(|&i| ctx.opt_input(i).is_some_and(|t| t.dtype == DType::F32));
+    // A per-column bias: every axis but the last of length 1.
+    let per_col = ctx.opt_input(bias).is_none_or(|c| {
+        c.shape
+            .split_last()
+            .is_none_or(|(_, lead)| lead.iter().all(|&d| d == 1))
+    });
+    let b_2d = ctx.input(3)?.shape.len() == 2;
+    if !([1, 2, 4, 5].iter().chain(&slots).all(constant) && f32_scales && per_col && b_2d) {
+        return Ok(None);
+    }
+    // Shapes the kernels do not take (per-row A scales, transA) err here:
+    // the reference loops run those.
+    Ok(qmatmul(ctx, Meaning::QLinear, slots).ok())
+}
+
+fn qmatmul(ctx: &PrepareCtx<'_>, meaning: Meaning, slots: [usize; 3]) -> Result<Prepared> {
+    let [bias_at, ys_at, yz_at] = slots;
     let a: &InputInfo<'_> = ctx.input(0)?;
     let b = ctx.input(3)?;
-    let yz = ctx.input(7)?;
+    let yz = ctx.input(yz_at)?;
     util::dtype_in(a.dtype, &[DType::I8, DType::U8], "QMatMul a")?;
     util::dtype_in(b.dtype, &[DType::I8, DType::U8], "QMatMul b")?;
     util::dtype_in(yz.dtype, &[DType::I8, DType::U8], "QMatMul y")?;
@@ -297,7 +388,8 @@ fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     let alpha = ctx.attr_float("alpha", 1.0)? as f64;
     let beta = ctx.attr_float("beta", 1.0)? as f64;
     let s = in_scales(ctx, a.dtype, b.dtype, n)?;
-    let bias = acc_bias(ctx, 8, &s.acc, beta / alpha)?.unwrap_or_else(|| alloc::vec![0; n]);
+    let bias =
+        acc_bias(ctx, bias_at, &s.acc, beta / alpha, meaning)?.unwrap_or_else(|| alloc::vec![0; n]);
     if !(alpha.is_finite() && alpha > 0.0) {
         return Err(Error::new(ErrorKind::Unsupported(
             "QMatMul alpha must be > 0",
@@ -305,7 +397,7 @@ fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     }
     let (adt, bdt, ydt) = (a.dtype, b.dtype, yz.dtype);
     with_qint!(ydt, "QMatMul y", Y => {
-        let (sy, out) = out_q::<Y>(ctx, 6, 7)?;
+        let (sy, out) = out_q::<Y>(ctx, ys_at, yz_at)?;
         let params = Params::MatMul {
             dt: [adt, bdt, ydt],
             rows,
@@ -313,9 +405,9 @@ fn prepare_qmatmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             n,
             trans_b,
             za: s.zx,
+            mult: multipliers(&s, alpha, sy, meaning)?,
             zb: s.zw,
             bias,
-            mult: multipliers(&s.acc, alpha, sy)?,
             out,
         };
         Ok(Prepared::single(ydt, &shape, Export::new("QMatMul", [0, 3], params)))
@@ -355,4 +447,262 @@ fn prepare_qrequant(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         let p = Prepared::single(ydt, shape, Export::new("QRequant", [0, 0], Params::Plain(v)));
         Ok(if xdt == ydt { p.in_place() } else { p })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::string::String;
+    use alloc::vec::Vec;
+    use alloc::{format, vec};
+
+    use crate::kern::QInt;
+    use crate::model::{AttrValue, Dim, Model};
+    use crate::ops::testing::{rnd, TestGraph};
+    use crate::{DType, Element, Session, SessionBuilder, TensorId, TensorView};
+
+    /// One QLinearConv / QLinearMatMul / QGemm case.
+    struct Case {
+        op: &'static str,
+        attrs: Vec<(&'static str, AttrValue)>,
+        x: Vec<usize>,
+        w: Vec<usize>,
+        /// Output channels (QLinearConv: w's axis 0; the others: N).
+        m: usize,
+        /// 8-bit types of x, w, y: u8 when true.
+        u8s: [bool; 3],
+        per_channel: bool,
+        bias: bool,
+    }
+
+    fn q8<T: QInt>(v: &[f32]) -> Vec<T> {
+        let mid = (T::MIN + T::MAX + 1.0) / 2.0;
+        v.iter()
+            .map(|&u| T::sat(libm::rint(mid + f64::from(u) * 127.0)))
+            .collect()
+    }
+
+    fn c8(t: &mut TestGraph, shape: &[usize], u8_: bool, v: &[f32]) -> TensorId {
+        if u8_ {
+            t.c(shape, &q8::<u8>(v))
+        } else {
+            t.c(shape, &q8::<i8>(v))
+        }
+    }
+
+    /// Runs the case with every parameter constant (`runtime_scale`
+    /// false: the fast kernels) or with x_scale fed as a graph input (the
+    /// reference loops); returns the output and the step's kernel.
+    fn run(c: &Case, seed: u64, runtime_scale: bool) -> (Vec<i32>, String) {
+        let mut t = TestGraph::new(seed);
+        let x = t.tensor("x", None);
+        let xdt = if c.u8s[0] { DType::U8 } else { DType::I8 };
+        t.g.tensors[x as usize].dtype = Some(xdt);
+        t.g.tensors[x as usize].shape = Some(c.x.iter().map(|&d| Dim::Fixed(d)).collect());
+        let sx = 0.02f32 + t.rand(1)[0].abs() * 0.01;
+        let xs = if runtime_scale {
+            t.input("x_scale", &[])
+        } else {
+            t.cf(&[], &[sx])
+        };
+        let zx = t.rand(1)[0] * 0.3;
+        let xz = c8(&mut t, &[], c.u8s[0], &[zx]);
+        let nw: usize = c.w.iter().product();
+        let wv = t.rand(nw);
+        let w = c8(&mut t, &c.w, c.u8s[1], &wv);
+        let ch = if c.per_channel { c.m } else { 1 };
+        let sw: Vec<f32> = t.rand(ch).iter().map(|u| 0.004 + u.abs() * 0.003).collect();
+        let ws_shape: Vec<usize> = if c.per_channel { vec![c.m] } else { vec![] };
+        let ws = t.cf(&ws_shape, &sw);
+        let zw: Vec<f32> = if c.u8s[1] {
+            t.rand(ch).iter().map(|u| u * 0.1).collect()
+        } else {
+            vec![0.0; ch]
+        };
+        let wz = c8(&mut t, &ws_shape, c.u8s[1], &zw);
+        // An output scale near the accumulator's spread, so that outputs
+        // cover the 8-bit range (and some saturate).
+        let k = nw / c.m;
+        let sy = sx * sw[0] * 90.0 * libm::sqrtf(k as f32);
+        let ys = t.cf(&[], &[sy]);
+        let zy = t.rand(1)[0] * 0.2;
+        let yz = c8(&mut t, &[], c.u8s[2], &[zy]);
+        let b = c.bias.then(|| {
+            let bv: Vec<i32> = t.rand(c.m).iter().map(|u| (u * 4000.0) as i32).collect();
+            t.c(&[c.m], &bv)
+        });
+        let ins = if c.op == "QGemm" {
+            vec![
+                Some(x),
+                Some(xs),
+                Some(xz),
+                Some(w),
+                Some(ws),
+                Some(wz),
+                b,
+                Some(ys),
+                Some(yz),
+            ]
+        } else {
+            vec![
+                Some(x),
+                Some(xs),
+                Some(xz),
+                Some(w),
+                Some(ws),
+                Some(wz),
+                Some(ys),
+                Some(yz),
+                b,
+            ]
+        };
+        let y = t.node_opt(c.op, &ins, c.attrs.clone());
+        if c.op == "QGemm" {
+            if let Some(n) = t.g.nodes.last_mut() {
+                n.domain = "com.microsoft".into();
+                n.opset = 1;
+            }
+        }
+        t.g.inputs.insert(0, x);
+        t.g.outputs = vec![y];
+        let model = Model {
+            graph: t.g,
+            opsets: vec![(String::new(), 13), ("com.microsoft".into(), 1)],
+            ..Model::default()
+        };
+        let plan = SessionBuilder::new(&model)
+            .plan()
+            .unwrap_or_else(|e| panic!("{}", model.explain(&e)));
+        let kernel = format!("{:?}", plan.steps.last().map(|s| &s.kernel));
+        let mut arena = vec![0u8; plan.arena_bytes_unaligned()];
+        let mut s = Session::new(&model, &plan, &mut arena).unwrap();
+        let nx: usize = c.x.iter().product();
+        let xv = rnd(nx, seed + 99);
+        let scale = [sx];
+        let sv = TensorView::new(&[], &scale).unwrap();
+        fn feed<T: QInt + Element>(
+            s: &mut Session<'_>,
+            shape: &[usize],
+            v: &[f32],
+            scale: Option<TensorView<'_>>,
+        ) {
+            let q = q8::<T>(v);
+            let mut feeds = vec![("x", TensorView::new(shape, &q).unwrap())];
+            if let Some(sv) = scale {
+                feeds.push(("x_scale", sv));
+            }
+            s.run(&feeds).unwrap();
+        }
+        let scale = runtime_scale.then_some(sv);
+        if c.u8s[0] {
+            feed::<u8>(&mut s, &c.x, &xv, scale);
+        } else {
+            feed::<i8>(&mut s, &c.x, &xv, scale);
+        }
+        let o = s.output(0).unwrap();
+        let out = (0..o.numel())
+            .map(|i| o.int_at(i).unwrap() as i32)
+            .collect();
+        (out, kernel)
+    }
+
+    fn ints(v: &[i64]) -> AttrValue {
+        AttrValue::Ints(v.to_vec())
+    }
+
+    /// The QOperator ops on the fused kernels give the reference loops'
+    /// outputs bit for bit (both round the f32 product as onnxruntime).
+    #[test]
+    fn qlinear_fast_paths_are_the_reference_loops() {
+        let conv =
+            |c: usize, m: usize, g: usize, k: usize, s: i64, p: i64, d: i64, hw: usize| Case {
+                op: "QLinearConv",
+                attrs: vec![
+                    ("group", AttrValue::Int(g as i64)),
+                    ("kernel_shape", ints(&[k as i64, k as i64])),
+                    ("strides", ints(&[s, s])),
+                    ("pads", ints(&[p; 4])),
+                    ("dilations", ints(&[d, d])),
+                ],
+                x: vec![1, c, hw, hw],
+                w: vec![m, c / g, k, k],
+                m,
+                u8s: [false; 3],
+                per_channel: false,
+                bias: true,
+            };
+        let mut cases = vec![
+            conv(3, 8, 1, 3, 1, 1, 1, 9),
+            conv(8, 8, 8, 3, 1, 1, 1, 10),  // depthwise, in place
+            conv(8, 8, 8, 3, 2, 1, 1, 11),  // depthwise, stride 2
+            conv(16, 16, 1, 1, 1, 0, 1, 6), // pointwise C -> C, in place
+            conv(4, 6, 2, 3, 2, 0, 1, 9),   // grouped
+            conv(2, 4, 1, 5, 1, 2, 2, 12),  // dilated 5x5
+        ];
+        let mut mm = |op: &'static str,
+                      attrs: Vec<(&'static str, AttrValue)>,
+                      x: &[usize],
+                      w: &[usize],
+                      m: usize| {
+            cases.push(Case {
+                op,
+                attrs,
+                x: x.to_vec(),
+                w: w.to_vec(),
+                m,
+                u8s: [false; 3],
+                per_channel: false,
+                bias: op == "QGemm",
+            })
+        };
+        mm("QLinearMatMul", vec![], &[5, 40], &[40, 12], 12);
+        mm("QLinearMatMul", vec![], &[2, 3, 33], &[33, 7], 7);
+        mm("QGemm", vec![], &[4, 50], &[50, 10], 10);
+        mm(
+            "QGemm",
+            vec![
+                ("transB", AttrValue::Int(1)),
+                ("alpha", AttrValue::Float(0.75)),
+            ],
+            &[3, 20],
+            &[9, 20],
+            9,
+        );
+        let mut n = 0;
+        for (i, base) in cases.iter_mut().enumerate() {
+            for variant in 0..4u8 {
+                base.per_channel = variant & 1 == 1;
+                base.u8s = if variant & 2 == 2 {
+                    [true, true, true]
+                } else {
+                    [false, false, false]
+                };
+                let seed = i as u64 * 10 + u64::from(variant);
+                let (fast, fk) = run(base, seed, false);
+                let (slow, sk) = run(base, seed, true);
+                let want = if base.op == "QLinearConv" {
+                    "QConv"
+                } else {
+                    "QMatMul"
+                };
+                assert!(fk.contains(want), "{}: fast path not taken: {fk}", base.op);
+                assert!(
+                    sk.contains(base.op),
+                    "{}: reference not taken: {sk}",
+                    base.op
+                );
+                assert_eq!(fast, slow, "{} case {i} variant {variant}", base.op);
+                let saturated = fast
+                    .iter()
+                    .filter(|&&v| v == -128 || v == 127 || v == 0 || v == 255)
+                    .count();
+                assert!(
+                    saturated < fast.len() / 2,
+                    "{} case {i}: mostly saturated",
+                    base.op
+                );
+                n += fast.len();
+            }
+        }
+        assert!(n > 3000, "{n} outputs compared");
+    }
 }

@@ -122,11 +122,15 @@ fn overflow() -> Error {
     Error::new(ErrorKind::Overflow)
 }
 
-/// `acc * multiplier + zero_point`, rounded half to even, saturated.
+/// `acc * multiplier`, multiplied and rounded half to even in f32 as
+/// onnxruntime's MLAS requantization does, plus the zero point, saturated
+/// (the same as [`Requant::f32_product`], which the fast paths use).
+///
+/// [`Requant::f32_product`]: crate::kern::requant::Requant::f32_product
 #[inline]
 fn requant<Y: QInt>(acc: i32, multiplier: f32, zero_point: i32) -> Y {
-    let v = acc as f64 * multiplier as f64 + zero_point as f64;
-    Y::sat(libm::rint(v))
+    let v = libm::rintf(acc as f32 * multiplier) as f64 + zero_point as f64;
+    Y::sat(v)
 }
 
 /// `s_in * s_w / s_out` in the scales' dtype, in the reference's order.
@@ -368,6 +372,9 @@ fn prepare_qlinear_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         )));
     }
     let g = mm_geom(a.shape, b.shape)?;
+    if let Some(fast) = super::qdq::qlinear_matmul(ctx, [8, 6, 7])? {
+        return Ok(fast);
+    }
     let q = [
         line_param(ctx.input(1)?.shape, &g.a_batch, &g.batch, g.m, true)?,
         line_param(az.shape, &g.a_batch, &g.batch, g.m, true)?,
@@ -955,6 +962,9 @@ fn prepare_qlinear_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         }
         None => false,
     };
+    if let Some(fast) = super::qdq::qlinear_conv(ctx)? {
+        return Ok(fast);
+    }
     let qp = QConvParams {
         p,
         sz: conv_sizes(&p)?,

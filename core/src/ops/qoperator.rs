@@ -874,7 +874,8 @@ fn gemm_params(
         let m = alpha * sa * sb;
         fscale.push(m);
         if quant_out {
-            req.push(Requant::new((m / sy) as f64)?);
+            // Applied in f32, as onnxruntime's MLAS requantization.
+            req.push(Requant::f32_product(m / sy)?);
         }
     }
     Ok(GemmParams {
@@ -953,6 +954,11 @@ fn prepare_qgemm(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             name: "alpha",
             problem: "must be finite and > 0",
         }));
+    }
+    if quant_out {
+        if let Some(fast) = super::qdq::qlinear_matmul(ctx, [6, 7, 8])? {
+            return Ok(fast);
+        }
     }
     let (dta, dtb) = (a.dtype, b.dtype);
     let make = move |get: Get<'_, '_>| gemm_params(get, alpha, dta, dtb, quant_out);
