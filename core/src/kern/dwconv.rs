@@ -17,10 +17,6 @@
 //! discarded. No bounds tests in the loop, and vectors of the plane's size
 //! instead of the row's (5 floats in KWS).
 
-// 32 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
-
 use super::{copy_row, valid_range, win, win_mut, Geom};
 
 /// `y[t] += w0 * x[t] + w1 * x[t + 1] + w2 * x[t + 2]` over `y`: three taps
@@ -79,7 +75,7 @@ fn nine_taps(y: &mut [f32], bias: f32, x: [&[f32]; 9], w: [f32; 9]) -> bool {
 /// added to each `y[t]`, so the split into blocks does not matter.
 #[inline(always)]
 fn axpy_strided(y: &mut [f32], x: &[f32], s: usize, w: f32) {
-    let mut done = 0;
+    let mut done = 0usize;
     if s == 2 {
         for (yc, xc) in y.chunks_exact_mut(8).zip(x.chunks_exact(16)) {
             let (Ok(yc), Ok(&[a0, _, a1, _, a2, _, a3, _, a4, _, a5, _, a6, _, a7, _])) =
@@ -92,10 +88,12 @@ fn axpy_strided(y: &mut [f32], x: &[f32], s: usize, w: f32) {
                 *yv += w * e;
             }
             *yc = acc;
-            done += 8;
+            // done <= y.len(): the chunks are in y.
+            done = done.wrapping_add(8);
         }
     }
-    let (Some(y), Some(x)) = (y.get_mut(done..), x.get(done * s..)) else {
+    // done * 2 <= x.len() when done > 0 (the chunks were in x); 0 otherwise.
+    let (Some(y), Some(x)) = (y.get_mut(done..), x.get(done.wrapping_mul(s)..)) else {
         return;
     };
     for (yv, &xv) in y.iter_mut().zip(x.iter().step_by(s.max(1))) {
@@ -115,27 +113,80 @@ fn row3(w: &[f32], at: usize) -> Option<[f32; 3]> {
 /// Most floats of a padded plane (and of its output grid) for [`Flat`].
 pub(crate) const FLAT: usize = 4096;
 
-/// Stack buffers of the flattened path, reused across the planes of a call.
+/// Stack buffers of the flattened path for one geometry, reused across
+/// the planes of a call.
 pub(crate) struct Flat {
     xp: [f32; FLAT],
     yq: [f32; FLAT],
     /// The even columns of `xp`, then its odd ones (3 × 3, stride 2).
     de: [f32; FLAT],
-    /// The layout `(len, wp, p1, p2, i1, i2)` of the last plane copied in:
-    /// `xp[..len]` is zero outside that layout's data rectangle, so a plane
-    /// of the same layout need not clear the padding again. `None`: all of
-    /// `xp` is zero.
-    layout: Option<[usize; 6]>,
+    g: Geom,
+    /// The padded layout of `g`, computed once: `None` when `g` is not
+    /// for this path (not 2-D with equal strides, too large, or sizes past
+    /// usize).
+    sizes: Option<FlatSizes>,
+}
+
+/// Element counts of the output, input and kernel plane, the padded row
+/// width, the output grid and the padded plane length of a [`Flat`].
+#[derive(Clone, Copy)]
+struct FlatSizes {
+    planes: [usize; 3],
+    wp: usize,
+    grid: usize,
+    len: usize,
+}
+
+impl FlatSizes {
+    /// Checked: `None` for a geometry past usize or the buffers.
+    fn of(g: &Geom) -> Option<Self> {
+        let [o0, o1, o2] = g.out;
+        let [i0, i1, i2] = g.inp;
+        let [k0, k1, k2] = g.k;
+        let ([_, s, s2], [_, d1, d2], [_, p1, p2]) = (g.s, g.d, g.pb);
+        // i2 >= 1: the input rows are chunks of it.
+        if o0 != 1 || i0 != 1 || k0 != 1 || s2 != s || s == 0 || i2 == 0 {
+            return None;
+        }
+        let planes = [
+            o1.checked_mul(o2)?,
+            i1.checked_mul(i2)?,
+            k1.checked_mul(k2)?,
+        ];
+        // o1, o2, k1, k2 >= 1 here, or `None`.
+        let (o2m, k1m, k2m) = (o2.checked_sub(1)?, k1.checked_sub(1)?, k2.checked_sub(1)?);
+        // Padded width: every column a valid output reads, and the input.
+        let wp = o2m
+            .checked_mul(s)?
+            .checked_add(k2m.checked_mul(d2)?)?
+            .checked_add(1)?
+            .max(p2.checked_add(i2)?);
+        let grid = o1.checked_mul(wp)?;
+        // Highest padded index read for any grid point.
+        let reach = s
+            .checked_mul(grid.checked_sub(1)?)?
+            .checked_add(k1m.checked_mul(d1)?.checked_mul(wp)?)?
+            .checked_add(k2m.checked_mul(d2)?)?
+            .checked_add(1)?;
+        let len = reach.max(p1.checked_add(i1)?.checked_mul(wp)?);
+        (len <= FLAT && grid <= FLAT).then_some(FlatSizes {
+            planes,
+            wp,
+            grid,
+            len,
+        })
+    }
 }
 
 impl Flat {
-    /// Zeroed buffers.
-    pub(crate) fn new() -> Self {
+    /// Zeroed buffers for planes of geometry `g`.
+    pub(crate) fn new(g: &Geom) -> Self {
         Flat {
             xp: [0.0; FLAT],
             yq: [0.0; FLAT],
             de: [0.0; FLAT],
-            layout: None,
+            g: *g,
+            sizes: FlatSizes::of(g),
         }
     }
 
@@ -144,43 +195,25 @@ impl Flat {
     // Inlined into its one caller, `ops::conv`'s per-task body, which is
     // compiled for AVX2 when the CPU has it.
     #[inline(always)]
-    pub(crate) fn plane(
-        &mut self,
-        y: &mut [f32],
-        x: &[f32],
-        w: &[f32],
-        bias: f32,
-        g: &Geom,
-    ) -> bool {
-        let [o0, o1, o2] = g.out;
-        let [i0, i1, i2] = g.inp;
-        let [k0, k1, k2] = g.k;
-        let [_, s, s2] = g.s;
-        if o0 != 1
-            || i0 != 1
-            || k0 != 1
-            || s2 != s
-            || s == 0
-            || o1 == 0
-            || o2 == 0
-            || k1 == 0
-            || k2 == 0
-        {
+    pub(crate) fn plane(&mut self, y: &mut [f32], x: &[f32], w: &[f32], bias: f32) -> bool {
+        let Some(FlatSizes {
+            planes: [on, inn, kn],
+            wp,
+            grid,
+            len,
+        }) = self.sizes
+        else {
+            return false;
+        };
+        if y.len() < on || x.len() < inn || w.len() < kn {
             return false;
         }
-        if y.len() < o1 * o2 || x.len() < i1 * i2 || w.len() < k1 * k2 {
-            return false;
-        }
-        let ([_, d1, d2], [_, p1, p2]) = (g.d, g.pb);
-        // Padded width: every column a valid output reads, and the input.
-        let wp = ((o2 - 1) * s + (k2 - 1) * d2 + 1).max(p2 + i2);
-        let grid = o1 * wp;
-        // Highest padded index read for any grid point.
-        let reach = s * (grid - 1) + (k1 - 1) * d1 * wp + (k2 - 1) * d2 + 1;
-        let len = reach.max((p1 + i1) * wp);
-        if len > FLAT || grid > FLAT {
-            return false;
-        }
+        let g = &self.g;
+        let ([_, i1, i2], [_, k1, k2], [_, s, _]) = (g.inp, g.k, g.s);
+        let ([_, d1, d2], [_, p1, p2], [_, _, o2]) = (g.d, g.pb, g.out);
+        // From here every index is below `len` or `grid` (at most FLAT,
+        // `FlatSizes::of`): the arithmetic below wraps by name and cannot
+        // wrap.
         // Every window below lies in `xp` / `yq` by the sizes above; a
         // miss returns `false` (the caller then runs the row kernel).
         let (Some(xp), Some(yq)) = (
@@ -189,14 +222,12 @@ impl Flat {
         ) else {
             return false;
         };
-        let layout = [len, wp, p1, p2, i1, i2];
-        if self.layout.is_some_and(|l| l != layout) {
-            xp.fill(0.0);
-        }
-        // Only the data rectangle of `layout` is written below.
-        self.layout = Some(layout);
+        // The geometry is fixed: planes write the same data rectangle of
+        // `xp`, whose padding stays zero from `new`.
         for (r, src) in x.chunks_exact(i2).take(i1).enumerate() {
-            let Some(dst) = win_mut(xp, (r + p1) * wp + p2, i2) else {
+            // r < i1: (r + p1) · wp + p2 + i2 <= (p1 + i1) · wp <= len.
+            let at = r.wrapping_add(p1).wrapping_mul(wp).wrapping_add(p2);
+            let Some(dst) = win_mut(xp, at, i2) else {
                 return false;
             };
             copy_row(dst, src);
@@ -219,7 +250,9 @@ impl Flat {
                     }
                 }
                 if len % 2 == 1 {
-                    if let (Some(e), Some(&a)) = (even.get_mut(h - 1), xp.get(len - 1)) {
+                    // len >= 1, so h >= 1.
+                    let last = (h.wrapping_sub(1), len.wrapping_sub(1));
+                    if let (Some(e), Some(&a)) = (even.get_mut(last.0), xp.get(last.1)) {
                         *e = a;
                     }
                 }
@@ -228,13 +261,17 @@ impl Flat {
             let half = len.div_ceil(2);
             let mut taps = [&[][..]; 9];
             for (t, tap) in taps.iter_mut().enumerate() {
-                let off = (t / 3) * d1 * wp + (t % 3) * d2;
+                // t / 3 <= k1 - 1 and t % 3 <= k2 - 1: off < reach <= len.
+                let off = (t / 3)
+                    .wrapping_mul(d1)
+                    .wrapping_mul(wp)
+                    .wrapping_add((t % 3).wrapping_mul(d2));
                 // xp[s·u + off] for u < grid: xp[u + off], or the even
                 // (odd) half at u + off / 2 for an even (odd) offset.
                 let at = if s == 1 {
                     off
                 } else {
-                    (off % 2) * half + off / 2
+                    (off % 2).wrapping_mul(half).wrapping_add(off / 2)
                 };
                 let Some(run) = win(src, at, grid) else {
                     return false;
@@ -252,9 +289,11 @@ impl Flat {
             // at stride 1) over the grid filled with the bias.
             yq.fill(bias);
             for (kh, wr) in w.chunks_exact(k2).take(k1).enumerate() {
-                let row = kh * d1 * wp;
+                // kh < k1: row + kw · d2 < reach <= len for every kw < k2.
+                let row = kh.wrapping_mul(d1).wrapping_mul(wp);
                 if s == 1 && k2 == 3 && d2 == 1 {
-                    let (Some(ws), Some(xs)) = (row3(wr, 0), win(xp, row, grid + 2)) else {
+                    let (Some(ws), Some(xs)) = (row3(wr, 0), win(xp, row, grid.wrapping_add(2)))
+                    else {
                         return false;
                     };
                     if !three_taps(yq, xs, ws) {
@@ -263,7 +302,7 @@ impl Flat {
                     continue;
                 }
                 for (kw, &wv) in wr.iter().enumerate() {
-                    let off = row + kw * d2;
+                    let off = row.wrapping_add(kw.wrapping_mul(d2));
                     if s == 1 {
                         let Some(xs) = win(xp, off, grid) else {
                             return false;
@@ -298,13 +337,22 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
     let [o0, o1, o2] = g.out;
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
-    if o0 != 1 || i0 != 1 || k0 != 1 || y.len() < o1 * o2 || x.len() < i1 * i2 || w.len() < k1 * k2
-    {
+    let ([_, s1, s2], [_, d1, d2], [_, p1, p2]) = (g.s, g.d, g.pb);
+    // The furthest tap of the last output of each axis, o·s + k·d, must
+    // fit usize (it does for any geometry `ops::conv` prepared); then every
+    // index below is at most that and wraps by name, never in fact.
+    let reach =
+        |o: usize, s: usize, k: usize, d: usize| o.checked_mul(s)?.checked_add(k.checked_mul(d)?);
+    let fits = o1.checked_mul(o2).is_some_and(|n| y.len() >= n)
+        && i1.checked_mul(i2).is_some_and(|n| x.len() >= n)
+        && k1.checked_mul(k2).is_some_and(|n| w.len() >= n)
+        && reach(o1, s1, k1, d1).is_some()
+        && reach(o2, s2, k2, d2).is_some();
+    if o0 != 1 || i0 != 1 || k0 != 1 || !fits {
         return false;
     }
-    let ([_, s1, s2], [_, d1, d2], [_, p1, p2]) = (g.s, g.d, g.pb);
     if o2 == 0 || k2 == 0 {
-        let Some(y) = win_mut(y, 0, o1 * o2) else {
+        let Some(y) = win_mut(y, 0, o1.wrapping_mul(o2)) else {
             return false;
         };
         y.fill(bias);
@@ -312,24 +360,35 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
     }
     // Columns where the first and the last tap of a row are inside.
     let (a_lo, a_hi) = valid_range(o2, s2, 0, p2, i2);
-    let (b_lo, b_hi) = valid_range(o2, s2, (k2 - 1) * d2, p2, i2);
+    let last_tap = k2.wrapping_sub(1).wrapping_mul(d2);
+    let (b_lo, b_hi) = valid_range(o2, s2, last_tap, p2, i2);
     let (lo, hi) = (a_lo.max(b_lo), a_hi.min(b_hi));
     let (lo, hi) = if lo < hi { (lo, hi) } else { (0, 0) };
     for (oh, yrow) in y.chunks_exact_mut(o2).take(o1).enumerate() {
         yrow.fill(bias);
         for kh in 0..k1 {
-            let ih = (oh * s1 + kh * d1).wrapping_sub(p1);
+            // oh < o1, kh < k1: within `reach` (checked above).
+            let ih = oh
+                .wrapping_mul(s1)
+                .wrapping_add(kh.wrapping_mul(d1))
+                .wrapping_sub(p1);
             if ih >= i1 {
                 continue;
             }
-            let (Some(xrow), Some(wr)) = (win(x, ih * i2, i2), win(w, kh * k2, k2)) else {
+            // ih < i1, kh < k1: below i1 · i2 and k1 · k2 (checked above).
+            let (xat, wat) = (ih.wrapping_mul(i2), kh.wrapping_mul(k2));
+            let (Some(xrow), Some(wr)) = (win(x, xat, i2), win(w, wat, k2)) else {
                 return false;
             };
             // Border columns, tap by tap (`get` is the bounds test).
             for ow in (0..lo).chain(hi.max(lo)..o2) {
                 let mut sum = 0.0;
                 for (kw, &wv) in wr.iter().enumerate() {
-                    let iw = (ow * s2 + kw * d2).wrapping_sub(p2);
+                    // ow < o2, kw < k2: within `reach`.
+                    let iw = ow
+                        .wrapping_mul(s2)
+                        .wrapping_add(kw.wrapping_mul(d2))
+                        .wrapping_sub(p2);
                     if let Some(&xv) = xrow.get(iw) {
                         sum += wv * xv;
                     }
@@ -341,14 +400,15 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
             if lo == hi {
                 continue;
             }
-            let n = hi - lo;
-            // Interior: lo * s2 + kw * d2 - p2 >= 0 for every kw.
-            let base = lo * s2 - p2;
+            // lo < hi <= o2 here; interior: lo · s2 + kw · d2 - p2 >= 0 for
+            // every kw (valid_range), and lo · s2 is within `reach`.
+            let n = hi.wrapping_sub(lo);
+            let base = lo.wrapping_mul(s2).wrapping_sub(p2);
             let Some(yin) = win_mut(yrow, lo, n) else {
                 return false;
             };
             if s2 == 1 && d2 == 1 && k2 == 3 {
-                let (Some(ws), Some(xs)) = (row3(wr, 0), win(xrow, base, n + 2)) else {
+                let (Some(ws), Some(xs)) = (row3(wr, 0), win(xrow, base, n.wrapping_add(2))) else {
                     return false;
                 };
                 if !three_taps(yin, xs, ws) {
@@ -356,7 +416,7 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
                 }
             } else if s2 == 1 {
                 for (kw, &wv) in wr.iter().enumerate() {
-                    let Some(xs) = win(xrow, base + kw * d2, n) else {
+                    let Some(xs) = win(xrow, base.wrapping_add(kw.wrapping_mul(d2)), n) else {
                         return false;
                     };
                     for (yv, &xv) in yin.iter_mut().zip(xs) {
@@ -365,7 +425,7 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
                 }
             } else {
                 for (kw, &wv) in wr.iter().enumerate() {
-                    let Some(xs) = xrow.get(base + kw * d2..) else {
+                    let Some(xs) = xrow.get(base.wrapping_add(kw.wrapping_mul(d2))..) else {
                         return false;
                     };
                     axpy_strided(yin, xs, s2, wv);
@@ -414,7 +474,7 @@ mod tests {
         g: &Geom,
     ) {
         plane(y, x, w, 0.25, g);
-        flat.plane(yf, x, w, 0.25, g);
+        flat.plane(yf, x, w, 0.25);
     }
 
     #[test]
@@ -426,7 +486,6 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
-        let mut flat = Flat::new();
         let mut cases = 0;
         use crate::kern::pick;
         let planes = [(1, 1), (5, 5), (25, 5), (7, 12), (48, 48), (70, 70)];
@@ -459,7 +518,8 @@ mod tests {
                             let mut y = std::vec![f32::NAN; o1 * o2];
                             assert!(plane(&mut y, &x, &w, 0.25, &g));
                             let mut yf = std::vec![f32::NAN; o1 * o2];
-                            let fits = flat.plane(&mut yf, &x, &w, 0.25, &g);
+                            let mut flat = Flat::new(&g);
+                            let fits = flat.plane(&mut yf, &x, &w, 0.25);
                             // The AVX2 + FMA build of both paths (what
                             // `ops::conv` runs on such CPUs) gives the
                             // same bits: no product is fused.

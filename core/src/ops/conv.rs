@@ -859,7 +859,7 @@ impl DepthwiseJob<'_, '_> {
         let DepthwiseJob { x, w, b, ys, p } = *self;
         let g = &p.g;
         let (in_sz, out_sz, k_sz) = (p.sz.in_sz, p.sz.out_sz, p.sz.k_sz);
-        let mut flat = dwconv::Flat::new();
+        let mut flat = dwconv::Flat::new(g);
         for i in lo..hi {
             let Some(c) = i.checked_rem(p.m) else {
                 return false;
@@ -877,7 +877,7 @@ impl DepthwiseJob<'_, '_> {
                 return false;
             };
             let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
-            if !flat.plane(yp, xp, wk, bias, g) && !dwconv::plane(yp, xp, wk, bias, g) {
+            if !flat.plane(yp, xp, wk, bias) && !dwconv::plane(yp, xp, wk, bias, g) {
                 return false;
             }
         }
