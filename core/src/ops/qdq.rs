@@ -530,31 +530,23 @@ mod tests {
             let bv: Vec<i32> = t.rand(c.m).iter().map(|u| (u * 4000.0) as i32).collect();
             t.c(&[c.m], &bv)
         });
-        let ins = if c.op == "QGemm" {
-            vec![
-                Some(x),
-                Some(xs),
-                Some(xz),
-                Some(w),
-                Some(ws),
-                Some(wz),
-                b,
-                Some(ys),
-                Some(yz),
-            ]
-        } else {
-            vec![
-                Some(x),
-                Some(xs),
-                Some(xz),
-                Some(w),
-                Some(ws),
-                Some(wz),
-                Some(ys),
-                Some(yz),
-                b,
-            ]
-        };
+        // The QLinearConv order; QGemm takes C before y_scale, y_zero_point.
+        let mut ins = vec![
+            Some(x),
+            Some(xs),
+            Some(xz),
+            Some(w),
+            Some(ws),
+            Some(wz),
+            Some(ys),
+            Some(yz),
+            b,
+        ];
+        if c.op == "QGemm" {
+            if let Some(tail) = ins.get_mut(6..) {
+                tail.rotate_right(1);
+            }
+        }
         let y = t.node_opt(c.op, &ins, c.attrs.clone());
         if c.op == "QGemm" {
             if let Some(n) = t.g.nodes.last_mut() {
