@@ -939,7 +939,56 @@ fn prepare_ceil(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     unary_float(ctx, "Ceil", math::ceil, libm::ceil)
 }
 fn prepare_erf(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    unary_float(ctx, "Erf", math::erf, libm::erf)
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 {
+        return unary_float(ctx, "Erf", math::erf, libm::erf);
+    }
+    Ok(Prepared::single(
+        DType::F32,
+        x.shape,
+        kernel("Erf", |io| {
+            erf_f32(io.unary::<f32>()?);
+            Ok(())
+        }),
+    )
+    .in_place())
+}
+
+/// Erf over f32 values in a loop of its own, where [`math::erf`] inlines and
+/// the loop vectorizes (through `Unary::map` it stayed a call per value),
+/// on 8 lanes where the CPU has AVX2 (the same operations as on 4: no
+/// multiply-add is contracted, so the same bits).
+#[inline(never)]
+fn erf_f32(u: crate::ops::Unary<'_, f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and FMA
+        // (see `cpu::enable_avx2_fma`) or the build targets them.
+        return unsafe { erf_f32_avx2(u) };
+    }
+    erf_f32_body(u);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn erf_f32_avx2(u: crate::ops::Unary<'_, f32>) {
+    erf_f32_body(u);
+}
+
+#[inline(always)]
+fn erf_f32_body(u: crate::ops::Unary<'_, f32>) {
+    match u {
+        crate::ops::Unary::Separate(x, y) => {
+            for (o, &i) in y.iter_mut().zip(x) {
+                *o = math::erf(i);
+            }
+        }
+        crate::ops::Unary::InPlace(y) => {
+            for o in y.iter_mut() {
+                *o = math::erf(*o);
+            }
+        }
+    }
 }
 
 macro_rules! sign_fn {
