@@ -26,9 +26,10 @@
 //! chunk covers all rows and k fits one block, which is what lets the
 //! in-place pointwise convolution use this driver ([`fits_one_pass`]).
 
-// 50 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+// Integer arithmetic is checked, saturating or wrapping by name (issue 8):
+// `qgemm_with` checks A's extent once per call; inside the driver every
+// block size is bounded by the constants below (MC, NC, KC), so its index
+// products wrap by name with the bound beside them.
 
 use super::cpu::{self, Kernels};
 use super::{win, win_mut};
@@ -65,16 +66,21 @@ const PAIRS: i32 = 2;
 const QUADS: i32 = 4;
 
 /// i32 words of [`pack_a`] for `m × k` (the layout word included).
+/// Saturates for shapes past memory (no buffer can then match it).
 pub(crate) fn packed_len(quads: bool, m: usize, k: usize) -> usize {
-    1 + if quads {
+    let body = if quads {
         super::qgemm_vnni::body_len(m, k)
     } else {
         pairs_len(m, k)
-    }
+    };
+    body.saturating_add(1)
 }
 
+/// Words of the pair layout, saturating as [`packed_len`].
 fn pairs_len(m: usize, k: usize) -> usize {
-    m.div_ceil(MR) * MR * k.div_ceil(2)
+    m.div_ceil(MR)
+        .saturating_mul(MR)
+        .saturating_mul(k.div_ceil(2))
 }
 
 /// Whether packed weights (one group's or several) are in the VNNI layout.
@@ -100,7 +106,11 @@ pub(crate) fn pack_a<T: super::QInt>(
     a: &QMatA<'_, T>,
     quads: bool,
 ) -> alloc::vec::Vec<i32> {
-    if a.lda < k || a.a.len() < m.saturating_sub(1) * a.lda + k {
+    let extent = m
+        .saturating_sub(1)
+        .checked_mul(a.lda)
+        .and_then(|v| v.checked_add(k));
+    if a.lda < k || extent.is_none_or(|e| a.a.len() < e) {
         return alloc::vec::Vec::new();
     }
     let mut out = alloc::vec![if quads { QUADS } else { PAIRS }];
@@ -109,11 +119,18 @@ pub(crate) fn pack_a<T: super::QInt>(
         return out;
     }
     let kq = k.div_ceil(2);
-    out.resize(1 + pairs_len(m, k), 0);
+    // A holds m rows of k (checked above), so pairs_len(m, k) (at most
+    // (m + MR) · (k + 1) words) did not saturate.
+    out.resize(pairs_len(m, k).saturating_add(1), 0);
     let body = out.get_mut(1..).unwrap_or(&mut []);
-    for (t, tile) in body.chunks_exact_mut((kq * MR).max(1)).enumerate() {
-        let rows = MR.min(m - t * MR);
-        pack_tile(a, t * MR, rows, 0, k, tile);
+    for (t, tile) in body
+        .chunks_exact_mut(kq.saturating_mul(MR).max(1))
+        .enumerate()
+    {
+        // t < ceil(m / MR) tiles (none when k = 0): t · MR < m.
+        let i0 = t.wrapping_mul(MR);
+        let rows = MR.min(m.wrapping_sub(i0));
+        pack_tile(a, i0, rows, 0, k, tile);
     }
     out
 }
@@ -130,21 +147,29 @@ fn pack_tile<T: super::QInt>(
     at: &mut [i32],
 ) {
     at.fill(0);
+    // Rows i0 + r < m and steps p0 + kc <= k, where A holds m rows of lda
+    // >= k (`qgemm_with` / `pack_a` checked (m - 1) · lda + k): the row
+    // offsets below do not wrap. Pair slots q · MR + r < kc / 2 · MR + MR
+    // are small (kc <= k), and `get` bounds them. Values and zero points lie
+    // in [-128, 255]: their differences fit i32.
     for r in 0..rows {
-        let gi = i0 + r;
+        let gi = i0.wrapping_add(r);
         let z = a.z.of(gi);
-        let Some(src) = a.a.get(gi * a.lda + p0..gi * a.lda + p0 + kc) else {
+        let start = gi.wrapping_mul(a.lda).wrapping_add(p0);
+        let Some(src) = win(a.a, start, kc) else {
             return;
         };
         let mut ps = src.chunks_exact(2);
         for (q, two) in (&mut ps).enumerate() {
-            if let (Some(w), &[x0, x1]) = (at.get_mut(q * MR + r), two) {
-                *w = pair(x0.get() - z, x1.get() - z);
+            let slot = q.wrapping_mul(MR).wrapping_add(r);
+            if let (Some(w), &[x0, x1]) = (at.get_mut(slot), two) {
+                *w = pair(x0.get().wrapping_sub(z), x1.get().wrapping_sub(z));
             }
         }
         if let [last] = ps.remainder() {
-            if let Some(w) = at.get_mut(kc / 2 * MR + r) {
-                *w = pair(last.get() - z, 0);
+            let slot = (kc / 2).wrapping_mul(MR).wrapping_add(r);
+            if let Some(w) = at.get_mut(slot) {
+                *w = pair(last.get().wrapping_sub(z), 0);
             }
         }
     }
@@ -263,7 +288,12 @@ pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
     if m == 0 || n == 0 {
         return true;
     }
-    if k > 0 && (a.lda < k || a.a.len() < (m - 1) * a.lda + k) {
+    // m >= 1 here. Every offset the driver forms in A is below this extent.
+    let extent = m
+        .wrapping_sub(1)
+        .checked_mul(a.lda)
+        .and_then(|v| v.checked_add(k));
+    if k > 0 && (a.lda < k || extent.is_none_or(|e| a.a.len() < e)) {
         return false;
     }
     if let Zero::Rows(z) = a.z {
@@ -280,7 +310,9 @@ pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
     let ok = core::sync::atomic::AtomicBool::new(true);
     super::par::for_each(t, &|ti| {
         let (lo, hi) = super::par::chunk(blocks, t, ti);
-        if !run_cols(kind, vnni, m, (lo * NR, (hi * NR).min(n)), k, &a, io) {
+        // lo <= hi <= blocks = ceil(n / NR): lo · NR < n + NR.
+        let cols = (lo.saturating_mul(NR).min(n), hi.saturating_mul(NR).min(n));
+        if !run_cols(kind, vnni, m, cols, k, &a, io) {
             ok.store(false, core::sync::atomic::Ordering::Relaxed);
         }
     });
@@ -353,26 +385,37 @@ fn driver<T: super::QInt, IO: QIo>(
         Some((&PAIRS, body)) if body.len() == pairs_len(m, k) => body,
         _ => &[],
     };
+    // Bounds of the products below: mc <= MC, mc_up <= MC (a multiple of
+    // MR), nc <= NC, ncur <= nc, panels <= NC / NR, kc <= KC, kq <= KC / 2,
+    // i0 < mc, q < kq, pn < panels: every block offset is under its
+    // buffer's length (ACC, KC · NC, MR · KC / 2), checked again by
+    // `win` / `win_mut`. Positions in the whole product (i_c + i0 < m,
+    // j0 < n, p0 + 2q + 1 < p0 + kc <= k) do not wrap; the loop steps
+    // saturate.
     let mut i_c = 0;
     while i_c < m {
-        let mc = MC.min(m - i_c);
-        let mc_up = mc.div_ceil(MR) * MR;
-        // Columns per block: a multiple of NR with mc_up × nc sums in `acc`.
-        let nc = ((ACC / mc_up) / NR * NR).clamp(NR, NC);
+        let mc = MC.min(m.wrapping_sub(i_c));
+        let mc_up = mc.div_ceil(MR).wrapping_mul(MR);
+        // Columns per block: a multiple of NR with mc_up × nc sums in `acc`
+        // (mc_up >= MR: mc >= 1).
+        let nc = (ACC.checked_div(mc_up).unwrap_or(ACC) / NR)
+            .wrapping_mul(NR)
+            .clamp(NR, NC);
         let (mut j0, n) = cols;
         while j0 < n {
-            let ncur = nc.min(n - j0);
+            let ncur = nc.min(n.wrapping_sub(j0));
             let panels = ncur.div_ceil(NR);
-            let Some(accb) = win_mut(&mut acc, 0, mc_up * nc) else {
+            let Some(accb) = win_mut(&mut acc, 0, mc_up.wrapping_mul(nc)) else {
                 return false;
             };
             accb.fill(0);
-            let mut p0 = 0;
+            let mut p0 = 0usize;
             while p0 < k {
-                let kc = KC.min(k - p0);
+                let kc = KC.min(k.wrapping_sub(p0));
                 let kq = kc.div_ceil(2);
                 // B block: panel q-major, `[panel][pair][NR][2]`.
-                let Some(bb) = win_mut(&mut bpack, 0, panels * kq * NR * 2) else {
+                let panel_len = kq.wrapping_mul(NR).wrapping_mul(2);
+                let Some(bb) = win_mut(&mut bpack, 0, panels.wrapping_mul(panel_len)) else {
                     return false;
                 };
                 for q in 0..kq {
@@ -382,13 +425,17 @@ fn driver<T: super::QInt, IO: QIo>(
                     let (Some(b0), Some(b1)) = (win_mut(r0, 0, ncur), win_mut(r1, 0, ncur)) else {
                         return false;
                     };
-                    io.b_row(p0 + 2 * q, j0, b0);
-                    if 2 * q + 1 < kc {
-                        io.b_row(p0 + 2 * q + 1, j0, b1);
+                    let p = p0.wrapping_add(q.wrapping_mul(2));
+                    io.b_row(p, j0, b0);
+                    if q.wrapping_mul(2).wrapping_add(1) < kc {
+                        io.b_row(p.wrapping_add(1), j0, b1);
                     }
                     let panel_rows = r0.chunks_exact(NR).zip(r1.chunks_exact(NR));
                     for (pn, (x0, x1)) in panel_rows.take(panels).enumerate() {
-                        let Some(dst) = win_mut(bb, (pn * kq + q) * NR * 2, NR * 2) else {
+                        let at = pn
+                            .wrapping_mul(panel_len)
+                            .wrapping_add(q.wrapping_mul(NR * 2));
+                        let Some(dst) = win_mut(bb, at, NR * 2) else {
                             return false;
                         };
                         for ((d, &u), &v) in dst.chunks_exact_mut(2).zip(x0).zip(x1) {
@@ -399,45 +446,50 @@ fn driver<T: super::QInt, IO: QIo>(
                         }
                     }
                 }
-                let mut i0 = 0;
+                let mut i0 = 0usize;
                 while i0 < mc {
-                    let mr = MR.min(mc - i0);
-                    let gi = i_c + i0;
+                    let mr = MR.min(mc.wrapping_sub(i0));
+                    let gi = i_c.wrapping_add(i0);
+                    let a_len = kq.wrapping_mul(MR);
                     // A tile: `[pair][MR]`, rows past mr are zero.
                     let at: &[i32] = if !pre.is_empty() {
-                        let Some(at) = win(pre, ((gi / MR) * kq_all + p0 / 2) * MR, kq * MR) else {
+                        // pre holds pairs_len(m, k) words (matched above):
+                        // tile gi / MR's pairs p0 / 2 .. lie inside it.
+                        let tile = (gi / MR).wrapping_mul(kq_all).wrapping_add(p0 / 2);
+                        let Some(at) = win(pre, tile.wrapping_mul(MR), a_len) else {
                             return false;
                         };
                         at
                     } else {
-                        let Some(at) = win_mut(&mut apack, 0, kq * MR) else {
+                        let Some(at) = win_mut(&mut apack, 0, a_len) else {
                             return false;
                         };
                         pack_tile(a, gi, mr, p0, kc, at);
                         at
                     };
                     for pn in 0..panels {
+                        let c_at = i0.wrapping_mul(nc).wrapping_add(pn.wrapping_mul(NR));
                         let (Some(bp), Some(c)) = (
-                            win(bb, pn * kq * NR * 2, kq * NR * 2),
-                            accb.get_mut(i0 * nc + pn * NR..),
+                            win(bb, pn.wrapping_mul(panel_len), panel_len),
+                            accb.get_mut(c_at..),
                         ) else {
                             return false;
                         };
                         ukr(kind, kq, at, bp, c, nc);
                     }
-                    i0 += MR;
+                    i0 = i0.saturating_add(MR);
                 }
-                p0 += KC;
+                p0 = p0.saturating_add(KC);
             }
             for (r, sums) in accb.chunks_exact(nc).take(mc).enumerate() {
                 let Some(sums) = sums.get(..ncur) else {
                     return false;
                 };
-                io.store(i_c + r, j0, sums);
+                io.store(i_c.wrapping_add(r), j0, sums);
             }
-            j0 += nc;
+            j0 = j0.saturating_add(nc);
         }
-        i_c += mc;
+        i_c = i_c.saturating_add(mc);
     }
     true
 }
@@ -447,7 +499,9 @@ fn driver<T: super::QInt, IO: QIo>(
 /// `(MR - 1) * ldc + NR` sums.
 #[inline]
 fn ukr(kind: Kernels, kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize) {
-    if at.len() < kq * MR || bp.len() < kq * NR * 2 || c.len() < (MR - 1) * ldc + NR {
+    let c_need = ldc.saturating_mul(MR - 1).saturating_add(NR);
+    if at.len() < kq.saturating_mul(MR) || bp.len() < kq.saturating_mul(NR * 2) || c.len() < c_need
+    {
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -470,14 +524,20 @@ fn ukr_portable(kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize) {
             let (a0, a1) = (w as i16 as i32, (w >> 16) as i16 as i32);
             for (x, b) in sr.iter_mut().zip(bq.chunks_exact(2)) {
                 if let &[b0, b1] = b {
-                    *x = x.wrapping_add(a0 * b0 as i32 + a1 * b1 as i32);
+                    // Two i16 × i16 products and their sum fit i32 (the
+                    // operands are differences within [-383, 383]).
+                    let pair = a0
+                        .wrapping_mul(b0 as i32)
+                        .wrapping_add(a1.wrapping_mul(b1 as i32));
+                    *x = x.wrapping_add(pair);
                 }
             }
         }
     }
     // `ukr` checked that `c` holds every row.
     for (r, sr) in s.iter().enumerate() {
-        if let Some(crow) = win_mut(c, r * ldc, NR) {
+        // r < MR: r · ldc is under c's length (checked by `ukr`).
+        if let Some(crow) = win_mut(c, r.wrapping_mul(ldc), NR) {
             for (cv, &v) in crow.iter_mut().zip(sr) {
                 *cv = cv.wrapping_add(v);
             }
@@ -495,10 +555,10 @@ unsafe fn ukr_avx2(kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize)
         // SAFETY: q < kq; `ukr` checked `at` holds kq × MR pairs and `bp`
         // kq × NR × 2 halves.
         unsafe {
-            let b = bpp.add(q * NR * 2);
+            let b = bpp.add(q.wrapping_mul(NR * 2));
             let b0 = _mm256_loadu_si256(b as *const __m256i);
             let b1 = _mm256_loadu_si256(b.add(NR) as *const __m256i);
-            let aq = ap.add(q * MR);
+            let aq = ap.add(q.wrapping_mul(MR));
             for (r, sr) in s.iter_mut().enumerate() {
                 let av = _mm256_set1_epi32(*aq.add(r));
                 sr[0] = _mm256_add_epi32(sr[0], _mm256_madd_epi16(av, b0));
@@ -509,7 +569,7 @@ unsafe fn ukr_avx2(kq: usize, at: &[i32], bp: &[i16], c: &mut [i32], ldc: usize)
     for (r, sr) in s.iter().enumerate() {
         // SAFETY: r < MR and `ukr` checked c holds (MR - 1) * ldc + NR sums.
         unsafe {
-            let p = c.as_mut_ptr().add(r * ldc) as *mut __m256i;
+            let p = c.as_mut_ptr().add(r.wrapping_mul(ldc)) as *mut __m256i;
             _mm256_storeu_si256(p, _mm256_add_epi32(_mm256_loadu_si256(p), sr[0]));
             let p = p.add(1);
             _mm256_storeu_si256(p, _mm256_add_epi32(_mm256_loadu_si256(p), sr[1]));
