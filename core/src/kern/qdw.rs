@@ -18,9 +18,14 @@
 //!
 //! The whole channel loop is compiled for AVX2 when the CPU has it.
 
-// 62 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+// Integer arithmetic is checked, saturating or wrapping by name (issue 8):
+// the flat path's sizes are checked once per plane (`sizes`, against the
+// scratch length N) and the row path's by `two_d_fits`, the tap ranges and
+// `valid_range`; offsets under those bounds wrap by name. Values and zero
+// points are 8-bit (in [-128, 255]): their differences and products with
+// weights fit i32.
+
+use core::num::NonZeroUsize;
 
 use super::cpu::Kernels;
 use super::par::{self, SharedMut};
@@ -107,6 +112,10 @@ impl<const N: usize> DwScratch<N> {
         if !two_d_fits(xp, wp, yo, q) || g.s[2] != s {
             return false;
         }
+        // 1 <= s <= MAX_S (`two_d_fits`).
+        let Some(s_nz) = NonZeroUsize::new(s) else {
+            return false;
+        };
         if o1 == 0 || o2 == 0 || k1 == 0 || k2 == 0 {
             return false;
         }
@@ -119,15 +128,21 @@ impl<const N: usize> DwScratch<N> {
         let sizes = || -> Option<(usize, usize, usize, usize)> {
             let m = usize::checked_mul;
             let a = usize::checked_add;
+            // o1, o2, k1, k2 >= 1 (checked above), and grid >= CHUNK: the
+            // `- 1`s do not wrap.
             // Padded width: every column a valid output reads, and the input.
-            let wpd = a(a(m(o2 - 1, s)?, m(k2 - 1, d2)?)?, 1)?.max(a(p2, i2)?);
+            let wpd =
+                a(a(m(o2.wrapping_sub(1), s)?, m(k2.wrapping_sub(1), d2)?)?, 1)?.max(a(p2, i2)?);
             // Grid points, rounded up to whole chunks (the extra ones are
             // computed on zeros and dropped).
-            let grid = m(a(m(o1 - 1, wpd)?, o2)?.div_ceil(CHUNK), CHUNK)?;
+            let grid = m(a(m(o1.wrapping_sub(1), wpd)?, o2)?.div_ceil(CHUNK), CHUNK)?;
             // One past the highest padded index any grid point reads.
             let reach = a(
-                a(m(s, grid - 1)?, m(m(k1 - 1, d1)?, wpd)?)?,
-                a(m(k2 - 1, d2)?, 1)?,
+                a(
+                    m(s, grid.wrapping_sub(1))?,
+                    m(m(k1.wrapping_sub(1), d1)?, wpd)?,
+                )?,
+                a(m(k2.wrapping_sub(1), d2)?, 1)?,
             )?;
             let len = reach.max(m(a(p1, i1)?, wpd)?);
             let plen = len.div_ceil(s.max(1));
@@ -154,23 +169,28 @@ impl<const N: usize> DwScratch<N> {
             pairs,
             avx512,
         } = self;
-        let Some(buf) = win_mut(buf, 0, len + 1) else {
+        // len < N, plen · s < N, grid <= N and k1 · k2 <= MAX_TAPS (checked
+        // above) bound every offset below; each tap's offset is under
+        // `reach` <= len.
+        let Some(buf) = win_mut(buf, 0, len.wrapping_add(1)) else {
             return false;
         };
         buf.fill(0);
         for (ih, row) in xp.chunks_exact(i2).take(i1).enumerate() {
-            let Some(dst) = win_mut(buf, (ih + p1) * wpd + p2, i2) else {
+            // ih < i1: (ih + p1) · wpd + p2 + i2 <= (p1 + i1) · wpd <= len.
+            let at = ih.wrapping_add(p1).wrapping_mul(wpd).wrapping_add(p2);
+            let Some(dst) = win_mut(buf, at, i2) else {
                 return false;
             };
             for (d, v) in dst.iter_mut().zip(row) {
-                *d = (v.get() - q.zx) as i16;
+                *d = v.get().wrapping_sub(q.zx) as i16;
             }
         }
         let src: &[i16] = if s == 1 {
             buf
         } else {
             // Phase f holds buf[s·u + f] at u (and a zero of slack).
-            let Some(ph) = win_mut(ph, 0, plen * s + 1) else {
+            let Some(ph) = win_mut(ph, 0, plen.wrapping_mul(s).wrapping_add(1)) else {
                 return false;
             };
             if let Some(last) = ph.last_mut() {
@@ -188,19 +208,31 @@ impl<const N: usize> DwScratch<N> {
             ph
         };
         // Each tap: its weight and where grid point 0 reads it.
-        let (Some(taps), Some(wk)) = (win_mut(taps, 0, k1 * k2), win(wp, 0, k1 * k2)) else {
+        let n_taps = k1.wrapping_mul(k2);
+        let (Some(taps), Some(wk)) = (win_mut(taps, 0, n_taps), win(wp, 0, n_taps)) else {
             return false;
         };
         // No division per tap: on the small planes of late layers (7 × 7)
         // this set-up, once per channel, costs as much as the sums.
-        let offsets = (0..k1).flat_map(|kh| (0..k2).map(move |kw| kh * d1 * wpd + kw * d2));
-        for ((t, wv), off) in taps.iter_mut().zip(wk).zip(offsets) {
-            let (phase, at) = match s {
-                1 => (0, off),
-                2 => (off & 1, off >> 1),
-                _ => (off % s, off / s),
-            };
-            *t = (wv.get() - zw, phase * plen + at);
+        let mut slots = taps.iter_mut().zip(wk);
+        for kh in 0..k1 {
+            let row = kh.wrapping_mul(d1).wrapping_mul(wpd);
+            for kw in 0..k2 {
+                let off = row.wrapping_add(kw.wrapping_mul(d2));
+                let Some((t, wv)) = slots.next() else {
+                    return false;
+                };
+                let (phase, at) = match s {
+                    1 => (0, off),
+                    2 => (off & 1, off >> 1),
+                    _ => (off % s_nz, off / s_nz),
+                };
+                // phase < s and at < plen: phase · plen + at < plen · s < N.
+                *t = (
+                    wv.get().wrapping_sub(zw),
+                    phase.wrapping_mul(plen).wrapping_add(at),
+                );
+            }
         }
         let taps: &[(i32, usize)] = taps;
         #[cfg(target_arch = "x86_64")]
@@ -222,11 +254,12 @@ impl<const N: usize> DwScratch<N> {
         for (t0, out) in (0..grid).step_by(CHUNK).zip(acc.chunks_exact_mut(CHUNK)) {
             let mut a = [b; CHUNK];
             for &(wv, base) in taps {
-                let Some(xs) = src.get(base + t0..base + t0 + CHUNK) else {
+                // base + t0 < plen · s + grid, far below usize::MAX.
+                let Some(xs) = win(src, base.wrapping_add(t0), CHUNK) else {
                     continue;
                 };
                 for (x, &v) in a.iter_mut().zip(xs) {
-                    *x = x.wrapping_add(v as i32 * wv);
+                    *x = x.wrapping_add(i32::from(v).wrapping_mul(wv));
                 }
             }
             out.copy_from_slice(&a);
@@ -249,20 +282,29 @@ impl<const N: usize> DwScratch<N> {
         let [_, _, i2] = g.inp;
         let [_, _, k2] = g.k;
         let (s, d, pb) = (g.s[2], g.d[2], g.pb[2]);
-        let reach = k2.saturating_sub(1) * d;
+        let reach = k2.saturating_sub(1).saturating_mul(d);
         if !two_d_fits(xp, wp, yo, q) || reach > MAX_REACH {
             return false;
         }
+        // 1 <= s <= MAX_S (`two_d_fits`).
+        let Some(s_nz) = NonZeroUsize::new(s) else {
+            return false;
+        };
         let Some((zw, b, r)) = channel(q, c) else {
             return false;
         };
         let DwScratch { ph, acc, .. } = self;
+        // Bounds: ow0 < o2 and wl <= STRIP, so tl <= PHASE; the rows a tap
+        // range keeps (`tap_range`) and the columns `valid_range` keeps lie
+        // inside the input, so oh·s + kh·d - pb and (ow0 + t)·s + f - pb do
+        // not wrap and index rows of `xp` (i1 · i2 values, `two_d_fits`);
+        // kh · k2 + k2 <= k1 · k2 <= wp.len(); oh · o2 + ow0 + wl <= o1 · o2.
         for oh in 0..o1 {
             let rh = tap_range(g, 1, oh);
-            let mut ow0 = 0;
+            let mut ow0 = 0usize;
             while ow0 < o2 {
-                let wl = STRIP.min(o2 - ow0);
-                let tl = wl + reach / s + 1;
+                let wl = STRIP.min(o2.wrapping_sub(ow0));
+                let tl = wl.wrapping_add(reach / s_nz).wrapping_add(1);
                 // Every window below lies in its slice by `two_d_fits`, the
                 // tap range and `valid_range`; a miss returns `false`.
                 let Some(acc) = win_mut(acc, 0, wl) else {
@@ -270,45 +312,53 @@ impl<const N: usize> DwScratch<N> {
                 };
                 acc.fill(b);
                 for kh in rh.0..rh.1 {
-                    let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
-                    let Some(xrow) = win(xp, ih * i2, i2) else {
+                    let ih = oh
+                        .wrapping_mul(g.s[1])
+                        .wrapping_add(kh.wrapping_mul(g.d[1]))
+                        .wrapping_sub(g.pb[1]);
+                    let Some(xrow) = win(xp, ih.wrapping_mul(i2), i2) else {
                         return false;
                     };
                     // Phase f, entry t: input column (ow0 + t)·s + f - pb.
                     for (f, phase) in ph.chunks_exact_mut(PHASE).take(s).enumerate() {
-                        let (lo, hi) = valid_range(tl, s, ow0 * s + f, pb, i2);
+                        let col0 = ow0.wrapping_mul(s).wrapping_add(f);
+                        let (lo, hi) = valid_range(tl, s, col0, pb, i2);
                         let Some((head, mid, tail)) = split3(phase, lo, hi, tl) else {
                             return false;
                         };
                         head.fill(0);
                         tail.fill(0);
                         if lo < hi {
-                            let first = (ow0 + lo) * s + f - pb;
-                            let Some(cols) = win(xrow, first, (hi - lo - 1) * s + 1) else {
+                            let first = ow0.wrapping_add(lo).wrapping_mul(s);
+                            let first = first.wrapping_add(f).wrapping_sub(pb);
+                            let span = hi.wrapping_sub(lo).wrapping_sub(1).wrapping_mul(s);
+                            let Some(cols) = win(xrow, first, span.wrapping_add(1)) else {
                                 return false;
                             };
-                            strided(mid, cols, s, |x| (x.get() - q.zx) as i16);
+                            strided(mid, cols, s, |x| x.get().wrapping_sub(q.zx) as i16);
                         }
                     }
-                    let Some(wrow) = win(wp, kh * k2, k2) else {
+                    let Some(wrow) = win(wp, kh.wrapping_mul(k2), k2) else {
                         return false;
                     };
                     for (kw, wv) in wrow.iter().enumerate() {
-                        let wv = (wv.get() - zw) as i16 as i32;
-                        let off = kw * d;
-                        let Some(src) = win(ph, (off % s) * PHASE + off / s, wl) else {
+                        let wv = i32::from(wv.get().wrapping_sub(zw) as i16);
+                        // off <= reach <= MAX_REACH.
+                        let off = kw.wrapping_mul(d);
+                        let at = (off % s_nz).wrapping_mul(PHASE).wrapping_add(off / s_nz);
+                        let Some(src) = win(ph, at, wl) else {
                             return false;
                         };
                         for (a, &xv) in acc.iter_mut().zip(src) {
-                            *a = a.wrapping_add(xv as i32 * wv);
+                            *a = a.wrapping_add(i32::from(xv).wrapping_mul(wv));
                         }
                     }
                 }
-                let Some(yrow) = win_mut(yo, oh * o2 + ow0, wl) else {
+                let Some(yrow) = win_mut(yo, oh.wrapping_mul(o2).wrapping_add(ow0), wl) else {
                     return false;
                 };
                 finish_row(yrow, acc, 0, r, &q.out);
-                ow0 += wl;
+                ow0 = ow0.wrapping_add(wl);
             }
         }
         true
@@ -329,16 +379,33 @@ fn finish_grid<Y: QInt>(
     r: &Requant,
     q: &QConvView<'_>,
 ) -> bool {
-    for oh in 1..o1 {
-        if acc.get(oh * wpd..oh * wpd + o2).is_none() {
-            return false;
-        }
-        acc.copy_within(oh * wpd..oh * wpd + o2, oh * o2);
+    if !compact_rows(acc, o1, o2, wpd) {
+        return false;
     }
-    let (Some(sums), Some(yo)) = (win(acc, 0, o1 * o2), win_mut(yo, 0, o1 * o2)) else {
+    let n = o1.wrapping_mul(o2);
+    let (Some(sums), Some(yo)) = (win(acc, 0, n), win_mut(yo, 0, n)) else {
         return false;
     };
     finish_row(yo, sums, 0, r, &q.out);
+    true
+}
+
+/// Moves grid rows 1 .. o1 (row width `wpd`) down to row width `o2`, so
+/// that the first o1 · o2 sums are the output's. Out of line: inlined into
+/// the channel loop, `copy_within` stayed a call per row (KWS int8 +3 %
+/// instructions); here it is inlined. `false` if a row is outside `acc`.
+#[inline(never)]
+fn compact_rows(acc: &mut [i32], o1: usize, o2: usize, wpd: usize) -> bool {
+    // oh < o1 and o2 <= wpd: oh · wpd + o2 <= grid <= N (the flat path's
+    // checked sizes), and oh · o2 below that.
+    for oh in 1..o1 {
+        let from = oh.wrapping_mul(wpd);
+        let end = from.wrapping_add(o2);
+        if acc.get(from..end).is_none() {
+            return false;
+        }
+        acc.copy_within(from..end, oh.wrapping_mul(o2));
+    }
     true
 }
 
@@ -357,7 +424,8 @@ fn pair_taps(taps: &[(i32, usize)], pairs: &mut [(i32, usize); MAX_TAPS]) -> usi
             continue;
         }
         let mut wb = 0;
-        for (j, &(w, b)) in taps.iter().enumerate().skip(i + 1) {
+        // i < taps.len().
+        for (j, &(w, b)) in taps.iter().enumerate().skip(i.wrapping_add(1)) {
             if b == base.wrapping_add(1) {
                 if let Some(u @ false) = used.get_mut(j) {
                     *u = true;
@@ -371,7 +439,8 @@ fn pair_taps(taps: &[(i32, usize)], pairs: &mut [(i32, usize); MAX_TAPS]) -> usi
                 ((wa as u16 as u32) | ((wb as u16 as u32) << 16)) as i32,
                 base,
             );
-            n += 1;
+            // n < MAX_TAPS (pairs[n] exists).
+            n = n.wrapping_add(1);
         }
     }
     n
@@ -412,9 +481,10 @@ unsafe fn grid_pairs_avx512(
         let (mut e, mut o) = (bv, bv);
         for &(w, base) in pairs {
             let wv = _mm512_set1_epi32(w);
-            // SAFETY: base + t0 + 32 < base + grid + 1 <= src.len().
+            // SAFETY: base + t0 + 32 < base + grid + 1 <= src.len()
+            // (checked above, so neither sum wraps).
             unsafe {
-                let p = sp.add(base + t0);
+                let p = sp.add(base.wrapping_add(t0));
                 let xe = _mm512_loadu_si512(p as *const __m512i);
                 let xo = _mm512_loadu_si512(p.add(1) as *const __m512i);
                 e = _mm512_add_epi32(e, _mm512_madd_epi16(xe, wv));
@@ -430,7 +500,7 @@ unsafe fn grid_pairs_avx512(
             _mm512_storeu_si512(d, _mm512_permutex2var_epi32(lo, lo_idx, hi));
             _mm512_storeu_si512(d.add(1), _mm512_permutex2var_epi32(lo, hi_idx, hi));
         }
-        t0 += CHUNK;
+        t0 = t0.wrapping_add(CHUNK);
     }
     true
 }
@@ -440,7 +510,7 @@ unsafe fn grid_pairs_avx512(
 /// (a run-time `step_by` stays scalar).
 #[inline(always)]
 fn strided<S: Copy>(dst: &mut [i16], src: &[S], s: usize, f: impl Fn(S) -> i16) {
-    let mut done = 0;
+    let mut done = 0usize;
     match s {
         1 => {
             for (v, &x) in dst.iter_mut().zip(src) {
@@ -456,12 +526,13 @@ fn strided<S: Copy>(dst: &mut [i16], src: &[S], s: usize, f: impl Fn(S) -> i16) 
                     break;
                 };
                 *dc = [a0, a1, a2, a3, a4, a5, a6, a7].map(&f);
-                done += 8;
+                // done <= dst.len().
+                done = done.wrapping_add(8);
             }
         }
         _ => {}
     }
-    let (Some(dst), Some(src)) = (dst.get_mut(done..), src.get(done * s..)) else {
+    let (Some(dst), Some(src)) = (dst.get_mut(done..), src.get(done.saturating_mul(s)..)) else {
         return;
     };
     for (v, &x) in dst.iter_mut().zip(src.iter().step_by(s.max(1))) {
@@ -481,7 +552,8 @@ fn split3<T>(
     let hi = hi.max(lo);
     let s = s.get_mut(..len)?;
     let (head, rest) = s.split_at_mut_checked(lo)?;
-    let (mid, tail) = rest.split_at_mut_checked(hi - lo)?;
+    // hi >= lo (above).
+    let (mid, tail) = rest.split_at_mut_checked(hi.wrapping_sub(lo))?;
     Some((head, mid, tail))
 }
 
@@ -492,13 +564,14 @@ fn two_d_fits<X, W, Y>(xp: &[X], wp: &[W], yo: &[Y], q: &QConvView<'_>) -> bool 
     let g = &q.p.g;
     let ([o0, o1, o2], [i0, i1, i2], [k0, k1, k2]) = (g.out, g.inp, g.k);
     let s = g.s[2];
+    let holds = |len: usize, a: usize, b: usize| a.checked_mul(b).is_some_and(|n| len >= n);
     o0 == 1
         && i0 == 1
         && k0 == 1
         && (1..=MAX_S).contains(&s)
-        && xp.len() >= i1 * i2
-        && wp.len() >= k1 * k2
-        && yo.len() >= o1 * o2
+        && holds(xp.len(), i1, i2)
+        && holds(wp.len(), k1, k2)
+        && holds(yo.len(), o1, o2)
 }
 
 /// Channel `c`'s weight zero point, bias and multiplier.
@@ -511,7 +584,8 @@ fn channel<'q>(q: &QConvView<'q>, c: usize) -> Option<(i32, i32, &'q Requant)> {
 pub(crate) fn planes<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q: &QConvView<'_>) {
     let p = &q.p;
     let g = &p.g;
-    let planes = p.batch * p.c;
+    // `qconv_dw` checked x and y for batch · c planes: no saturation.
+    let planes = p.batch.saturating_mul(p.c);
     let macs = planes
         .saturating_mul(g.out_size())
         .saturating_mul(g.k_size());
@@ -597,14 +671,19 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
         let p = &q.p;
         let (in_sz, out_sz, k_sz) = (p.g.in_size(), p.g.out_size(), p.g.k_size());
         for i in lo..hi {
-            let c = i % p.c;
+            // i < planes = batch · c (so c >= 1), and `qconv_dw` checked x,
+            // y and w for planes of in_sz, out_sz and k_sz values: the
+            // offsets below do not wrap.
+            let Some(c) = i.checked_rem(p.c) else {
+                return;
+            };
             // SAFETY: each plane index belongs to one task (`par::chunk`), so
             // the output planes of live slices never overlap.
-            let yo = unsafe { ys.slice(i * out_sz, out_sz) };
+            let yo = unsafe { ys.slice(i.wrapping_mul(out_sz), out_sz) };
             let (Some(xp), Some(yo), Some(wc)) = (
-                x.get(i * in_sz..(i + 1) * in_sz),
+                win(x, i.wrapping_mul(in_sz), in_sz),
                 yo,
-                w.get(c * k_sz..(c + 1) * k_sz),
+                win(w, c.wrapping_mul(k_sz), k_sz),
             ) else {
                 return;
             };
@@ -669,9 +748,10 @@ fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>, sel:
         return;
     };
     for (i, plane) in y.chunks_exact_mut(sz.max(1)).enumerate() {
-        let c = i % p.c.max(1);
+        let c = i.checked_rem(p.c).unwrap_or(0);
         saved.copy_from_slice(plane);
-        let Some(wc) = super::win(w, c * k_sz, k_sz) else {
+        // c < p.c: w holds c · k_sz + k_sz weights (`qconv_in_place`).
+        let Some(wc) = super::win(w, c.wrapping_mul(k_sz), k_sz) else {
             return;
         };
         if !sc.plane(saved, wc, plane, c, q) {
