@@ -131,3 +131,39 @@ pub unsafe fn enable_avx512_vnni() {
 pub fn disable_avx512_vnni() {
     VNNI.store(false, Ordering::Relaxed);
 }
+
+/// Defines a function whose body is compiled twice, once for the build's
+/// baseline and once for AVX2 + FMA on x86_64, and runs the second when
+/// [`kernels`] is [`Kernels::Avx2Fma`]: loops that autovectorize then run
+/// on 8 lanes instead of 4 without intrinsics. Bodies must not rely on
+/// `a * b + c` being fused (Rust never contracts it), so both versions
+/// give the same bits. Arguments are plain `name: Type` pairs (no
+/// patterns, no generics); attributes before `fn` go to the outer function.
+// Only ops (feature `alloc`) use it.
+#[cfg_attr(not(feature = "alloc"), allow(unused_macros))]
+macro_rules! avx2_variant {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $t:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $t),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $t),*) $(-> $ret)? $body
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $t),*) $(-> $ret)? {
+                body($($arg),*)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            if $crate::kern::cpu::kernels() == $crate::kern::cpu::Kernels::Avx2Fma {
+                // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2
+                // and FMA (see `cpu::enable_avx2_fma`) or the build targets
+                // them.
+                return unsafe { avx2($($arg),*) };
+            }
+            body($($arg),*)
+        }
+    };
+}
+#[cfg_attr(not(feature = "alloc"), allow(unused_imports))]
+pub(crate) use avx2_variant;

@@ -810,7 +810,7 @@ fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &Co
         p,
     };
     let task = |ti: usize| {
-        if !job.planes(par::chunk(planes, t, ti)) {
+        if !depthwise_planes(&job, par::chunk(planes, t, ti)) {
             failed.set();
         }
     };
@@ -820,6 +820,17 @@ fn conv_depthwise(x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], p: &Co
         par::for_each(t, &task);
     }
     !failed.get()
+}
+
+crate::kern::cpu::avx2_variant! {
+/// [`DepthwiseJob::planes_body`] over planes `range`, compiled for AVX2 +
+/// FMA as well (a function of its own rather than the task closure: a
+/// closure does not inherit the target features of its enclosing
+/// function). The loops have no fused multiply-adds to contract, so the
+/// results are the same bits with or without the wider vectors.
+fn depthwise_planes(job: &DepthwiseJob<'_, '_>, range: (usize, usize)) -> bool {
+    job.planes_body(range)
+}
 }
 
 /// The operands of [`conv_depthwise`], shared by its tasks.
@@ -832,28 +843,8 @@ struct DepthwiseJob<'a, 's> {
 }
 
 impl DepthwiseJob<'_, '_> {
-    /// Planes `lo .. hi` (one task's share). A method of its own rather
-    /// than the task closure, so that it is what gets compiled for AVX2 +
-    /// FMA (a closure does not inherit the target features of its
-    /// enclosing function). The loops have no fused multiply-adds to
-    /// contract (Rust never fuses `a * b + c` on its own), so the results
-    /// are the same bits with or without the wider vectors.
-    fn planes(&self, range: (usize, usize)) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
-            // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and
-            // FMA (see `cpu::enable_avx2_fma`) or the build targets them.
-            return unsafe { self.planes_avx2(range) };
-        }
-        self.planes_body(range)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn planes_avx2(&self, range: (usize, usize)) -> bool {
-        self.planes_body(range)
-    }
-
+    /// Planes `lo .. hi` (one task's share); runs through
+    /// [`depthwise_planes`] so that it is compiled for AVX2 + FMA too.
     #[inline(always)]
     fn planes_body(&self, (lo, hi): (usize, usize)) -> bool {
         let DepthwiseJob { x, w, b, ys, p } = *self;

@@ -954,29 +954,13 @@ fn prepare_erf(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     .in_place())
 }
 
+crate::kern::cpu::avx2_variant! {
 /// Erf over f32 values in a loop of its own, where [`math::erf`] inlines and
 /// the loop vectorizes (through `Unary::map` it stayed a call per value),
 /// on 8 lanes where the CPU has AVX2 (the same operations as on 4: no
 /// multiply-add is contracted, so the same bits).
 #[inline(never)]
 fn erf_f32(u: crate::ops::Unary<'_, f32>) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
-        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and FMA
-        // (see `cpu::enable_avx2_fma`) or the build targets them.
-        return unsafe { erf_f32_avx2(u) };
-    }
-    erf_f32_body(u);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn erf_f32_avx2(u: crate::ops::Unary<'_, f32>) {
-    erf_f32_body(u);
-}
-
-#[inline(always)]
-fn erf_f32_body(u: crate::ops::Unary<'_, f32>) {
     match u {
         crate::ops::Unary::Separate(x, y) => {
             for (o, &i) in y.iter_mut().zip(x) {
@@ -989,6 +973,7 @@ fn erf_f32_body(u: crate::ops::Unary<'_, f32>) {
             }
         }
     }
+}
 }
 
 macro_rules! sign_fn {

@@ -550,6 +550,7 @@ fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result
     .in_place())
 }
 
+crate::kern::cpu::avx2_variant! {
 /// Softmax of one contiguous row `y` (the last axis, a transformer's
 /// attention rows) whose maximum is `mx`, in three vectorized passes: the
 /// exponentials ([`math::exp_vec`], branch-free where `libm`'s `expf` is a
@@ -557,41 +558,15 @@ fn softmax_common(ctx: &PrepareCtx<'_>, log: bool, name: &'static str) -> Result
 /// eight partial sums, the scaling; on 8 lanes where the CPU has AVX2
 /// (the same operations: no multiply-add is contracted).
 fn softmax_row(y: &mut [f32], mx: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
-        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and FMA
-        // (see `cpu::enable_avx2_fma`) or the build targets them.
-        return unsafe { softmax_row_avx2(y, mx) };
-    }
-    softmax_row_body(y, mx);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_row_avx2(y: &mut [f32], mx: f32) {
-    softmax_row_body(y, mx);
-}
-
-#[inline(always)]
-fn softmax_row_body(y: &mut [f32], mx: f32) {
     for v in y.iter_mut() {
         *v = math::exp_vec(*v - mx);
     }
-    let mut lanes = [0f32; 8];
-    let mut chunks = y.chunks_exact(8);
-    for c in &mut chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += v;
-        }
-    }
-    let mut sum = chunks.remainder().iter().sum::<f32>();
-    for l in lanes {
-        sum += l;
-    }
+    let sum = util::sum_lanes(y, |v| v);
     let inv = 1.0 / sum;
     for v in y.iter_mut() {
         *v *= inv;
     }
+}
 }
 
 fn prepare_softmax(ctx: &PrepareCtx<'_>) -> Result<Prepared> {

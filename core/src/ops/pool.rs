@@ -432,12 +432,12 @@ fn windows<T: PoolElem>(
                             if iw0 == 0 && nw == i2 {
                                 let run = win(xp, ih0.wrapping_mul(i2), nh.wrapping_mul(i2))
                                     .ok_or(short)?;
-                                acc = sum_lanes(run, T::to_f32);
+                                acc = util::sum_lanes(run, T::to_f32);
                             } else {
                                 for ih in ih0..ih0.wrapping_add(nh) {
                                     let r = ih.wrapping_mul(i2).wrapping_add(iw0);
                                     let taps = win(xp, r, nw).ok_or(short)?;
-                                    acc += sum_lanes(taps, T::to_f32);
+                                    acc += util::sum_lanes(taps, T::to_f32);
                                 }
                             }
                         }
@@ -549,6 +549,18 @@ fn max_pool_2d<T: PoolElem>(
             (wa, wb) = (wa.min(lo), wb.max(hi));
         }
     }
+    // The outputs [lo, hi) of a row that tap column kw reaches depend on kw
+    // only: kept for the first TAPS columns (every pool kernel in practice),
+    // recomputed (two divisions) past them.
+    const TAPS: usize = 16;
+    let mut cols = [(0usize, 0usize); TAPS];
+    for (kw, c) in cols.iter_mut().enumerate().take(k2) {
+        *c = valid_range(o2, s2, kw, p2, i2);
+    }
+    let col = |kw: usize| match cols.get(kw) {
+        Some(&c) => c,
+        None => valid_range(o2, s2, kw, p2, i2),
+    };
     // Index arithmetic wraps by name only: `window_bounds` (checked by
     // `pool`) bounds oh·s1 + kh and ow·s2 + kw; `valid_range` keeps only
     // rows and outputs whose input index h0 + kh - p1 (kw + ow·s2 - p2)
@@ -574,7 +586,7 @@ fn max_pool_2d<T: PoolElem>(
                 let ih = h0.wrapping_add(kh).wrapping_sub(p1);
                 let xrow = win(xp, ih.wrapping_mul(i2), i2).ok_or(short)?;
                 for kw in 0..k2 {
-                    let (lo, hi) = valid_range(o2, s2, kw, p2, i2);
+                    let (lo, hi) = col(kw);
                     if lo >= hi {
                         continue;
                     }
@@ -628,29 +640,6 @@ fn prepare_global(ctx: &PrepareCtx<'_>, mode: Mode) -> Result<Prepared> {
     })))
 }
 
-/// Sum of `xs` in the accumulator type with eight partial sums (element
-/// `i` goes to lane `i mod 8`), combined pairwise at the end. The adds of a
-/// lane do not wait on each other's latency and vectorize; the order differs
-/// from a left-to-right sum only by rounding, as in onnxruntime's own
-/// vectorized pools.
-#[inline(always)]
-fn sum_lanes<T: Copy, A: Acc>(xs: &[T], widen: impl Fn(T) -> A) -> A {
-    let mut lanes = [A::ZERO; 8];
-    let mut chunks = xs.chunks_exact(8);
-    for c in &mut chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l = l.plus(widen(v));
-        }
-    }
-    let mut tail = A::ZERO;
-    for &v in chunks.remainder() {
-        tail = tail.plus(widen(v));
-    }
-    let [a, b, c, d, e, f, g, h] = lanes;
-    let (ae, bf, cg, dh) = (a.plus(e), b.plus(f), c.plus(g), d.plus(h));
-    ae.plus(bf).plus(cg.plus(dh)).plus(tail)
-}
-
 /// A global pool over `planes` planes of `plane` elements, accumulated in
 /// f32 (f64 for f64).
 fn run_global<T: Float>(
@@ -686,7 +675,7 @@ where
                     }
                 },
             ),
-            Mode::Avg(_) => T::from_acc(sum_lanes(xp, T::to_acc).over(cnt)),
+            Mode::Avg(_) => T::from_acc(util::sum_lanes(xp, T::to_acc).over(cnt)),
             Mode::Lp(p) => T::from_f32(root(
                 xp.iter().map(|&v| abs_pow(v.to_f32(), p)).sum::<f32>(),
                 p,
@@ -960,7 +949,7 @@ mod tests {
     /// `max_pool_2d` (tap by tap) against `windows` (window by window), bit
     /// for bit, on f32 with NaN, ±∞, signed zeros and ties, and on i8 / u8 /
     /// f16, over kernel sizes, strides, paddings (both ends) and planes
-    /// narrower than the window.
+    /// narrower than the window, and windows wider than 16 columns.
     #[test]
     fn max_pool_2d_is_the_window_loop() {
         use super::{is_plain_2d, max_pool_2d, window_bounds, windows, Geom, Mode, PoolElem};
@@ -980,8 +969,9 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "{g:?}");
         }
         let mut cases = 0;
-        for (h, w) in [(7, 9), (1, 1), (2, 5), (12, 16), (5, 3)] {
-            for (k1, k2) in [(3, 3), (2, 2), (1, 3), (3, 1), (5, 4)] {
+        for (h, w) in [(7, 9), (1, 1), (2, 5), (12, 16), (5, 3), (3, 40)] {
+            // (2, 18): more tap columns than `max_pool_2d` keeps ranges of.
+            for (k1, k2) in [(3, 3), (2, 2), (1, 3), (3, 1), (5, 4), (2, 18)] {
                 for (s1, s2) in [(1, 1), (2, 2), (1, 3), (3, 2)] {
                     for pads in [[0, 0, 0, 0], [1, 1, 1, 1], [0, 2, 1, 0], [2, 0, 0, 3]] {
                         let [pt, pl, pbm, pr] = pads;
