@@ -22,9 +22,12 @@
 //! sum is the reference loops' wrapping sum (integer addition is
 //! associative), whatever the order.
 
-// 59 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+// Integer arithmetic is checked, saturating or wrapping by name (issue 8):
+// each kernel checks its sizes once (plane, patch and band lengths against
+// the slices, and `reach_ok`: no window index past `usize`), and offsets
+// under those bounds wrap by name. Values and zero points are 8-bit, with
+// `x - zx` within i16 (`zero_points_fit`): differences and products fit
+// i32, and sums wrap by definition (the reference's modulo-2^32 sums).
 
 use super::qconv::{finish, OutQ, QConvView};
 use super::qgemm::zero_points_fit;
@@ -42,10 +45,37 @@ pub(crate) const DSP: bool = cfg!(mote_dsp);
 /// the column and `x - zx` fits an i16.
 pub(crate) fn fits(q: &QConvView<'_>) -> bool {
     let p = &q.p;
-    let cg = p.c / p.group.max(1);
-    cg.checked_mul(p.g.k_size()).is_some_and(|kk| kk <= KMAX)
-        && zero_points_fit(&[q.zx])
-        && !p.is_depthwise()
+    let kk =
+        p.c.checked_div(p.group)
+            .and_then(|cg| cg.checked_mul(numel(&p.g.k)?));
+    kk.is_some_and(|kk| kk <= KMAX) && zero_points_fit(&[q.zx]) && !p.is_depthwise()
+}
+
+/// The product of `dims`, `None` past `usize`.
+fn numel(dims: &[usize; 3]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+/// Whether on every axis the last window's last tap, (o - 1)·s + (k - 1)·d,
+/// lies within the padded input, i + pb + pe (a geometry from `forward_geom`
+/// always does; one from a file is checked): no window index below wraps
+/// before its `- pb`, which wraps on purpose (a negative index becomes one
+/// past the input and fails the `< i` test).
+fn reach_ok(g: &super::Geom) -> bool {
+    let window = g.out.iter().zip(&g.k).zip(&g.s).zip(&g.d);
+    let input = g.inp.iter().zip(&g.pb).zip(&g.pe);
+    window
+        .zip(input)
+        .all(|((((&o, &k), &s), &d), ((&i, &pb), &pe))| {
+            if o == 0 || k == 0 {
+                return true;
+            }
+            let reach = (o.wrapping_sub(1).checked_mul(s))
+                .zip(k.wrapping_sub(1).checked_mul(d))
+                .and_then(|(r, t)| r.checked_add(t));
+            let end = i.checked_add(pb).and_then(|v| v.checked_add(pe));
+            matches!((reach, end), (Some(r), Some(e)) if r < e)
+        })
 }
 
 /// A column: `KMAX` i16 values in u32 words (the DSP loop reads pairs).
@@ -80,40 +110,53 @@ pub(crate) fn conv<X: QInt, W: QInt, Y: QInt, const DSP_ORDER: bool>(
 ) -> Option<()> {
     let p = &q.p;
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = p.c / p.group.max(1);
-    let mg = p.m / p.group.max(1);
-    let kk = cg * k_sz;
-    if kk > KMAX {
+    let (in_sz, out_sz, k_sz) = (numel(&g.inp)?, numel(&g.out)?, numel(&g.k)?);
+    let cg = p.c.checked_div(p.group)?;
+    let mg = p.m.checked_div(p.group)?;
+    let kk = cg.checked_mul(k_sz)?;
+    let [_, o1, o2] = g.out;
+    let o12 = o1.checked_mul(o2)?;
+    let len3 = |a: usize, b: usize, c: usize| a.checked_mul(b)?.checked_mul(c);
+    if kk > KMAX
+        || !reach_ok(g)
+        || x.len() < len3(p.batch, p.c, in_sz)?
+        || w.len() < p.m.checked_mul(kk)?
+        || y.len() < len3(p.batch, p.m, out_sz)?
+    {
         return None;
     }
-    let [_, o1, o2] = g.out;
+    // With ni < batch, grp < group, (grp + 1)·cg <= c and (grp + 1)·mg <= m,
+    // the offsets below stay under the lengths just checked.
+    // Divisors of the output position (out_sz = 0 has no positions).
+    let nz = core::num::NonZeroUsize::new;
+    let (Some(o12_nz), Some(o2_nz), Some(o1_nz)) = (nz(o12), nz(o2), nz(o1)) else {
+        return Some(());
+    };
     let mut col = Col::new();
     for ni in 0..p.batch {
         for grp in 0..p.group {
-            let xg = win(x, (ni * p.c + grp * cg) * in_sz, cg * in_sz)?;
-            let oc0 = grp * mg;
+            let ch0 = ni.wrapping_mul(p.c).wrapping_add(grp.wrapping_mul(cg));
+            let xg = win(x, ch0.wrapping_mul(in_sz), cg.wrapping_mul(in_sz))?;
+            let oc0 = grp.wrapping_mul(mg);
             let rows = Rows {
-                w: win(w, oc0 * kk, mg * kk)?,
+                w: win(w, oc0.wrapping_mul(kk), mg.wrapping_mul(kk))?,
                 kk,
                 zw: win(q.zw, oc0, mg)?,
                 bias: win(q.bias, oc0, mg)?,
                 mult: win(q.mult, oc0, mg)?,
                 out: &q.out,
             };
-            let yg = y.get_mut((ni * p.m + oc0) * out_sz..)?;
+            let m0 = ni.wrapping_mul(p.m).wrapping_add(oc0);
+            let yg = y.get_mut(m0.wrapping_mul(out_sz)..)?;
             for j in 0..out_sz {
-                let at = [
-                    j / (o1 * o2).max(1),
-                    (j / o2.max(1)) % o1.max(1),
-                    j % o2.max(1),
-                ];
-                let sum = gather(xg, q, at, col.values())?;
+                let at = [j / o12_nz, (j / o2_nz) % o1_nz, j % o2_nz];
+                let sum = gather(xg, q, at, col.values(), (cg, in_sz, kk))?;
                 if DSP_ORDER {
                     col.reorder(kk);
                 }
                 rows.outputs::<DSP_ORDER, Y>(&col, sum, |oc, v| {
-                    if let Some(d) = yg.get_mut(oc * out_sz + j) {
+                    // oc < mg: under yg's mg planes of out_sz.
+                    if let Some(d) = yg.get_mut(oc.wrapping_mul(out_sz).wrapping_add(j)) {
                         *d = v;
                     }
                 })?;
@@ -127,40 +170,55 @@ pub(crate) fn conv<X: QInt, W: QInt, Y: QInt, const DSP_ORDER: bool>(
 /// input planes `xg` into `col`, as `x - zx`; returns the patch's sum.
 /// The in-bounds taps of a kernel row are the same on every row
 /// (`valid_range`, once per position): each row is zeros, a run read from
-/// the input line, zeros.
+/// the input line, zeros. `dims` is (channels per group, input plane
+/// size, patch size), checked by [`conv`], as is `reach_ok`.
 #[inline(always)]
-fn gather<X: QInt>(xg: &[X], q: &QConvView<'_>, at: [usize; 3], col: &mut [i16]) -> Option<i32> {
+fn gather<X: QInt>(
+    xg: &[X],
+    q: &QConvView<'_>,
+    at: [usize; 3],
+    col: &mut [i16],
+    (cg, in_sz, kk): (usize, usize, usize),
+) -> Option<i32> {
     let g = &q.p.g;
-    let (in_sz, k_sz) = (g.in_size(), g.k_size());
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
     let (zx, d2) = (q.zx, g.d[2].max(1));
-    let cg = q.p.c / q.p.group.max(1);
-    let (lo, hi) = valid_range(k2, d2, at[2] * g.s[2], g.pb[2], i2);
-    let first = (at[2] * g.s[2] + lo * d2).wrapping_sub(g.pb[2]);
-    let mut rows = col.get_mut(..cg * k_sz)?.chunks_exact_mut(k2.max(1));
+    // Window indices: at·s + k·d <= (o - 1)·s + (k - 1)·d (`reach_ok`);
+    // the `- pb` wraps on purpose (see `reach_ok`).
+    let ([a0, a1, a2], [s0, s1, s2], [dd0, dd1, _], [p0, p1, p2]) = (at, g.s, g.d, g.pb);
+    let tap = |a: usize, s: usize, k: usize, d: usize, pb: usize| {
+        a.wrapping_mul(s)
+            .wrapping_add(k.wrapping_mul(d))
+            .wrapping_sub(pb)
+    };
+    let (lo, hi) = valid_range(k2, d2, a2.wrapping_mul(s2), p2, i2);
+    let first = tap(a2, s2, lo, d2, p2);
+    let mut rows = col.get_mut(..kk)?.chunks_exact_mut(k2.max(1));
     let mut sum = 0i32;
     for plane in xg.chunks_exact(in_sz.max(1)).take(cg) {
         for kd in 0..k0 {
-            let id = (at[0] * g.s[0] + kd * g.d[0]).wrapping_sub(g.pb[0]);
+            let id = tap(a0, s0, kd, dd0, p0);
             for kh in 0..k1 {
-                let ih = (at[1] * g.s[1] + kh * g.d[1]).wrapping_sub(g.pb[1]);
+                let ih = tap(a1, s1, kh, dd1, p1);
                 let dst = rows.next()?;
                 dst.fill(0);
                 if id >= i0 || ih >= i1 || lo >= hi {
                     continue;
                 }
-                let src = win(plane, (id * i1 + ih) * i2, i2)?.get(first..)?;
+                // id < i0, ih < i1: the row lies in the plane.
+                let row = id.wrapping_mul(i1).wrapping_add(ih).wrapping_mul(i2);
+                let src = win(plane, row, i2)?.get(first..)?;
                 let run = dst.get_mut(lo..hi)?;
                 if d2 == 1 {
                     for (d, v) in run.iter_mut().zip(src) {
-                        let v = v.get() - zx;
+                        let v = v.get().wrapping_sub(zx);
                         *d = v as i16;
                         sum = sum.wrapping_add(v);
                     }
                 } else {
                     for (d, v) in run.iter_mut().zip(src.iter().step_by(d2)) {
-                        let v = v.get() - zx;
+                        let v = v.get().wrapping_sub(zx);
                         *d = v as i16;
                         sum = sum.wrapping_add(v);
                     }
@@ -194,25 +252,28 @@ impl<W: QInt> Rows<'_, W> {
     ) -> Option<()> {
         let kk = self.kk;
         let col = col.0.get(..kk.div_ceil(2))?;
-        let mut oc = 0;
-        while oc < self.zw.len() {
+        let n = self.zw.len();
+        let last = n.saturating_sub(1);
+        let mut oc = 0usize;
+        // oc < n and r < 4: oc + r does not wrap; rows are windows of `w`
+        // (`win` checks them).
+        while oc < n {
             // Four rows at a time; past the last row, repeat it (the extra
             // sums are not stored).
-            let last = self.zw.len() - 1;
-            let row = |r: usize| win(self.w, (oc + r).min(last) * kk, kk);
+            let row = |r: usize| win(self.w, oc.wrapping_add(r).min(last).wrapping_mul(kk), kk);
             let rows = [row(0)?, row(1)?, row(2)?, row(3)?];
             let acc = if DSP_ORDER {
                 dot_dsp(rows, col, kk)
             } else {
                 dot_plain(rows, col, kk)
             };
-            for (r, a) in acc.iter().enumerate().take(self.zw.len() - oc) {
-                let i = oc + r;
+            for (r, a) in acc.iter().enumerate().take(n.wrapping_sub(oc)) {
+                let i = oc.wrapping_add(r);
                 let (zw, b, m) = (*self.zw.get(i)?, *self.bias.get(i)?, self.mult.get(i)?);
                 let a = b.wrapping_add(*a).wrapping_sub(zw.wrapping_mul(sum));
                 store(i, finish(a, m, self.out));
             }
-            oc += 4;
+            oc = oc.saturating_add(4);
         }
         Some(())
     }
@@ -224,8 +285,12 @@ fn halves(col: &[u32]) -> &[i16] {
 }
 
 /// Four rows' dot products with a natural-order column (four separate
-/// accumulators: an array indexed in the loop stays in memory).
-#[inline(always)]
+/// accumulators: an array indexed in the loop stays in memory). Out of
+/// line, like [`dot_dsp`]: inlined into the convolution, its loop
+/// competed for registers with the caller's and spilled its row pointers
+/// (18 instructions per step instead of 11 on the Cortex-M55); a call per
+/// four channels costs a few instructions against `4·kk` products.
+#[inline(never)]
 fn dot_plain<W: QInt>(rows: [&[W]; 4], col: &[u32], kk: usize) -> [i32; 4] {
     let [r0, r1, r2, r3] = rows;
     let (mut a0, mut a1, mut a2, mut a3) = (0i32, 0i32, 0i32, 0i32);
@@ -233,30 +298,38 @@ fn dot_plain<W: QInt>(rows: [&[W]; 4], col: &[u32], kk: usize) -> [i32; 4] {
     let it = xs.iter().zip(r0).zip(r1).zip(r2).zip(r3);
     for ((((&x, w0), w1), w2), w3) in it {
         let x = i32::from(x);
-        a0 = a0.wrapping_add(w0.get() * x);
-        a1 = a1.wrapping_add(w1.get() * x);
-        a2 = a2.wrapping_add(w2.get() * x);
-        a3 = a3.wrapping_add(w3.get() * x);
+        a0 = a0.wrapping_add(w0.get().wrapping_mul(x));
+        a1 = a1.wrapping_add(w1.get().wrapping_mul(x));
+        a2 = a2.wrapping_add(w2.get().wrapping_mul(x));
+        a3 = a3.wrapping_add(w3.get().wrapping_mul(x));
     }
     [a0, a1, a2, a3]
 }
 
 /// Four rows' dot products with a DSP-order column ([`Col::reorder`]):
-/// two `SMLAD`s per four weights and row, the tail plain.
-#[inline(always)]
+/// two `SMLAD`s per four weights and row, the tail plain. Out of line
+/// (see [`dot_plain`]).
+#[inline(never)]
 fn dot_dsp<W: QInt>(rows: [&[W]; 4], col: &[u32], kk: usize) -> [i32; 4] {
     let [r0, r1, r2, r3] = rows;
     let (mut a0, mut a1, mut a2, mut a3) = (0i32, 0i32, 0i32, 0i32);
-    let quads = col.chunks_exact(2).take(kk / 4);
-    let it = quads
-        .zip(r0.chunks_exact(4))
-        .zip(r1.chunks_exact(4))
-        .zip(r2.chunks_exact(4))
-        .zip(r3.chunks_exact(4));
-    for ((((b, w0), w1), w2), w3) in it {
-        let (b02, b13) = match b {
-            [lo, hi] => (*lo, *hi),
-            _ => (0, 0),
+    // An index loop over arrays, not a five-way `zip`: in a large caller
+    // at `opt-level = "s"` the zip's `next` stopped being inlined (a call
+    // per four steps: ResNet-8 on the Cortex-M4 took 45 % more
+    // instructions). `q < n` bounds every `get`, so no check remains.
+    let (pairs, _) = col.as_chunks::<2>();
+    let [q0, q1, q2, q3] = rows.map(|r| r.as_chunks::<4>().0);
+    let n = (kk / 4)
+        .min(pairs.len())
+        .min(q0.len())
+        .min(q1.len())
+        .min(q2.len())
+        .min(q3.len());
+    for q in 0..n {
+        let (Some(&[b02, b13]), Some(w0), Some(w1), Some(w2), Some(w3)) =
+            (pairs.get(q), q0.get(q), q1.get(q), q2.get(q), q3.get(q))
+        else {
+            break;
         };
         a0 = mac4::<W>(a0, word(w0), b02, b13);
         a1 = mac4::<W>(a1, word(w1), b02, b13);
@@ -264,13 +337,14 @@ fn dot_dsp<W: QInt>(rows: [&[W]; 4], col: &[u32], kk: usize) -> [i32; 4] {
         a3 = mac4::<W>(a3, word(w3), b02, b13);
     }
     let mut a = [a0, a1, a2, a3];
-    let k4 = kk / 4 * 4;
+    let k4 = kk & !3;
     let tail = halves(col).get(k4..kk).unwrap_or(&[]);
     for (p, &x) in tail.iter().enumerate() {
         let x = i32::from(x);
         for (acc, row) in a.iter_mut().zip([r0, r1, r2, r3]) {
-            let w = row.get(k4 + p).map_or(0, |v| v.get());
-            *acc = acc.wrapping_add(w * x);
+            // k4 + p < kk.
+            let w = row.get(k4.wrapping_add(p)).map_or(0, |v| v.get());
+            *acc = acc.wrapping_add(w.wrapping_mul(x));
         }
     }
     a
@@ -290,11 +364,9 @@ fn mac4<W: QInt>(acc: i32, v: u32, b02: u32, b13: u32) -> i32 {
 
 /// Four weights as one little-endian word (one load on Cortex-M4/M7).
 #[inline(always)]
-fn word<W: QInt>(w: &[W]) -> u32 {
-    match w {
-        [a, b, c, d, ..] => u32::from_le_bytes([a.bits(), b.bits(), c.bits(), d.bits()]),
-        _ => 0,
-    }
+fn word<W: QInt>(w: &[W; 4]) -> u32 {
+    let [a, b, c, d] = w;
+    u32::from_le_bytes([a.bits(), b.bits(), c.bits(), d.bits()])
 }
 
 /// `SMLAD acc, a, b`: `acc + a.lo·b.lo + a.hi·b.hi` (signed halves),
@@ -320,8 +392,9 @@ fn smlad(a: u32, b: u32, acc: i32) -> i32 {
     }
     #[cfg(not(mote_dsp))]
     {
-        let lo = (a as u16 as i16 as i32) * (b as u16 as i16 as i32);
-        let hi = ((a >> 16) as u16 as i16 as i32) * ((b >> 16) as u16 as i16 as i32);
+        // i16 × i16 products fit i32.
+        let lo = (a as u16 as i16 as i32).wrapping_mul(b as u16 as i16 as i32);
+        let hi = ((a >> 16) as u16 as i16 as i32).wrapping_mul((b >> 16) as u16 as i16 as i32);
         acc.wrapping_add(lo).wrapping_add(hi)
     }
 }
@@ -382,13 +455,16 @@ pub(crate) fn pointwise_in_place<T: QInt, W: QInt, const DSP_ORDER: bool>(
     y: &mut [T],
     q: &QConvView<'_>,
 ) -> Option<()> {
-    let (p, sz) = (&q.p, q.p.g.in_size());
+    let (p, sz) = (&q.p, numel(&q.p.g.inp)?);
     let c_n = p.c;
-    if c_n > KMAX || !zero_points_fit(&[q.zx]) {
+    if c_n > KMAX || p.m != c_n || !zero_points_fit(&[q.zx]) {
         return None;
     }
+    // An image is c_n · sz values (checked): ch · sz + px and oc · sz + px
+    // (ch, oc < c_n, px < sz) lie in it.
+    let img_len = c_n.checked_mul(sz)?;
     let rows = Rows {
-        w: win(w, 0, p.m * c_n)?,
+        w: win(w, 0, p.m.checked_mul(c_n)?)?,
         kk: c_n,
         zw: q.zw.get(..p.m)?,
         bias: q.bias.get(..p.m)?,
@@ -396,11 +472,14 @@ pub(crate) fn pointwise_in_place<T: QInt, W: QInt, const DSP_ORDER: bool>(
         out: &q.out,
     };
     let mut col = Col::new();
-    for img in y.chunks_exact_mut((c_n * sz).max(1)) {
+    for img in y.chunks_exact_mut(img_len.max(1)) {
         for px in 0..sz {
             let mut sum = 0i32;
             for (ch, d) in col.values().iter_mut().take(c_n).enumerate() {
-                let v = img.get(ch * sz + px)?.get() - q.zx;
+                let v = img
+                    .get(ch.wrapping_mul(sz).wrapping_add(px))?
+                    .get()
+                    .wrapping_sub(q.zx);
                 *d = v as i16;
                 sum = sum.wrapping_add(v);
             }
@@ -408,7 +487,7 @@ pub(crate) fn pointwise_in_place<T: QInt, W: QInt, const DSP_ORDER: bool>(
                 col.reorder(c_n);
             }
             rows.outputs::<DSP_ORDER, T>(&col, sum, |oc, v| {
-                if let Some(d) = img.get_mut(oc * sz + px) {
+                if let Some(d) = img.get_mut(oc.wrapping_mul(sz).wrapping_add(px)) {
                     *d = v;
                 }
             })?;
@@ -431,9 +510,10 @@ fn band_width(g: &super::Geom) -> Option<usize> {
     if o2 == 0 || k2 == 0 {
         return Some(0);
     }
-    (o2 - 1)
+    // o2, k2 >= 1: the `- 1`s do not wrap.
+    o2.wrapping_sub(1)
         .checked_mul(g.s[2])?
-        .checked_add((k2 - 1).checked_mul(g.d[2])?)?
+        .checked_add(k2.wrapping_sub(1).checked_mul(g.d[2])?)?
         .checked_add(1)
 }
 
@@ -470,40 +550,50 @@ pub(crate) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
     let (s1, s2, d1, d2) = (g.s[1], g.s[2].max(1), g.d[1], g.d[2].max(1));
     let (pb1, pb2, zx) = (g.pb[1], g.pb[2], q.zx);
     let bw = band_width(g)?;
+    // Bounds checked once: the window reach (`reach_ok`: oh·s1 + kh·d1 does
+    // not wrap), o1 rows of o2 outputs in `yo`, k1 band rows of bw (each
+    // output's taps ow·s2 + kw·d2 < bw, `band_width`), ih < i1 rows of i2 in
+    // `xp` (`win`); offsets under them wrap by name.
+    if !reach_ok(g) || o1.checked_mul(o2)? > yo.len() {
+        return None;
+    }
     let (zw, b, r) = (*q.zw.get(c)?, *q.bias.get(c)?, q.mult.get(c)?);
     let mut wz = [0i32; DW_TAPS];
-    for (d, v) in wz.iter_mut().zip(wp.get(..k1 * k2)?) {
-        *d = v.get() - zw;
+    for (d, v) in wz.iter_mut().zip(wp.get(..k1.checked_mul(k2)?)?) {
+        *d = v.get().wrapping_sub(zw);
     }
-    let band = band.get_mut(..k1 * bw)?;
+    let band = band.get_mut(..k1.checked_mul(bw)?)?;
     // The padding columns stay zero: rows only ever write their interior
     // (a row over the top or bottom padding is zeroed whole).
     band.fill(0);
     for oh in 0..o1 {
         for kh in 0..k1 {
-            let dst = win_mut(band, kh * bw, bw)?;
-            let ih = (oh * s1 + kh * d1).wrapping_sub(pb1);
+            let dst = win_mut(band, kh.wrapping_mul(bw), bw)?;
+            let ih = oh
+                .wrapping_mul(s1)
+                .wrapping_add(kh.wrapping_mul(d1))
+                .wrapping_sub(pb1);
             if ih >= i1 {
                 dst.fill(0);
                 continue;
             }
             // Band column t reads input column t - pb_w.
             if let Some(d) = dst.get_mut(pb2..) {
-                for (d, v) in d.iter_mut().zip(win(xp, ih * i2, i2)?) {
-                    *d = (v.get() - zx) as i16;
+                for (d, v) in d.iter_mut().zip(win(xp, ih.wrapping_mul(i2), i2)?) {
+                    *d = v.get().wrapping_sub(zx) as i16;
                 }
             }
         }
-        let yrow = yo.get_mut(oh * o2..(oh + 1) * o2)?;
+        let yrow = win_mut(yo, oh.wrapping_mul(o2), o2)?;
         if k1 == 3 && k2 == 3 && d2 == 1 {
             // The common 3×3 kernel: nine taps in straight-line code.
             let (r0, rest) = band.split_at_checked(bw)?;
             let (r1, r2) = rest.split_at_checked(bw)?;
             let [w0, w1, w2, w3, w4, w5, w6, w7, w8, ..] = wz;
             for (ow, yv) in yrow.iter_mut().enumerate() {
-                let i = ow * s2;
+                let i = ow.wrapping_mul(s2);
                 let (Some(&[a0, a1, a2]), Some(&[b0, b1, b2]), Some(&[c0, c1, c2])) =
-                    (r0.get(i..i + 3), r1.get(i..i + 3), r2.get(i..i + 3))
+                    (win(r0, i, 3), win(r1, i, 3), win(r2, i, 3))
                 else {
                     return None;
                 };
@@ -519,14 +609,15 @@ pub(crate) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
         for (ow, yv) in yrow.iter_mut().enumerate() {
             let mut acc = b;
             for (kh, wr) in wz.chunks_exact(k2.max(1)).take(k1).enumerate() {
-                let row = band.get(kh * bw + ow * s2..)?;
+                let at = kh.wrapping_mul(bw).wrapping_add(ow.wrapping_mul(s2));
+                let row = band.get(at..)?;
                 if d2 == 1 {
                     for (x, w) in row.iter().zip(wr) {
-                        acc = acc.wrapping_add(i32::from(*x) * w);
+                        acc = acc.wrapping_add(i32::from(*x).wrapping_mul(*w));
                     }
                 } else {
                     for (x, w) in row.iter().step_by(d2).zip(wr) {
-                        acc = acc.wrapping_add(i32::from(*x) * w);
+                        acc = acc.wrapping_add(i32::from(*x).wrapping_mul(*w));
                     }
                 }
             }
