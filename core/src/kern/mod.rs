@@ -71,6 +71,35 @@ impl Geom {
     pub(crate) fn k_size(&self) -> usize {
         self.k.iter().product()
     }
+
+    /// (input, output, kernel) sizes, `None` if a product passes `usize`.
+    pub(crate) fn checked_sizes(&self) -> Option<(usize, usize, usize)> {
+        let numel = |d: &[usize; MAX_SPATIAL]| d.iter().try_fold(1usize, |a, &v| a.checked_mul(v));
+        Some((numel(&self.inp)?, numel(&self.out)?, numel(&self.k)?))
+    }
+
+    /// Whether on every axis the last window's last tap, (o - 1)·s +
+    /// (k - 1)·d, lies within the padded input, i + pb + pe (a geometry
+    /// from `forward_geom` always does; one read from a file is checked):
+    /// then no window index o·s + k·d wraps, and the `- pb` that follows may
+    /// wrap on purpose (a negative index becomes one past the input and
+    /// fails the `< i` test).
+    pub(crate) fn reach_ok(&self) -> bool {
+        let window = self.out.iter().zip(&self.k).zip(&self.s).zip(&self.d);
+        let input = self.inp.iter().zip(&self.pb).zip(&self.pe);
+        window
+            .zip(input)
+            .all(|((((&o, &k), &s), &d), ((&i, &pb), &pe))| {
+                if o == 0 || k == 0 {
+                    return true;
+                }
+                let reach = (o.wrapping_sub(1).checked_mul(s))
+                    .zip(k.wrapping_sub(1).checked_mul(d))
+                    .and_then(|(r, t)| r.checked_add(t));
+                let end = i.checked_add(pb).and_then(|v| v.checked_add(pe));
+                matches!((reach, end), (Some(r), Some(e)) if r < e)
+            })
+    }
 }
 
 /// The range `[lo, hi)` of `o` in `0..count` with `0 <= o*s + off - pb < limit`.

@@ -24,7 +24,7 @@
 
 // Integer arithmetic is checked, saturating or wrapping by name (issue 8):
 // each kernel checks its sizes once (plane, patch and band lengths against
-// the slices, and `reach_ok`: no window index past `usize`), and offsets
+// the slices, and `Geom::reach_ok`: no window index past `usize`), and offsets
 // under those bounds wrap by name. Values and zero points are 8-bit, with
 // `x - zx` within i16 (`zero_points_fit`): differences and products fit
 // i32, and sums wrap by definition (the reference's modulo-2^32 sums).
@@ -47,35 +47,8 @@ pub(crate) fn fits(q: &QConvView<'_>) -> bool {
     let p = &q.p;
     let kk =
         p.c.checked_div(p.group)
-            .and_then(|cg| cg.checked_mul(numel(&p.g.k)?));
+            .and_then(|cg| cg.checked_mul(p.g.checked_sizes()?.2));
     kk.is_some_and(|kk| kk <= KMAX) && zero_points_fit(&[q.zx]) && !p.is_depthwise()
-}
-
-/// The product of `dims`, `None` past `usize`.
-fn numel(dims: &[usize; 3]) -> Option<usize> {
-    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
-}
-
-/// Whether on every axis the last window's last tap, (o - 1)·s + (k - 1)·d,
-/// lies within the padded input, i + pb + pe (a geometry from `forward_geom`
-/// always does; one from a file is checked): no window index below wraps
-/// before its `- pb`, which wraps on purpose (a negative index becomes one
-/// past the input and fails the `< i` test).
-fn reach_ok(g: &super::Geom) -> bool {
-    let window = g.out.iter().zip(&g.k).zip(&g.s).zip(&g.d);
-    let input = g.inp.iter().zip(&g.pb).zip(&g.pe);
-    window
-        .zip(input)
-        .all(|((((&o, &k), &s), &d), ((&i, &pb), &pe))| {
-            if o == 0 || k == 0 {
-                return true;
-            }
-            let reach = (o.wrapping_sub(1).checked_mul(s))
-                .zip(k.wrapping_sub(1).checked_mul(d))
-                .and_then(|(r, t)| r.checked_add(t));
-            let end = i.checked_add(pb).and_then(|v| v.checked_add(pe));
-            matches!((reach, end), (Some(r), Some(e)) if r < e)
-        })
 }
 
 /// A column: `KMAX` i16 values in u32 words (the DSP loop reads pairs).
@@ -110,7 +83,7 @@ pub(crate) fn conv<X: QInt, W: QInt, Y: QInt, const DSP_ORDER: bool>(
 ) -> Option<()> {
     let p = &q.p;
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (numel(&g.inp)?, numel(&g.out)?, numel(&g.k)?);
+    let (in_sz, out_sz, k_sz) = g.checked_sizes()?;
     let cg = p.c.checked_div(p.group)?;
     let mg = p.m.checked_div(p.group)?;
     let kk = cg.checked_mul(k_sz)?;
@@ -118,7 +91,7 @@ pub(crate) fn conv<X: QInt, W: QInt, Y: QInt, const DSP_ORDER: bool>(
     let o12 = o1.checked_mul(o2)?;
     let len3 = |a: usize, b: usize, c: usize| a.checked_mul(b)?.checked_mul(c);
     if kk > KMAX
-        || !reach_ok(g)
+        || !g.reach_ok()
         || x.len() < len3(p.batch, p.c, in_sz)?
         || w.len() < p.m.checked_mul(kk)?
         || y.len() < len3(p.batch, p.m, out_sz)?
@@ -171,7 +144,7 @@ pub(crate) fn conv<X: QInt, W: QInt, Y: QInt, const DSP_ORDER: bool>(
 /// The in-bounds taps of a kernel row are the same on every row
 /// (`valid_range`, once per position): each row is zeros, a run read from
 /// the input line, zeros. `dims` is (channels per group, input plane
-/// size, patch size), checked by [`conv`], as is `reach_ok`.
+/// size, patch size), checked by [`conv`], as is `Geom::reach_ok`.
 #[inline(always)]
 fn gather<X: QInt>(
     xg: &[X],
@@ -184,8 +157,8 @@ fn gather<X: QInt>(
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
     let (zx, d2) = (q.zx, g.d[2].max(1));
-    // Window indices: at·s + k·d <= (o - 1)·s + (k - 1)·d (`reach_ok`);
-    // the `- pb` wraps on purpose (see `reach_ok`).
+    // Window indices: at·s + k·d <= (o - 1)·s + (k - 1)·d (`Geom::reach_ok`);
+    // the `- pb` wraps on purpose (see `Geom::reach_ok`).
     let ([a0, a1, a2], [s0, s1, s2], [dd0, dd1, _], [p0, p1, p2]) = (at, g.s, g.d, g.pb);
     let tap = |a: usize, s: usize, k: usize, d: usize, pb: usize| {
         a.wrapping_mul(s)
@@ -455,7 +428,7 @@ pub(crate) fn pointwise_in_place<T: QInt, W: QInt, const DSP_ORDER: bool>(
     y: &mut [T],
     q: &QConvView<'_>,
 ) -> Option<()> {
-    let (p, sz) = (&q.p, numel(&q.p.g.inp)?);
+    let (p, sz) = (&q.p, q.p.g.checked_sizes()?.0);
     let c_n = p.c;
     if c_n > KMAX || p.m != c_n || !zero_points_fit(&[q.zx]) {
         return None;
@@ -550,11 +523,11 @@ pub(crate) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
     let (s1, s2, d1, d2) = (g.s[1], g.s[2].max(1), g.d[1], g.d[2].max(1));
     let (pb1, pb2, zx) = (g.pb[1], g.pb[2], q.zx);
     let bw = band_width(g)?;
-    // Bounds checked once: the window reach (`reach_ok`: oh·s1 + kh·d1 does
+    // Bounds checked once: the window reach (`Geom::reach_ok`: oh·s1 + kh·d1 does
     // not wrap), o1 rows of o2 outputs in `yo`, k1 band rows of bw (each
     // output's taps ow·s2 + kw·d2 < bw, `band_width`), ih < i1 rows of i2 in
     // `xp` (`win`); offsets under them wrap by name.
-    if !reach_ok(g) || o1.checked_mul(o2)? > yo.len() {
+    if !g.reach_ok() || o1.checked_mul(o2)? > yo.len() {
         return None;
     }
     let (zw, b, r) = (*q.zw.get(c)?, *q.bias.get(c)?, q.mult.get(c)?);

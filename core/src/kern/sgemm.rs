@@ -20,9 +20,12 @@
 //! the reference loops stay in `ops::matmul::gemm`, and the tests below
 //! check every kernel against them on edge sizes.
 
-// 77 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+// Integer arithmetic is checked, saturating or wrapping by name (issue 8):
+// the drivers check every extent the kernels reach once per call (A, B
+// and C against m, n, k and their strides; `Im2col::new` the geometry),
+// and the offsets under those bounds wrap by name.
+
+use core::num::NonZeroUsize;
 
 use super::cpu::{self, Kernels};
 use super::{par, win, win_mut, Geom};
@@ -68,7 +71,9 @@ impl SrcB for Dense<'_> {
             let Some((head, tail)) = row.split_at_mut_checked(nr) else {
                 return false;
             };
-            let start = (p0 + p) * self.ldb + j0;
+            // p0 + p < k and j0 + nr <= n: under the extent the driver
+            // checked, (k - 1)·ldb + n.
+            let start = p0.wrapping_add(p).wrapping_mul(self.ldb).wrapping_add(j0);
             match win(self.b, start, nr) {
                 Some(src) => head.copy_from_slice(src),
                 None => head.fill(0.0),
@@ -90,15 +95,19 @@ impl SrcB for Trans<'_> {
         None
     }
     fn pack(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: &mut [f32]) -> bool {
-        let Some(dst) = win_mut(dst, 0, kc * NR) else {
+        let Some(dst) = win_mut(dst, 0, kc.saturating_mul(NR)) else {
             return false;
         };
         if nr < NR {
             dst.fill(0.0);
         }
         for j in 0..nr.min(NR) {
-            let start = (j0 + j) * self.ldb + p0;
-            if let Some(col) = win(self.b, start, kc) {
+            // Checked: nothing upstream bounds a transposed B's extent.
+            let start = j0
+                .checked_add(j)
+                .and_then(|c| c.checked_mul(self.ldb))
+                .and_then(|o| o.checked_add(p0));
+            if let Some(col) = start.and_then(|o| win(self.b, o, kc)) {
                 // Column j of the panel: dst[j], dst[NR + j], ...
                 let Some(dcol) = dst.get_mut(j..) else {
                     return false;
@@ -116,9 +125,33 @@ impl SrcB for Trans<'_> {
 /// p = (channel, kd, kh, kw) over the group's input channels and j = output
 /// position (od, oh, ow), zero where the window hangs over the padding.
 pub(crate) struct Im2col<'a> {
-    /// The group's input planes, `channels × in_size`.
-    pub x: &'a [f32],
-    pub g: &'a Geom,
+    /// The group's input planes, `channels × in_sz`.
+    x: &'a [f32],
+    g: &'a Geom,
+    /// Input plane size, kernel taps per channel and output plane size,
+    /// each checked (`Geom::checked_sizes`), with the window reach
+    /// (`Geom::reach_ok`), by [`Im2col::new`].
+    in_sz: usize,
+    k_sz: usize,
+    o12: usize,
+}
+
+impl<'a> Im2col<'a> {
+    /// The patch matrix of input planes `x` under geometry `g`; `None` if a
+    /// size passes `usize` or a window reaches past the padded input (never
+    /// for a geometry from `forward_geom`).
+    pub(crate) fn new(x: &'a [f32], g: &'a Geom) -> Option<Self> {
+        let (in_sz, _, k_sz) = g.checked_sizes()?;
+        let [_, o1, o2] = g.out;
+        let o12 = o1.checked_mul(o2)?;
+        g.reach_ok().then_some(Im2col {
+            x,
+            g,
+            in_sz,
+            k_sz,
+            o12,
+        })
+    }
 }
 
 impl SrcB for Im2col<'_> {
@@ -131,56 +164,77 @@ impl SrcB for Im2col<'_> {
         let [i0, i1, i2] = g.inp;
         let [k0, k1, k2] = g.k;
         let ([s0, s1, s2], [d0, d1, d2], [pb0, pb1, pb2]) = (g.s, g.d, g.pb);
-        let k_sz = g.k_size();
-        let in_sz = i0 * i1 * i2;
-        if o1 == 0 || o2 == 0 || k_sz == 0 {
+        let in_sz = self.in_sz;
+        let nz = NonZeroUsize::new;
+        // k1 · k2 <= k_sz and o1 · o2 = o12, products checked by `new`.
+        let (Some(k_nz), Some(k12), Some(k1_nz), Some(k2_nz), Some(o12), Some(o1_nz), Some(o2_nz)) = (
+            nz(self.k_sz),
+            nz(k1.wrapping_mul(k2)),
+            nz(k1),
+            nz(k2),
+            nz(self.o12),
+            nz(o1),
+            nz(o2),
+        ) else {
             return true;
-        }
+        };
+        // Index arithmetic below wraps by name only: output positions j0 + j
+        // stay below n (the driver's columns), window indices under the
+        // reach `new` checked (so `o·s + k·d` does not wrap and `- pb`
+        // wraps on purpose, failing the `< i` tests), rows and columns of
+        // a plane under its checked size.
         // The panel's columns as runs along one output row: (first column,
         // length, od, oh, first ow).
         let mut runs = [(0usize, 0usize, 0usize, 0usize, 0usize); NR];
-        let mut n_runs = 0;
-        let mut j = 0;
+        let mut n_runs = 0usize;
+        let mut j = 0usize;
         for run in runs.iter_mut() {
             if j >= nr {
                 break;
             }
-            let o = j0 + j;
-            let ow = o % o2;
-            let len = (o2 - ow).min(nr - j);
-            *run = (j, len, o / (o1 * o2), (o / o2) % o1, ow);
-            n_runs += 1;
-            j += len;
+            let o = j0.wrapping_add(j);
+            let ow = o % o2_nz;
+            let len = o2.wrapping_sub(ow).min(nr.wrapping_sub(j));
+            *run = (j, len, o / o12, (o / o2_nz) % o1_nz, ow);
+            n_runs = n_runs.wrapping_add(1);
+            j = j.wrapping_add(len);
         }
         let Some(runs) = runs.get(..n_runs) else {
             return false;
         };
-        let (mut c, r) = (p0 / k_sz, p0 % k_sz);
-        let (mut kd, mut kh, mut kw) = (r / (k1 * k2), (r / k2) % k1, r % k2);
+        let (mut c, r) = (p0 / k_nz, p0 % k_nz);
+        let (mut kd, mut kh, mut kw) = (r / k12, (r / k2_nz) % k1_nz, r % k2_nz);
         for row in dst.chunks_exact_mut(NR).take(kc) {
             row.fill(0.0);
-            if let Some(plane) = self.x.get(c * in_sz..(c + 1) * in_sz) {
+            let plane = c.checked_mul(in_sz).and_then(|at| win(self.x, at, in_sz));
+            if let Some(plane) = plane {
                 for &(js, len, od, oh, ow) in runs {
                     // in = out * stride + k * dilation - pad, in [0, inp).
-                    let id = (od * s0 + kd * d0).wrapping_sub(pb0);
-                    let ih = (oh * s1 + kh * d1).wrapping_sub(pb1);
+                    let id = od
+                        .wrapping_mul(s0)
+                        .wrapping_add(kd.wrapping_mul(d0))
+                        .wrapping_sub(pb0);
+                    let ih = oh
+                        .wrapping_mul(s1)
+                        .wrapping_add(kh.wrapping_mul(d1))
+                        .wrapping_sub(pb1);
                     if id >= i0 || ih >= i1 {
                         continue;
                     }
-                    let (Some(line), Some(out)) =
-                        (win(plane, (id * i1 + ih) * i2, i2), win_mut(row, js, len))
+                    let at = id.wrapping_mul(i1).wrapping_add(ih).wrapping_mul(i2);
+                    let (Some(line), Some(out)) = (win(plane, at, i2), win_mut(row, js, len))
                     else {
                         return false;
                     };
-                    let base = ow * s2 + kw * d2;
+                    let base = ow.wrapping_mul(s2).wrapping_add(kw.wrapping_mul(d2));
                     if s2 == 1 {
                         // Columns t with 0 <= base + t - pad < i2.
                         let lo = pb2.saturating_sub(base).min(len);
-                        let hi = (i2 + pb2).saturating_sub(base).min(len);
+                        let hi = i2.wrapping_add(pb2).saturating_sub(base).min(len);
                         if lo < hi {
-                            let from = base + lo - pb2;
-                            let (Some(dst), Some(src)) =
-                                (win_mut(out, lo, hi - lo), win(line, from, hi - lo))
+                            let from = base.wrapping_add(lo).wrapping_sub(pb2);
+                            let n = hi.wrapping_sub(lo);
+                            let (Some(dst), Some(src)) = (win_mut(out, lo, n), win(line, from, n))
                             else {
                                 return false;
                             };
@@ -188,7 +242,7 @@ impl SrcB for Im2col<'_> {
                         }
                     } else {
                         for (t, v) in out.iter_mut().enumerate() {
-                            let iw = (base + t * s2).wrapping_sub(pb2);
+                            let iw = base.wrapping_add(t.wrapping_mul(s2)).wrapping_sub(pb2);
                             if let Some(&x) = line.get(iw) {
                                 *v = x;
                             }
@@ -196,16 +250,16 @@ impl SrcB for Im2col<'_> {
                     }
                 }
             }
-            kw += 1;
+            kw = kw.wrapping_add(1);
             if kw == k2 {
                 kw = 0;
-                kh += 1;
+                kh = kh.wrapping_add(1);
                 if kh == k1 {
                     kh = 0;
-                    kd += 1;
+                    kd = kd.wrapping_add(1);
                     if kd == k0 {
                         kd = 0;
-                        c += 1;
+                        c = c.wrapping_add(1);
                     }
                 }
             }
@@ -293,21 +347,33 @@ fn sgemm_with<B: SrcB + Sync>(
         return true;
     }
     // Every index the kernels form is below these bounds (checked here once,
-    // so the micro-kernels may read without checks).
-    let a_need = (m - 1) * a.rs + k.saturating_sub(1) * a.cs + 1;
-    let c_need = (m - 1) * ldc + n;
-    if (k > 0 && a.a.len() < a_need) || c.len() < c_need || ldc < n {
+    // with checked arithmetic, so the micro-kernels may read without checks
+    // and the offsets below wrap by name only).
+    let (mul, add) = (usize::checked_mul, usize::checked_add);
+    let last = m.wrapping_sub(1);
+    let extent = |rows: usize, rs: usize, cols: usize, cs: usize| {
+        add(add(mul(rows, rs)?, mul(cols, cs)?)?, 1)
+    };
+    let a_ok =
+        k == 0 || extent(last, a.rs, k.wrapping_sub(1), a.cs).is_some_and(|e| a.a.len() >= e);
+    let c_ok = mul(last, ldc)
+        .and_then(|v| add(v, n))
+        .is_some_and(|e| c.len() >= e);
+    if !a_ok || !c_ok || ldc < n {
         return false;
     }
     let dense = b.dense();
     if let Some((bb, ldb)) = dense {
-        if k > 0 && (bb.len() < (k - 1) * ldb + n || ldb < n) {
+        let b_ok = mul(k.wrapping_sub(1), ldb)
+            .and_then(|v| add(v, n))
+            .is_some_and(|e| bb.len() >= e);
+        if k > 0 && (!b_ok || ldb < n) {
             return false;
         }
     }
     if beta != 0.0 && beta != 1.0 {
         for i in 0..m {
-            for v in win_mut(c, i * ldc, n).into_iter().flatten() {
+            for v in win_mut(c, i.wrapping_mul(ldc), n).into_iter().flatten() {
                 *v *= beta;
             }
         }
@@ -315,7 +381,7 @@ fn sgemm_with<B: SrcB + Sync>(
     if k == 0 {
         if beta == 0.0 {
             for i in 0..m {
-                if let Some(row) = win_mut(c, i * ldc, n) {
+                if let Some(row) = win_mut(c, i.wrapping_mul(ldc), n) {
                     row.fill(0.0);
                 }
             }
@@ -340,14 +406,19 @@ fn sgemm_with<B: SrcB + Sync>(
     if t <= 1 {
         return blk.run((0, m), (0, n));
     }
-    let tc = t.min(panels);
-    let tr = t.div_ceil(tc).min(row_tiles);
+    // t > 1 and panels >= 1 (n > 0): tc >= 1.
+    let Some(tc) = NonZeroUsize::new(t.min(panels)) else {
+        return false;
+    };
+    let tr = t.div_ceil(tc.get()).min(row_tiles);
     let failed = par::Failed::new();
-    par::for_each(tc * tr, &|task| {
-        let (pl, ph) = par::chunk(panels, tc, task % tc);
+    // Chunk bounds are at most panels (row_tiles): their multiples of NR
+    // (MR) are below n + NR (m + MR).
+    par::for_each(tc.get().saturating_mul(tr), &|task| {
+        let (pl, ph) = par::chunk(panels, tc.get(), task % tc);
         let (rl, rh) = par::chunk(row_tiles, tr, task / tc);
-        let cols = (pl * NR, (ph * NR).min(n));
-        let rows = (rl * MR, (rh * MR).min(m));
+        let cols = (pl.wrapping_mul(NR), ph.wrapping_mul(NR).min(n));
+        let rows = (rl.wrapping_mul(MR), rh.wrapping_mul(MR).min(m));
         if !blk.run(rows, cols) {
             failed.set();
         }
@@ -377,18 +448,22 @@ impl<B: SrcB> Block<'_, '_, B> {
         let (a, k, ldc, alpha) = (self.a, self.k, self.ldc, self.alpha);
         let mut panel = [0f32; KC * NR];
         let mut tile = [0f32; MR * NR];
-        let mut p0 = 0;
+        // Offsets wrap by name under the extents `sgemm_with` checked:
+        // p0 < k, j0 < n, i0 + r < m.
+        let mut p0 = 0usize;
         while p0 < k {
-            let kc = KC.min(k - p0);
+            let kc = KC.min(k.wrapping_sub(p0));
             let overwrite = p0 == 0 && self.beta == 0.0;
             let mut j0 = j_lo;
             while j0 < j_hi {
-                let nr = NR.min(j_hi - j0);
+                let nr = NR.min(j_hi.wrapping_sub(j0));
                 let (bp, b_rs): (&[f32], usize) = match self.dense {
-                    Some((bb, ldb)) if nr == NR => match bb.get(p0 * ldb + j0..) {
-                        Some(bp) => (bp, ldb),
-                        None => return false,
-                    },
+                    Some((bb, ldb)) if nr == NR => {
+                        match bb.get(p0.wrapping_mul(ldb).wrapping_add(j0)..) {
+                            Some(bp) => (bp, ldb),
+                            None => return false,
+                        }
+                    }
                     _ => {
                         if !self.b.pack(p0, kc, j0, nr, &mut panel) {
                             return false;
@@ -398,17 +473,19 @@ impl<B: SrcB> Block<'_, '_, B> {
                 };
                 let mut i0 = i_lo;
                 while i0 < i_hi {
-                    let mr = MR.min(i_hi - i0);
-                    let Some(ap) = a.a.get(i0 * a.rs + p0 * a.cs..) else {
+                    let mr = MR.min(i_hi.wrapping_sub(i0));
+                    let at = i0.wrapping_mul(a.rs).wrapping_add(p0.wrapping_mul(a.cs));
+                    let Some(ap) = a.a.get(at..) else {
                         return false;
                     };
                     ukr(self.kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, &mut tile);
                     for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
+                        let at = i0.wrapping_add(r).wrapping_mul(ldc).wrapping_add(j0);
                         // SAFETY: row i0 + r and columns j0..j0 + nr belong
                         // to this task's rectangle; rectangles of the tasks
                         // are disjoint and ldc >= n (checked), so no other
                         // live slice overlaps this one.
-                        let Some(crow) = (unsafe { self.c.slice((i0 + r) * ldc + j0, nr) }) else {
+                        let Some(crow) = (unsafe { self.c.slice(at, nr) }) else {
                             return false;
                         };
                         if overwrite {
@@ -421,11 +498,11 @@ impl<B: SrcB> Block<'_, '_, B> {
                             }
                         }
                     }
-                    i0 += MR;
+                    i0 = i0.wrapping_add(MR);
                 }
-                j0 += NR;
+                j0 = j0.wrapping_add(NR);
             }
-            p0 += KC;
+            p0 = p0.wrapping_add(KC);
         }
         true
     }
@@ -475,8 +552,15 @@ fn dots_with(
     if m == 0 || n == 0 {
         return true;
     }
-    if (k > 0 && (a.len() < (m - 1) * lda + k || b.len() < (n - 1) * ldb + k))
-        || c.len() < (m - 1) * ldc + n
+    // Extents checked once; the offsets below (i < m, j < n) wrap by name.
+    let fits = |len: usize, rows: usize, ld: usize, cols: usize| {
+        rows.wrapping_sub(1)
+            .checked_mul(ld)
+            .and_then(|v| v.checked_add(cols))
+            .is_some_and(|e| len >= e)
+    };
+    if (k > 0 && !(fits(a.len(), m, lda, k) && fits(b.len(), n, ldb, k)))
+        || !fits(c.len(), m, ldc, n)
     {
         return false;
     }
@@ -492,21 +576,23 @@ fn dots_with(
     let failed = par::Failed::new();
     let task = |ti: usize| {
         let (ul, uh) = par::chunk(units, t, ti);
-        let (j_lo, j_hi) = (ul * DOT_COLS, (uh * DOT_COLS).min(n));
+        // uh <= units: uh · DOT_COLS < n + DOT_COLS.
+        let (j_lo, j_hi) = (ul.wrapping_mul(DOT_COLS), uh.wrapping_mul(DOT_COLS).min(n));
         for i in 0..m {
-            let Some(arow) = win(a, i * lda, k) else {
+            let Some(arow) = win(a, i.wrapping_mul(lda), k) else {
                 failed.set();
                 return;
             };
+            let at = i.wrapping_mul(ldc).wrapping_add(j_lo);
             // SAFETY: with one task only one slice is alive at a time; with
             // several, ldc >= n, so row i's columns j_lo..j_hi of this task
             // overlap no other task's.
-            let Some(crow) = (unsafe { c.slice(i * ldc + j_lo, j_hi - j_lo) }) else {
+            let Some(crow) = (unsafe { c.slice(at, j_hi.saturating_sub(j_lo)) }) else {
                 failed.set();
                 return;
             };
             for (j, cv) in (j_lo..j_hi).zip(crow) {
-                let Some(brow) = win(b, j * ldb, k) else {
+                let Some(brow) = win(b, j.wrapping_mul(ldb), k) else {
                     failed.set();
                     return;
                 };
@@ -562,30 +648,30 @@ unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
     use core::arch::x86_64::*;
     let n = x.len().min(y.len());
     let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut p = 0;
+    let mut p = 0usize;
     // SAFETY: every load reads 8 floats at p (+ 8) with p + 16 <= n (or
-    // p + 8 <= n) inside both slices.
+    // p + 8 <= n) inside both slices (p <= n: the sums do not wrap).
     unsafe {
-        while p + 16 <= n {
+        while p.wrapping_add(16) <= n {
             s0 = _mm256_fmadd_ps(
                 _mm256_loadu_ps(x.as_ptr().add(p)),
                 _mm256_loadu_ps(y.as_ptr().add(p)),
                 s0,
             );
             s1 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(x.as_ptr().add(p + 8)),
-                _mm256_loadu_ps(y.as_ptr().add(p + 8)),
+                _mm256_loadu_ps(x.as_ptr().add(p.wrapping_add(8))),
+                _mm256_loadu_ps(y.as_ptr().add(p.wrapping_add(8))),
                 s1,
             );
-            p += 16;
+            p = p.wrapping_add(16);
         }
-        if p + 8 <= n {
+        if p.wrapping_add(8) <= n {
             s0 = _mm256_fmadd_ps(
                 _mm256_loadu_ps(x.as_ptr().add(p)),
                 _mm256_loadu_ps(y.as_ptr().add(p)),
                 s0,
             );
-            p += 8;
+            p = p.wrapping_add(8);
         }
     }
     let mut lanes = [0f32; 8];
@@ -614,8 +700,19 @@ fn ukr(
 ) {
     // The driver checked the bounds: rows < mr at stride a_rs, kc columns at
     // stride a_cs inside `a`; kc rows of NR at stride b_rs inside `b`.
-    debug_assert!(kc == 0 || a.len() > (mr - 1) * a_rs + (kc - 1) * a_cs);
-    debug_assert!(kc == 0 || b.len() >= (kc - 1) * b_rs + NR);
+    debug_assert!(
+        kc == 0
+            || (mr.wrapping_sub(1).checked_mul(a_rs))
+                .zip(kc.wrapping_sub(1).checked_mul(a_cs))
+                .and_then(|(r, c)| r.checked_add(c))
+                .is_some_and(|last| a.len() > last)
+    );
+    debug_assert!(
+        kc == 0
+            || (kc.wrapping_sub(1).checked_mul(b_rs))
+                .and_then(|v| v.checked_add(NR))
+                .is_some_and(|e| b.len() >= e)
+    );
     macro_rules! dispatch {
         ($f:ident) => {
             match mr {
@@ -658,12 +755,14 @@ fn ukr_portable<const R: usize>(
     tile: &mut [f32; MR * NR],
 ) {
     let mut acc = [[0f32; NR]; R];
+    // Offsets under the extents the driver checked (p < kc, r < R <= mr).
     for p in 0..kc {
-        let Some(brow) = b.get(p * b_rs..p * b_rs + NR) else {
+        let Some(brow) = win(b, p.wrapping_mul(b_rs), NR) else {
             return;
         };
         for (r, accr) in acc.iter_mut().enumerate() {
-            let av = a.get(r * a_rs + p * a_cs).copied().unwrap_or(0.0);
+            let at = r.wrapping_mul(a_rs).wrapping_add(p.wrapping_mul(a_cs));
+            let av = a.get(at).copied().unwrap_or(0.0);
             for (x, &bv) in accr.iter_mut().zip(brow) {
                 *x += av * bv;
             }
@@ -693,12 +792,12 @@ unsafe fn ukr_avx2<const R: usize>(
         // floats at stride b_rs and A holds R rows (stride a_rs) of kc
         // columns (stride a_cs).
         unsafe {
-            let brow = bp.add(p * b_rs);
+            let brow = bp.add(p.wrapping_mul(b_rs));
             let b0 = _mm256_loadu_ps(brow);
             let b1 = _mm256_loadu_ps(brow.add(8));
-            let acol = ap.add(p * a_cs);
+            let acol = ap.add(p.wrapping_mul(a_cs));
             for (r, accr) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*acol.add(r * a_rs));
+                let av = _mm256_broadcast_ss(&*acol.add(r.wrapping_mul(a_rs)));
                 accr[0] = _mm256_fmadd_ps(av, b0, accr[0]);
                 accr[1] = _mm256_fmadd_ps(av, b1, accr[1]);
             }
@@ -707,7 +806,7 @@ unsafe fn ukr_avx2<const R: usize>(
     for (r, accr) in acc.iter().enumerate() {
         // SAFETY: r < R <= MR, so both stores fall inside the MR × NR tile.
         unsafe {
-            let t = tile.as_mut_ptr().add(r * NR);
+            let t = tile.as_mut_ptr().add(r.wrapping_mul(NR));
             _mm256_storeu_ps(t, accr[0]);
             _mm256_storeu_ps(t.add(8), accr[1]);
         }
@@ -743,16 +842,16 @@ unsafe fn ukr_neon<const R: usize>(
         // NR floats at stride b_rs and A holds R rows (stride a_rs) of kc
         // columns (stride a_cs).
         unsafe {
-            let brow = bp.add(p * b_rs);
+            let brow = bp.add(p.wrapping_mul(b_rs));
             let bv = [
                 vld1q_f32(brow),
                 vld1q_f32(brow.add(4)),
                 vld1q_f32(brow.add(8)),
                 vld1q_f32(brow.add(12)),
             ];
-            let acol = ap.add(p * a_cs);
+            let acol = ap.add(p.wrapping_mul(a_cs));
             for (r, accr) in acc.iter_mut().enumerate() {
-                let av = *acol.add(r * a_rs);
+                let av = *acol.add(r.wrapping_mul(a_rs));
                 for (x, &v) in accr.iter_mut().zip(&bv) {
                     *x = vfmaq_n_f32(*x, v, av);
                 }
@@ -763,7 +862,7 @@ unsafe fn ukr_neon<const R: usize>(
         // SAFETY: r < R <= MR, so the 4 stores of 4 floats fall inside row r
         // of the MR × NR tile.
         unsafe {
-            let t = tile.as_mut_ptr().add(r * NR);
+            let t = tile.as_mut_ptr().add(r.wrapping_mul(NR));
             vst1q_f32(t, accr[0]);
             vst1q_f32(t.add(4), accr[1]);
             vst1q_f32(t.add(8), accr[2]);
@@ -1011,7 +1110,7 @@ mod tests {
                 pe: [0, pads[2], pads[3]],
             };
             let x = rand(ch * h * w, &mut seed);
-            let src = Im2col { x: &x, g: &g };
+            let src = Im2col::new(&x, &g).unwrap();
             let ksz = k[0] * k[1];
             let (kk, nn) = (ch * ksz, o1 * o2);
             let want = |p: usize, j: usize| {
@@ -1157,7 +1256,7 @@ mod tests {
             let calls = par::testing::split_calls();
             let [one, two, three] = par::testing::each(|| {
                 let mut y = vec![0f32; 16 * 400];
-                let src = Im2col { x: &x, g: &g };
+                let src = Im2col::new(&x, &g).unwrap();
                 let ma = MatA {
                     a: &w,
                     rs: 72,

@@ -761,7 +761,9 @@ fn conv_gemm(
         let src = sgemm::Dense { b: xg, ldb: in_sz };
         gemm_on(serial, mg, out_sz, kk, a, &src, yg, beta)
     } else {
-        let src = sgemm::Im2col { x: xg, g };
+        let Some(src) = sgemm::Im2col::new(xg, g) else {
+            return false;
+        };
         gemm_on(serial, mg, out_sz, kk, a, &src, yg, beta)
     }
 }
