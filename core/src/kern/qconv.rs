@@ -2,8 +2,10 @@
 //! kernels of the fused QDQ nodes `mote.QConv`, `mote.QMatMul` and
 //! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
 
-// 131 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
+// 79 integer `+ - * / %` sites here are not yet checked, saturating or
+// wrapping by name (issue 8; `check_conv`, `tap_range`, `pack_weights`,
+// `ConvIo` and `conv_gemm` are: sizes checked in `check_conv`, offsets
+// under them wrapping by name); `ops` and `kern` deny the lint elsewhere.
 #![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
 
 use super::par::SharedMut;
@@ -13,6 +15,7 @@ use super::qgemm::{self, zero_points_fit, QIo, QMatA, Zero};
 use super::requant::Requant;
 use super::{check_len, out_of_bounds, valid_range, win, win_mut, Geom, QInt};
 use crate::error::Result;
+use core::num::NonZeroUsize;
 
 /// Geometry of one integer convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,14 +80,17 @@ pub(crate) struct QMmView<'a> {
 pub(super) fn tap_range(g: &Geom, ax: usize, o: usize) -> (usize, usize) {
     let at = |a: &[usize; super::MAX_SPATIAL]| a.get(ax).copied().unwrap_or(0);
     let (s, d, pb, n, k) = (at(&g.s), at(&g.d).max(1), at(&g.pb), at(&g.inp), at(&g.k));
-    let start = o * s; // input coordinate of tap 0, plus pb
+    // o < out: o·s does not wrap (`Geom::reach_ok`, checked with the
+    // convolution).
+    let start = o.wrapping_mul(s); // input coordinate of tap 0, plus pb
     let lo = if start >= pb {
         0
     } else {
-        (pb - start).div_ceil(d)
+        pb.wrapping_sub(start).div_ceil(d)
     };
     // tap t is inside when start + t·d - pb < n, i.e. t·d < n + pb - start.
-    let hi = match (n + pb).checked_sub(start) {
+    // n + pb <= n + pb + pe, which `Geom::reach_ok` computed without overflow.
+    let hi = match n.wrapping_add(pb).checked_sub(start) {
         Some(room) => room.div_ceil(d).min(k),
         None => 0,
     };
@@ -102,12 +108,23 @@ pub(super) fn finish_row<Y: QInt>(yrow: &mut [Y], acc: &[i32], bias: i32, r: &Re
     r.apply_row(bias, acc, yrow, o.zy, o.lo, o.hi);
 }
 
+/// The operands against the parameters, with checked products: after it,
+/// batch·c·in, m·(c / group)·k and batch·m·out fit `usize` (they are the
+/// slices' lengths) and every window stays within the padded input
+/// (`Geom::reach_ok`), so the kernels' offsets under them wrap by name.
 fn check_conv<X, W, Y>(x: &[X], w: &[W], y: &[Y], q: &QConvView<'_>) -> Result<()> {
     let p = &q.p;
-    let cg = p.c / p.group.max(1);
-    check_len(x.len(), p.batch * p.c * p.g.in_size())?;
-    check_len(w.len(), p.m * cg * p.g.k_size())?;
-    check_len(y.len(), p.batch * p.m * p.g.out_size())?;
+    let overflow = || crate::Error::new(crate::ErrorKind::Overflow);
+    let (in_sz, out_sz, k_sz) = p.g.checked_sizes().ok_or_else(overflow)?;
+    let cg = p.c.checked_div(p.group).unwrap_or(p.c);
+    let len3 = |a: usize, b: usize, c: usize| {
+        a.checked_mul(b)
+            .and_then(|v| v.checked_mul(c))
+            .ok_or_else(overflow)
+    };
+    check_len(x.len(), len3(p.batch, p.c, in_sz)?)?;
+    check_len(w.len(), len3(p.m, cg, k_sz)?)?;
+    check_len(y.len(), len3(p.batch, p.m, out_sz)?)?;
     check_len(q.zw.len(), p.m)?;
     check_len(q.bias.len(), p.m)?;
     check_len(q.mult.len(), p.m)?;
@@ -116,7 +133,13 @@ fn check_conv<X, W, Y>(x: &[X], w: &[W], y: &[Y], q: &QConvView<'_>) -> Result<(
             "QConv: channels must divide into groups",
         )));
     }
-    geom_ok(&p.g)
+    geom_ok(&p.g)?;
+    if !p.g.reach_ok() {
+        return Err(crate::Error::new(crate::ErrorKind::Shape(
+            "QConv: a window reaches past the padded input",
+        )));
+    }
+    Ok(())
 }
 
 /// The kernels find in-bounds taps by division by the stride and the
@@ -191,23 +214,30 @@ pub(crate) fn pack_weights<W: QInt>(
     zx: i32,
     zw: &[i32],
 ) -> alloc::vec::Vec<i32> {
-    let (cg, mg) = (p.c / p.group.max(1), p.m / p.group.max(1));
-    let kk = cg * p.g.k_size();
+    let (Some(cg), Some(mg)) = (p.c.checked_div(p.group), p.m.checked_div(p.group)) else {
+        return alloc::vec::Vec::new();
+    };
+    let kk = p.g.checked_sizes().and_then(|(_, _, k)| cg.checked_mul(k));
+    let (Some(kk), Some(group_w)) = (kk, kk.and_then(|kk| mg.checked_mul(kk))) else {
+        return alloc::vec::Vec::new();
+    };
     if !fast_for(zx, zw)
         || p.is_depthwise()
-        || w.len() != p.m * kk
+        || Some(w.len()) != p.m.checked_mul(kk)
         || zw.len() != p.m
-        || p.group == 0
-        || mg * kk == 0
+        || group_w == 0
     {
         return alloc::vec::Vec::new();
     }
     let quads = qgemm::quads_now();
-    let mut out = alloc::vec::Vec::with_capacity(p.group * qgemm::packed_len(quads, mg, kk));
+    let Some(cap) = p.group.checked_mul(qgemm::packed_len(quads, mg, kk)) else {
+        return alloc::vec::Vec::new();
+    };
+    let mut out = alloc::vec::Vec::with_capacity(cap);
     // `w` holds `group` blocks of `mg × kk` weights, `zw` of `mg` zero
     // points (checked above).
     for (wg, zg) in w
-        .chunks_exact(mg * kk)
+        .chunks_exact(group_w)
         .zip(zw.chunks_exact(mg))
         .take(p.group)
     {
@@ -230,6 +260,9 @@ struct ConvIo<'a, X, Y> {
     x: &'a [X],
     zx: i32,
     g: &'a Geom,
+    /// `g`'s sizes (checked by `check_conv`): input plane, output plane,
+    /// kernel taps.
+    sz: (usize, usize, usize),
     /// The group's output planes.
     y: SharedMut<'a, Y>,
     bias: &'a [i32],
@@ -244,75 +277,102 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
         let [_, o1, o2] = g.out;
         let [i0, i1, i2] = g.inp;
         let [_, k1, k2] = g.k;
-        let (k_sz, in_sz) = (g.k_size(), g.in_size());
+        let (in_sz, _, k_sz) = self.sz;
+        let ([s0, s1, s2], [d0, d1, d2], [pb0, pb1, pb2]) = (g.s, g.d, g.pb);
         out.fill(0);
-        if k_sz == 0 || o1 == 0 || o2 == 0 {
+        let nz = NonZeroUsize::new;
+        // k1 · k2 <= k_sz and o1 · o2 <= out_sz (checked products).
+        let (Some(k_nz), Some(k12), Some(k1_nz), Some(k2_nz), Some(o12), Some(o1_nz), Some(o2_nz)) = (
+            nz(k_sz),
+            nz(k1.wrapping_mul(k2)),
+            nz(k1),
+            nz(k2),
+            nz(o1.wrapping_mul(o2)),
+            nz(o1),
+            nz(o2),
+        ) else {
             return;
-        }
-        let (c, r) = (p / k_sz, p % k_sz);
-        let (kd, kh, kw) = (r / (k1 * k2), (r / k2) % k1, r % k2);
-        let Some(plane) = self.x.get(c * in_sz..(c + 1) * in_sz) else {
+        };
+        // Offsets wrap by name under `check_conv`'s bounds: p < cg·k_sz
+        // (c < cg planes of in_sz), output positions j0 + j below out_sz,
+        // window indices under the checked reach (the `- pb` wraps on
+        // purpose and fails the `< i` tests).
+        let (c, r) = (p / k_nz, p % k_nz);
+        let (kd, kh, kw) = (r / k12, (r / k2_nz) % k1_nz, r % k2_nz);
+        let Some(plane) = win(self.x, c.wrapping_mul(in_sz), in_sz) else {
             return;
         };
         let zx = self.zx;
         if k_sz == 1 && g.s == [1; 3] && g.pb == [0; 3] && g.inp == g.out {
             // Pointwise: the row is the plane itself.
-            if let Some(src) = plane.get(j0..j0 + out.len()) {
+            if let Some(src) = win(plane, j0, out.len()) {
                 for (o, v) in out.iter_mut().zip(src) {
-                    *o = (v.get() - zx) as i16;
+                    *o = v.get().wrapping_sub(zx) as i16;
                 }
             }
             return;
         }
-        let mut j = 0;
+        let mut j = 0usize;
         while j < out.len() {
-            let o = j0 + j;
-            let ow = o % o2;
-            let len = (o2 - ow).min(out.len() - j);
-            let (od, oh) = (o / (o1 * o2), (o / o2) % o1);
+            let o = j0.wrapping_add(j);
+            let ow = o % o2_nz;
+            let len = o2.wrapping_sub(ow).min(out.len().wrapping_sub(j));
+            let (od, oh) = (o / o12, (o / o2_nz) % o1_nz);
             // in = out * stride + k * dilation - pad, in [0, inp).
-            let id = (od * g.s[0] + kd * g.d[0]).wrapping_sub(g.pb[0]);
-            let ih = (oh * g.s[1] + kh * g.d[1]).wrapping_sub(g.pb[1]);
+            let id = od
+                .wrapping_mul(s0)
+                .wrapping_add(kd.wrapping_mul(d0))
+                .wrapping_sub(pb0);
+            let ih = oh
+                .wrapping_mul(s1)
+                .wrapping_add(kh.wrapping_mul(d1))
+                .wrapping_sub(pb1);
             if id < i0 && ih < i1 {
-                let (lo, hi) = valid_range(len, g.s[2], ow * g.s[2] + kw * g.d[2], g.pb[2], i2);
+                let tap = kw.wrapping_mul(d2);
+                let (lo, hi) = valid_range(len, s2, ow.wrapping_mul(s2).wrapping_add(tap), pb2, i2);
                 // Columns lo..hi of this run read inside the input row
                 // (`valid_range`); the row lies in the plane (`id`, `ih`
                 // in range), so a miss leaves the zeros (never happens).
-                let first = (ow + lo) * g.s[2] + kw * g.d[2];
+                let first = ow.wrapping_add(lo).wrapping_mul(s2).wrapping_add(tap);
+                let row = id.wrapping_mul(i1).wrapping_add(ih).wrapping_mul(i2);
                 if let (Some(line), Some(dst)) = (
-                    win(plane, (id * i1 + ih) * i2, i2),
-                    win_mut(out, j + lo, hi.saturating_sub(lo)),
+                    win(plane, row, i2),
+                    win_mut(out, j.wrapping_add(lo), hi.saturating_sub(lo)),
                 ) {
-                    let cols = line.get(first.wrapping_sub(g.pb[2])..).unwrap_or(&[]);
-                    if g.s[2] == 1 {
+                    let cols = line.get(first.wrapping_sub(pb2)..).unwrap_or(&[]);
+                    if s2 == 1 {
                         // Contiguous: a plain zip vectorizes.
                         for (d, v) in dst.iter_mut().zip(cols) {
-                            *d = (v.get() - zx) as i16;
+                            *d = v.get().wrapping_sub(zx) as i16;
                         }
                     } else {
-                        for (d, v) in dst.iter_mut().zip(cols.iter().step_by(g.s[2].max(1))) {
-                            *d = (v.get() - zx) as i16;
+                        for (d, v) in dst.iter_mut().zip(cols.iter().step_by(s2.max(1))) {
+                            *d = v.get().wrapping_sub(zx) as i16;
                         }
                     }
                 }
             }
-            j += len;
+            j = j.wrapping_add(len);
         }
     }
 
     fn b_u8_zero(&self) -> Option<i32> {
-        (X::LO..=X::HI).contains(&self.zx).then(|| self.zx - X::LO)
+        (X::LO..=X::HI)
+            .contains(&self.zx)
+            .then(|| self.zx.wrapping_sub(X::LO))
     }
 
     #[inline(always)]
     fn store(&self, i: usize, j0: usize, acc: &[i32]) {
-        let out_sz = self.g.out_size();
+        let out_sz = self.sz.1;
         let (Some(&b), Some(r)) = (self.bias.get(i), self.mult.get(i)) else {
             return;
         };
+        // i < mg, j0 < out_sz: inside the group's mg · out_sz outputs.
+        let at = i.wrapping_mul(out_sz).wrapping_add(j0);
         // SAFETY: `qgemm` stores each (row, column) once, from the task
         // that owns the column (`QIo::store`): no other live slice overlaps.
-        if let Some(yrow) = unsafe { self.y.slice(i * out_sz + j0, acc.len()) } {
+        if let Some(yrow) = unsafe { self.y.slice(at, acc.len()) } {
             finish_row(yrow, acc, b, r, &self.out);
         }
     }
@@ -328,16 +388,23 @@ fn conv_gemm<X: QInt, W: QInt, Y: QInt>(
 ) -> Result<()> {
     let p = &q.p;
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = p.c / p.group;
-    let mg = p.m / p.group;
-    let kk = cg * k_sz;
+    let sz = g.checked_sizes().ok_or_else(out_of_bounds)?;
+    let (in_sz, out_sz, k_sz) = sz;
+    let group = NonZeroUsize::new(p.group).ok_or_else(out_of_bounds)?;
+    let (cg, mg) = (p.c / group, p.m / group);
+    // `check_conv` checked batch·c·in_sz, m·cg·k_sz and batch·m·out_sz
+    // against the slices: with ni < batch and grp < group the offsets
+    // below are under them and wrap by name only.
+    let kk = cg.wrapping_mul(k_sz);
     for ni in 0..p.batch {
         for grp in 0..p.group {
-            let oc0 = grp * mg;
+            let oc0 = grp.wrapping_mul(mg);
             let per_group = qgemm::packed_len(qgemm::packed_quads(q.packed), mg, kk);
+            let packed = grp
+                .checked_mul(per_group)
+                .and_then(|at| win(q.packed, at, per_group));
             let (Some(wg), Some(zw), Some(bias), Some(mult)) = (
-                win(w, oc0 * kk, mg * kk),
+                win(w, oc0.wrapping_mul(kk), mg.wrapping_mul(kk)),
                 win(q.zw, oc0, mg),
                 win(q.bias, oc0, mg),
                 win(q.mult, oc0, mg),
@@ -348,18 +415,19 @@ fn conv_gemm<X: QInt, W: QInt, Y: QInt>(
                 a: wg,
                 lda: kk,
                 z: Zero::Rows(zw),
-                packed: q
-                    .packed
-                    .get(grp * per_group..(grp + 1) * per_group)
-                    .unwrap_or(&[]),
+                packed: packed.unwrap_or(&[]),
             };
-            let xg = win(x, (ni * p.c + grp * cg) * in_sz, cg * in_sz).ok_or_else(out_of_bounds)?;
-            let yg =
-                win_mut(y, (ni * p.m + oc0) * out_sz, mg * out_sz).ok_or_else(out_of_bounds)?;
+            let ch0 = ni.wrapping_mul(p.c).wrapping_add(grp.wrapping_mul(cg));
+            let xg = win(x, ch0.wrapping_mul(in_sz), cg.wrapping_mul(in_sz))
+                .ok_or_else(out_of_bounds)?;
+            let m0 = ni.wrapping_mul(p.m).wrapping_add(oc0);
+            let yg = win_mut(y, m0.wrapping_mul(out_sz), mg.wrapping_mul(out_sz))
+                .ok_or_else(out_of_bounds)?;
             let io = ConvIo {
                 x: xg,
                 zx: q.zx,
                 g,
+                sz,
                 y: SharedMut::new(yg),
                 bias,
                 mult,
@@ -1268,7 +1336,8 @@ mod tests {
     /// mote_load (scripts/fuzz.sh) found a depthwise geometry that passes
     /// the `.mote` validator (a dilation of 2^61 on a 1×1 plane) whose
     /// padded-grid size overflowed in the flat path: now that path
-    /// declines it and the convolution ends normally.
+    /// declines it, and the convolution returns an `Err` (its window
+    /// reaches past the input).
     #[test]
     fn fuzz_depthwise_grid_that_overflows() {
         let mut g = Geom::unit();
@@ -1300,7 +1369,10 @@ mod tests {
         let (x, w, mut y) = ([3i8], [1i8, 1], [0i8; 5]);
         let sel = (Kernels::Blocked, false);
         assert!(!qdw::DwScratch::<{ qdw::FLAT }>::with(sel).flat(&x, &w, &mut y, 0, &cs.view()));
-        qconv_dw(&x, &w, &mut y, &cs.view()).expect("the row path takes it");
+        // Its window (1 + 2^61 columns) reaches past the 1-column input, so
+        // the convolution refuses it up front (`Geom::reach_ok`).
+        let err = qconv_dw(&x, &w, &mut y, &cs.view()).expect_err("refused");
+        assert!(matches!(err.kind, crate::ErrorKind::Shape(_)), "{err:?}");
     }
 
     /// The banded depthwise kernel of 32-bit targets on its 3×3 fast path
