@@ -2,9 +2,10 @@
 //! kernels of the fused QDQ nodes `mote.QConv`, `mote.QMatMul` and
 //! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
 
-// 79 integer `+ - * / %` sites here are not yet checked, saturating or
+// 39 integer `+ - * / %` sites here are not yet checked, saturating or
 // wrapping by name (issue 8; `check_conv`, `tap_range`, `pack_weights`,
-// `ConvIo` and `conv_gemm` are: sizes checked in `check_conv`, offsets
+// `ConvIo`, `conv_gemm`, `qconv_body`, `qconv_dw` and `dw_plane` are:
+// sizes checked in `check_conv`, offsets
 // under them wrapping by name); `ops` and `kern` deny the lint elsewhere.
 #![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
 
@@ -453,82 +454,102 @@ fn qconv_body<X: QInt, W: QInt, Y: QInt>(
 ) -> Option<()> {
     let p = &q.p;
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
-    let cg = p.c / p.group.max(1);
-    let mg = p.m / p.group.max(1);
+    let (in_sz, out_sz, k_sz) = g.checked_sizes()?;
+    let cg = p.c.checked_div(p.group)?;
+    // m = 0 (no output channel) has nothing to compute.
+    let Some(mg) = NonZeroUsize::new(p.m.checked_div(p.group)?) else {
+        return Some(());
+    };
     let [o0, o1, o2] = g.out;
     let (s2, d2, pb2, n2) = (g.s[2], g.d[2], g.pb[2], g.inp[2]);
+    // Index arithmetic wraps by name under `check_conv`'s bounds: the
+    // slices' lengths batch·c·in_sz, m·cg·k_sz and batch·m·out_sz, and
+    // the window reach (taps inside `tap_range` and `valid_range` land in
+    // the input, so `o·s + k·d - pb` neither wraps nor leaves the plane).
+    let wrap = |a: usize, b: usize, c: usize| a.wrapping_mul(b).wrapping_add(c);
     // In-bounds output columns of each kernel column (the same on every row).
     let mut cols = [(0usize, 0usize); KCOLS];
     for (kw, c) in cols.iter_mut().enumerate().take(g.k[2]) {
-        *c = valid_range(o2, s2, kw * d2, pb2, n2);
+        *c = valid_range(o2, s2, kw.wrapping_mul(d2), pb2, n2);
     }
     let col = |kw: usize| match cols.get(kw) {
         Some(&c) if kw < g.k[2] => c,
-        _ => valid_range(o2, s2, kw * d2, pb2, n2),
+        _ => valid_range(o2, s2, kw.wrapping_mul(d2), pb2, n2),
     };
+    let (cg_in, cg_k) = (cg.wrapping_mul(in_sz), cg.wrapping_mul(k_sz));
     let mut accs = [0i32; ROW];
     for ni in 0..p.batch {
         for oc in 0..p.m {
-            let grp = oc / mg.max(1);
-            let xg = win(x, (ni * p.c + grp * cg) * in_sz, cg * in_sz)?;
-            let wk = win(w, oc * cg * k_sz, cg * k_sz)?;
+            let grp = oc / mg;
+            let xg = win(
+                x,
+                wrap(ni, p.c, grp.wrapping_mul(cg)).wrapping_mul(in_sz),
+                cg_in,
+            )?;
+            let wk = win(w, oc.wrapping_mul(cg_k), cg_k)?;
             let (zw, b, r) = (*q.zw.get(oc)?, *q.bias.get(oc)?, q.mult.get(oc)?);
-            let yo = win_mut(y, (ni * p.m + oc) * out_sz, out_sz)?;
+            let yo = win_mut(y, wrap(ni, p.m, oc).wrapping_mul(out_sz), out_sz)?;
             for od in 0..o0 {
                 let rd = tap_range(g, 0, od);
                 for oh in 0..o1 {
                     let rh = tap_range(g, 1, oh);
-                    let mut ow0 = 0;
+                    let mut ow0 = 0usize;
                     while ow0 < o2 {
-                        let wlen = ROW.min(o2 - ow0);
+                        let wlen = ROW.min(o2.wrapping_sub(ow0));
                         let acc = accs.get_mut(..wlen)?;
                         acc.fill(b);
                         for c in 0..cg {
-                            let xp = win(xg, c * in_sz, in_sz)?;
-                            let wp = win(wk, c * k_sz, k_sz)?;
+                            let xp = win(xg, c.wrapping_mul(in_sz), in_sz)?;
+                            let wp = win(wk, c.wrapping_mul(k_sz), k_sz)?;
                             for kd in rd.0..rd.1 {
-                                let id = od * g.s[0] + kd * g.d[0] - g.pb[0];
+                                let id =
+                                    wrap(od, g.s[0], kd.wrapping_mul(g.d[0])).wrapping_sub(g.pb[0]);
                                 for kh in rh.0..rh.1 {
-                                    let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
-                                    let xrow = win(xp, (id * g.inp[1] + ih) * n2, n2)?;
-                                    let wrow = win(wp, (kd * g.k[1] + kh) * g.k[2], g.k[2])?;
+                                    let ih = wrap(oh, g.s[1], kh.wrapping_mul(g.d[1]))
+                                        .wrapping_sub(g.pb[1]);
+                                    let xrow =
+                                        win(xp, wrap(id, g.inp[1], ih).wrapping_mul(n2), n2)?;
+                                    let wrow =
+                                        win(wp, wrap(kd, g.k[1], kh).wrapping_mul(g.k[2]), g.k[2])?;
                                     for (kw, wv) in wrow.iter().enumerate() {
-                                        let wv = wv.get() - zw;
+                                        let wv = wv.get().wrapping_sub(zw);
                                         if wv == 0 {
                                             continue;
                                         }
                                         let (lo, hi) = col(kw);
-                                        let (lo, hi) = (lo.max(ow0), hi.min(ow0 + wlen));
+                                        let (lo, hi) =
+                                            (lo.max(ow0), hi.min(ow0.wrapping_add(wlen)));
+                                        let tap = kw.wrapping_mul(d2);
                                         if CONTIGUOUS && s2 == 1 && lo < hi {
                                             // Unit stride: slices the compiler
                                             // vectorizes (same exact sums).
-                                            let from = lo + kw * d2 - pb2;
-                                            let xs = win(xrow, from, hi - lo)?;
+                                            let from = lo.wrapping_add(tap).wrapping_sub(pb2);
+                                            let n = hi.wrapping_sub(lo);
+                                            let xs = win(xrow, from, n)?;
                                             let wv = wv as i16 as i32;
-                                            for (a, xv) in
-                                                acc.get_mut(lo - ow0..hi - ow0)?.iter_mut().zip(xs)
-                                            {
-                                                let xv = (xv.get() - q.zx) as i16 as i32;
-                                                *a = a.wrapping_add(xv * wv);
+                                            let accs = win_mut(acc, lo.wrapping_sub(ow0), n)?;
+                                            for (a, xv) in accs.iter_mut().zip(xs) {
+                                                let xv = xv.get().wrapping_sub(q.zx) as i16 as i32;
+                                                *a = a.wrapping_add(xv.wrapping_mul(wv));
                                             }
                                             continue;
                                         }
                                         for ow in lo..hi {
-                                            let xv =
-                                                xrow.get(ow * s2 + kw * d2 - pb2)?.get() - q.zx;
-                                            let a = acc.get_mut(ow - ow0)?;
-                                            *a = a.wrapping_add(xv * wv);
+                                            let iw = wrap(ow, s2, tap).wrapping_sub(pb2);
+                                            let xv = xrow.get(iw)?.get().wrapping_sub(q.zx);
+                                            let a = acc.get_mut(ow.wrapping_sub(ow0))?;
+                                            *a = a.wrapping_add(xv.wrapping_mul(wv));
                                         }
                                     }
                                 }
                             }
                         }
-                        let yrow = win_mut(yo, (od * o1 + oh) * o2 + ow0, wlen)?;
+                        let at = wrap(wrap(od, o1, oh), o2, ow0);
+                        let yrow = win_mut(yo, at, wlen)?;
                         for (yv, a) in yrow.iter_mut().zip(acc.iter()) {
                             *yv = finish(*a, r, &q.out);
                         }
-                        ow0 += wlen;
+                        ow0 = ow0.wrapping_add(wlen);
                     }
                 }
             }
@@ -558,13 +579,16 @@ pub(crate) fn qconv_dw<X: QInt, W: QInt, Y: QInt>(
         return Ok(());
     }
     let g = &p.g;
-    let (in_sz, out_sz, k_sz) = (g.in_size(), g.out_size(), g.k_size());
+    let (in_sz, out_sz, k_sz) = g.checked_sizes().ok_or_else(out_of_bounds)?;
     let mut band = [0i16; BAND];
+    // Plane offsets under the lengths `check_conv` checked (ni < batch,
+    // c < channels): they wrap by name only.
     for ni in 0..p.batch {
         for c in 0..p.c {
-            let xp = win(x, (ni * p.c + c) * in_sz, in_sz).ok_or_else(out_of_bounds)?;
-            let yo = win_mut(y, (ni * p.c + c) * out_sz, out_sz).ok_or_else(out_of_bounds)?;
-            let wp = win(w, c * k_sz, k_sz).ok_or_else(out_of_bounds)?;
+            let plane = ni.wrapping_mul(p.c).wrapping_add(c);
+            let xp = win(x, plane.wrapping_mul(in_sz), in_sz).ok_or_else(out_of_bounds)?;
+            let yo = win_mut(y, plane.wrapping_mul(out_sz), out_sz).ok_or_else(out_of_bounds)?;
+            let wp = win(w, c.wrapping_mul(k_sz), k_sz).ok_or_else(out_of_bounds)?;
             if !CONTIGUOUS && qcol::dw_fits(q) {
                 // 32-bit targets: the banded kernel.
                 qcol::dw_plane(xp, wp, yo, c, q, &mut band).ok_or_else(out_of_bounds)?;
@@ -588,6 +612,7 @@ pub(super) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
     let g = &q.p.g;
     let [o0, o1, o2] = g.out;
     let (zw, b, r) = (*q.zw.get(c)?, *q.bias.get(c)?, q.mult.get(c)?);
+    let wrap = |a: usize, b: usize, c: usize| a.wrapping_mul(b).wrapping_add(c);
     let mut yo = yo.iter_mut();
     for od in 0..o0 {
         let rd = tap_range(g, 0, od);
@@ -596,16 +621,22 @@ pub(super) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
             for ow in 0..o2 {
                 let rw = tap_range(g, 2, ow);
                 let mut acc = b;
+                // Taps from `tap_range` land inside the input (the window
+                // reach is checked by `check_conv`): the indices below
+                // neither wrap nor leave the plane; they wrap by name.
                 for kd in rd.0..rd.1 {
-                    let id = od * g.s[0] + kd * g.d[0] - g.pb[0];
+                    let id = wrap(od, g.s[0], kd.wrapping_mul(g.d[0])).wrapping_sub(g.pb[0]);
                     for kh in rh.0..rh.1 {
-                        let ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
-                        let xrow = win(xp, (id * g.inp[1] + ih) * g.inp[2], g.inp[2])?;
-                        let wrow = win(wp, (kd * g.k[1] + kh) * g.k[2], g.k[2])?;
-                        let iw0 = ow * g.s[2] + rw.0 * g.d[2] - g.pb[2];
+                        let ih = wrap(oh, g.s[1], kh.wrapping_mul(g.d[1])).wrapping_sub(g.pb[1]);
+                        let xrow =
+                            win(xp, wrap(id, g.inp[1], ih).wrapping_mul(g.inp[2]), g.inp[2])?;
+                        let wrow = win(wp, wrap(kd, g.k[1], kh).wrapping_mul(g.k[2]), g.k[2])?;
+                        let iw0 = wrap(ow, g.s[2], rw.0.wrapping_mul(g.d[2])).wrapping_sub(g.pb[2]);
                         for (t, kw) in (rw.0..rw.1).enumerate() {
-                            let xv = xrow.get(iw0 + t * g.d[2])?.get() - q.zx;
-                            acc = acc.wrapping_add(xv * (wrow.get(kw)?.get() - zw));
+                            let iw = wrap(t, g.d[2], iw0);
+                            let xv = xrow.get(iw)?.get().wrapping_sub(q.zx);
+                            let wv = wrow.get(kw)?.get().wrapping_sub(zw);
+                            acc = acc.wrapping_add(xv.wrapping_mul(wv));
                         }
                     }
                 }
