@@ -2,12 +2,12 @@
 //! kernels of the fused QDQ nodes `mote.QConv`, `mote.QMatMul` and
 //! `mote.QRequant` (see `ops::qdq` for the arithmetic they implement).
 
-// 39 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8; `check_conv`, `tap_range`, `pack_weights`,
-// `ConvIo`, `conv_gemm`, `qconv_body`, `qconv_dw` and `dw_plane` are:
-// sizes checked in `check_conv`, offsets
-// under them wrapping by name); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+// Integer arithmetic is checked, saturating or wrapping by name (issue 8):
+// `check_conv` (and `qmatmul`'s checks) take the operands' sizes as
+// checked products against the slices, with the window reach
+// (`Geom::reach_ok`); offsets under those bounds wrap by name. Values and
+// zero points are 8-bit: differences and products fit i32, and sums wrap
+// as the reference's modulo-2^32 sums.
 
 use super::par::SharedMut;
 use super::qcol;
@@ -687,26 +687,27 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
             "convolution cannot run in place",
         )));
     }
-    // Lengths as in check_conv, with x = y (same size by can_conv_in_place).
-    check_len(y.len(), p.batch * p.m * p.g.out_size())?;
-    check_len(w.len(), p.m * (p.c / p.group.max(1)) * p.g.k_size())?;
-    for v in [q.zw.len(), q.bias.len(), q.mult.len()] {
-        check_len(v, p.m)?;
-    }
-    let sz = p.g.in_size();
+    // The checks of `check_conv`, with x = y (the same size: m = c and
+    // the same spatial sizes, by `can_conv_in_place`); below them offsets
+    // wrap by name.
+    check_conv(y, w, y, q)?;
+    let sz = p.g.checked_sizes().ok_or_else(out_of_bounds)?.0;
     let mut buf = [T::default(); INPLACE_PLANE];
     if p.is_depthwise() && sz <= INPLACE_PLANE && fast(q) {
         qdw::planes_in_place(w, y, q);
         return Ok(());
     }
     if p.is_depthwise() && sz <= INPLACE_PLANE {
-        let k_sz = p.g.k_size();
+        let k_sz = p.g.checked_sizes().ok_or_else(out_of_bounds)?.2;
+        let Some(channels) = NonZeroUsize::new(p.c) else {
+            return Ok(());
+        };
         let mut band = [0i16; BAND];
         for (c, plane) in y.chunks_exact_mut(sz.max(1)).enumerate() {
-            let c = c % p.c.max(1);
+            let c = c % channels;
             let saved = buf.get_mut(..plane.len()).ok_or_else(out_of_bounds)?;
             saved.copy_from_slice(plane);
-            let wp = win(w, c * k_sz, k_sz).ok_or_else(out_of_bounds)?;
+            let wp = win(w, c.wrapping_mul(k_sz), k_sz).ok_or_else(out_of_bounds)?;
             if !CONTIGUOUS && qcol::dw_fits(q) {
                 qcol::dw_plane(saved, wp, plane, c, q, &mut band).ok_or_else(out_of_bounds)?;
                 continue;
@@ -719,7 +720,8 @@ pub(crate) fn qconv_in_place<T: QInt, W: QInt>(
         // One pass per column block: every input of a block of pixels is
         // packed before any output of them is written.
         let kk = p.c;
-        for img in y.chunks_exact_mut((kk * sz).max(1)) {
+        // c · sz <= y.len() (`check_conv`).
+        for img in y.chunks_exact_mut(kk.wrapping_mul(sz).max(1)) {
             let a = QMatA {
                 a: w,
                 lda: kk,
@@ -752,22 +754,29 @@ fn pointwise_in_place<T: QInt, W: QInt>(
     q: &QConvView<'_>,
     buf: &mut [T],
 ) -> Option<()> {
-    let (p, sz) = (&q.p, q.p.g.in_size());
+    let (p, sz) = (&q.p, q.p.g.checked_sizes()?.0);
     let c_n = p.c;
-    for img in y.chunks_exact_mut((c_n * sz).max(1)) {
+    // `check_conv` checked c · sz and m · c against the slices, m = c: the
+    // offsets below (ch, oc < c, px < sz) wrap by name only.
+    let at = |ch: usize, px: usize| ch.wrapping_mul(sz).wrapping_add(px);
+    for img in y.chunks_exact_mut(c_n.wrapping_mul(sz).max(1)) {
         for px in 0..sz {
             let xs = buf.get_mut(..c_n)?;
             for (ch, v) in xs.iter_mut().enumerate() {
-                *v = *img.get(ch * sz + px)?;
+                *v = *img.get(at(ch, px))?;
             }
             for oc in 0..p.m {
-                let wr = win(w, oc * c_n, c_n)?;
+                let wr = win(w, oc.wrapping_mul(c_n), c_n)?;
                 let zw = *q.zw.get(oc)?;
                 let mut acc = *q.bias.get(oc)?;
                 for (xv, wv) in xs.iter().zip(wr) {
-                    acc = acc.wrapping_add((xv.get() - q.zx) * (wv.get() - zw));
+                    let d = xv
+                        .get()
+                        .wrapping_sub(q.zx)
+                        .wrapping_mul(wv.get().wrapping_sub(zw));
+                    acc = acc.wrapping_add(d);
                 }
-                *img.get_mut(oc * sz + px)? = finish(acc, q.mult.get(oc)?, &q.out);
+                *img.get_mut(at(oc, px))? = finish(acc, q.mult.get(oc)?, &q.out);
             }
         }
     }
@@ -787,12 +796,14 @@ impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
     #[inline(always)]
     fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
         let zx = self.q.zx;
+        // p < c, j0 < sz: inside the image (c · sz, checked).
+        let at = p.wrapping_mul(self.sz).wrapping_add(j0);
         // SAFETY: a task reads only the columns it owns, before storing
         // them (`QIo::store`); the slice does not outlive this call.
-        match unsafe { self.img.slice(p * self.sz + j0, out.len()) } {
+        match unsafe { self.img.slice(at, out.len()) } {
             Some(src) => {
                 for (o, v) in out.iter_mut().zip(src.iter()) {
-                    *o = (v.get() - zx) as i16;
+                    *o = v.get().wrapping_sub(zx) as i16;
                 }
             }
             None => out.fill(0),
@@ -801,7 +812,9 @@ impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
 
     fn b_u8_zero(&self) -> Option<i32> {
         let zx = self.q.zx;
-        (T::LO..=T::HI).contains(&zx).then(|| zx - T::LO)
+        (T::LO..=T::HI)
+            .contains(&zx)
+            .then(|| zx.wrapping_sub(T::LO))
     }
 
     #[inline(always)]
@@ -810,9 +823,10 @@ impl<T: QInt> QIo for InPlaceIo<'_, '_, T> {
         let (Some(&b), Some(r)) = (q.bias.get(i), q.mult.get(i)) else {
             return;
         };
+        let at = i.wrapping_mul(self.sz).wrapping_add(j0);
         // SAFETY: as in `ConvIo::store`; the reads of these columns
         // (`b_row`) are over, the driver packs a column block whole first.
-        if let Some(yrow) = unsafe { self.img.slice(i * self.sz + j0, acc.len()) } {
+        if let Some(yrow) = unsafe { self.img.slice(at, acc.len()) } {
             finish_row(yrow, acc, b, r, &q.out);
         }
     }
@@ -830,17 +844,20 @@ impl<B: QInt, Y: QInt> QIo for MmIo<'_, '_, B, Y> {
     #[inline(always)]
     fn b_row(&self, p: usize, j0: usize, out: &mut [i16]) {
         let q = self.q;
-        let zb = q.zb.get(j0..j0 + out.len()).unwrap_or(&[]);
+        // B's k · n values are checked by `qmatmul`; p < k and j0 + j < n
+        // keep the offsets under it (they wrap by name only).
+        let zb = win(q.zb, j0, out.len()).unwrap_or(&[]);
         out.fill(0);
         if q.trans_b {
             for (j, (o, z)) in out.iter_mut().zip(zb).enumerate() {
-                if let Some(v) = self.b.get((j0 + j) * q.k + p) {
-                    *o = (v.get() - z) as i16;
+                let at = j0.wrapping_add(j).wrapping_mul(q.k).wrapping_add(p);
+                if let Some(v) = self.b.get(at) {
+                    *o = v.get().wrapping_sub(*z) as i16;
                 }
             }
-        } else if let Some(src) = self.b.get(p * q.n + j0..p * q.n + j0 + out.len()) {
+        } else if let Some(src) = win(self.b, p.wrapping_mul(q.n).wrapping_add(j0), out.len()) {
             for ((o, v), z) in out.iter_mut().zip(src).zip(zb) {
-                *o = (v.get() - z) as i16;
+                *o = v.get().wrapping_sub(*z) as i16;
             }
         }
     }
@@ -848,12 +865,13 @@ impl<B: QInt, Y: QInt> QIo for MmIo<'_, '_, B, Y> {
     #[inline(always)]
     fn store(&self, i: usize, j0: usize, acc: &[i32]) {
         let q = self.q;
-        let at = i * q.n + j0;
+        // i < rows, j0 < n: under y's rows · n (checked by `qmatmul`).
+        let at = i.wrapping_mul(q.n).wrapping_add(j0);
         let (Some(yrow), Some(bias), Some(mult)) = (
             // SAFETY: as in `ConvIo::store`.
             unsafe { self.y.slice(at, acc.len()) },
-            q.bias.get(j0..j0 + acc.len()),
-            q.mult.get(j0..j0 + acc.len()),
+            win(q.bias, j0, acc.len()),
+            win(q.mult, j0, acc.len()),
         ) else {
             return;
         };
@@ -871,9 +889,14 @@ pub(crate) fn qmatmul<A: QInt, B: QInt, Y: QInt>(
     q: &QMmView<'_>,
 ) -> Result<()> {
     let (k, n) = (q.k, q.n);
-    check_len(a.len(), q.rows * k)?;
-    check_len(b.len(), k * n)?;
-    check_len(y.len(), q.rows * n)?;
+    // Checked products: below them every offset wraps by name only.
+    let prod = |a: usize, b: usize| {
+        a.checked_mul(b)
+            .ok_or_else(|| crate::Error::new(crate::ErrorKind::Overflow))
+    };
+    check_len(a.len(), prod(q.rows, k)?)?;
+    check_len(b.len(), prod(k, n)?)?;
+    check_len(y.len(), prod(q.rows, n)?)?;
     for v in [q.zb.len(), q.bias.len(), q.mult.len()] {
         check_len(v, n)?;
     }
@@ -961,17 +984,24 @@ fn loops_body<A: QInt, B: QInt, Y: QInt>(
     q: &QMmView<'_>,
 ) -> Option<()> {
     let (k, n) = (q.k, q.n);
+    // rows · k, k · n and rows · n are checked by `qmatmul`: offsets under
+    // them wrap by name only; values and zero points are 8-bit, so their
+    // differences and products fit i32, and sums wrap as the reference's.
     if q.trans_b {
         // B is [N, K]: each output is a contiguous dot product.
         for r in 0..q.rows {
-            let arow = win(a, r * k, k)?;
-            let yrow = win_mut(y, r * n, n)?;
+            let arow = win(a, r.wrapping_mul(k), k)?;
+            let yrow = win_mut(y, r.wrapping_mul(n), n)?;
             for (j, yv) in yrow.iter_mut().enumerate() {
-                let brow = win(b, j * k, k)?;
+                let brow = win(b, j.wrapping_mul(k), k)?;
                 let zb = *q.zb.get(j)?;
                 let mut acc = *q.bias.get(j)?;
                 for (av, bv) in arow.iter().zip(brow) {
-                    acc = acc.wrapping_add((av.get() - q.za) * (bv.get() - zb));
+                    let d = av
+                        .get()
+                        .wrapping_sub(q.za)
+                        .wrapping_mul(bv.get().wrapping_sub(zb));
+                    acc = acc.wrapping_add(d);
                 }
                 *yv = finish(acc, q.mult.get(j)?, &q.out);
             }
@@ -983,28 +1013,28 @@ fn loops_body<A: QInt, B: QInt, Y: QInt>(
     const STRIP: usize = 32;
     let mut acc = [0i32; STRIP];
     for r in 0..q.rows {
-        let arow = win(a, r * k, k)?;
-        let mut j0 = 0;
+        let arow = win(a, r.wrapping_mul(k), k)?;
+        let mut j0 = 0usize;
         while j0 < n {
-            let w = STRIP.min(n - j0);
+            let w = STRIP.min(n.wrapping_sub(j0));
             let acc = acc.get_mut(..w)?;
             acc.copy_from_slice(win(q.bias, j0, w)?);
             let zb = win(q.zb, j0, w)?;
             for (p, av) in arow.iter().enumerate() {
-                let av = av.get() - q.za;
+                let av = av.get().wrapping_sub(q.za);
                 if av == 0 {
                     continue;
                 }
-                let brow = win(b, p * n + j0, w)?;
+                let brow = win(b, p.wrapping_mul(n).wrapping_add(j0), w)?;
                 for ((s, bv), z) in acc.iter_mut().zip(brow).zip(zb) {
-                    *s = s.wrapping_add(av * (bv.get() - z));
+                    *s = s.wrapping_add(av.wrapping_mul(bv.get().wrapping_sub(*z)));
                 }
             }
-            let yrow = win_mut(y, r * n + j0, w)?;
+            let yrow = win_mut(y, r.wrapping_mul(n).wrapping_add(j0), w)?;
             for ((yv, s), m) in yrow.iter_mut().zip(acc.iter()).zip(win(q.mult, j0, w)?) {
                 *yv = finish(*s, m, &q.out);
             }
-            j0 += w;
+            j0 = j0.wrapping_add(w);
         }
     }
     Some(())
@@ -1018,16 +1048,17 @@ pub(crate) fn qrequant<X: QInt, Y: QInt>(
     r: &Requant,
     o: &OutQ,
 ) -> Result<()> {
+    // x and its zero point are of one 8-bit type: the difference fits.
     match x {
         None => {
             for v in y.iter_mut() {
-                *v = finish(v.get() - zx, r, o);
+                *v = finish(v.get().wrapping_sub(zx), r, o);
             }
         }
         Some(x) => {
             check_len(y.len(), x.len())?;
             for (yv, xv) in y.iter_mut().zip(x) {
-                *yv = finish(xv.get() - zx, r, o);
+                *yv = finish(xv.get().wrapping_sub(zx), r, o);
             }
         }
     }
