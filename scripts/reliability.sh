@@ -66,6 +66,13 @@ for step in "${STEPS[@]}"; do
         session::tests:: \
         ops::conv::tests::split_conv_small \
         ops::select::tests::compress_non_zero_unique
+      # The AVX-512 VNNI integer GEMM (kern/qgemm_vnni.rs), which CI
+      # machines without VNNI never run natively: built with its target
+      # features, Miri interprets vpdpbusd and the tests' kernel list
+      # (qgemm::testing::selections) includes it.
+      RUSTFLAGS="-C target-feature=+avx2,+fma,+avx512f,+avx512bw,+avx512vnni" \
+        CARGO_TARGET_DIR=target/miri-vnni \
+        cargo +nightly miri test -q -p mote-core --lib -- kern::qconv::tests::qgemm_
       ;;
     fuzz)
       bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

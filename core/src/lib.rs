@@ -35,10 +35,6 @@ extern crate alloc;
 // Integer arithmetic: every `+ - * / %` on integers is checked, saturating
 // or wrapping by name (clippy `arithmetic_side_effects`, denied per module
 // below); an overflow of a size is an `Err`, never a wrap or a debug panic.
-// In `kern` the files not yet converted allow the lint at their top, with
-// their count of sites (issue 8); a new file there is held to it.
-// `RUSTFLAGS="--cfg mote_arith_debt" cargo clippy -p mote-core
-// --all-features -- -W clippy::arithmetic_side_effects` lists what is left.
 
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 pub mod compiled;
@@ -46,10 +42,7 @@ pub mod compiled;
 mod dtype;
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 mod error;
-#[cfg_attr(
-    all(not(test), not(mote_arith_debt)),
-    deny(clippy::arithmetic_side_effects)
-)]
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 mod kern;
 pub use kern::cpu;
 pub use kern::par;

@@ -24,12 +24,13 @@
 //! [`super::qgemm`], with k blocks of [`KCV`] ≥ its `KC`, so that
 //! [`super::qgemm::fits_one_pass`] holds for both drivers.
 
-// 47 integer `+ - * / %` sites here are not yet checked, saturating or
-// wrapping by name (issue 8); `ops` and `kern` deny the lint elsewhere.
-#![cfg_attr(not(mote_arith_debt), allow(clippy::arithmetic_side_effects))]
+// Integer arithmetic is checked, saturating or wrapping by name (issue 8):
+// A's extent is checked by the callers (`qgemm_with`, `pack_a`), block
+// sizes are bounded by MC, NC and KCV, and offsets under those bounds wrap
+// by name; sums wrap by definition (the reference's modulo-2^32 sums).
 
 use super::qgemm::{QMatA, MC, NC};
-use super::QInt;
+use super::{win, QInt};
 
 /// Rows of a register tile.
 pub(crate) const MRV: usize = 8;
@@ -67,8 +68,8 @@ fn a_offset<T: QInt>() -> i32 {
 
 /// i32 words of [`pack_a`] for `m × k` (tiles, then one sum per row).
 pub(crate) fn body_len(m: usize, k: usize) -> usize {
-    let rows = m.div_ceil(MRV) * MRV;
-    rows * k.div_ceil(4) + rows
+    let rows = m.div_ceil(MRV).saturating_mul(MRV);
+    rows.saturating_mul(k.div_ceil(4)).saturating_add(rows)
 }
 
 /// Rows `i0 .. i0 + rows` of A, steps `p0 .. p0 + kc`, as `[quad][MRV]`
@@ -84,17 +85,20 @@ fn pack_tile<T: QInt>(
 ) {
     at.fill(0);
     let off = a_offset::<T>();
+    // Rows i0 + r < m and steps p0 + kc <= k lie in A (its extent checked
+    // by the callers): the offsets wrap by name only.
     for r in 0..rows {
-        let gi = i0 + r;
-        let Some(src) = a.a.get(gi * a.lda + p0..gi * a.lda + p0 + kc) else {
+        let gi = i0.wrapping_add(r);
+        let Some(src) = win(a.a, gi.wrapping_mul(a.lda).wrapping_add(p0), kc) else {
             return;
         };
         for (q, four) in src.chunks(4).enumerate() {
             let mut w = 0u32;
             for (t, v) in four.iter().enumerate() {
-                w |= a_byte(v.get(), off) << (8 * t);
+                // t < 4: a shift of at most 24.
+                w |= a_byte(v.get(), off) << t.wrapping_mul(8);
             }
-            if let Some(d) = at.get_mut(q * MRV + r) {
+            if let Some(d) = at.get_mut(q.wrapping_mul(MRV).wrapping_add(r)) {
                 *d = w as i32;
             }
         }
@@ -105,7 +109,7 @@ fn pack_tile<T: QInt>(
 #[inline(always)]
 fn row_sum<T: QInt>(a: &QMatA<'_, T>, i: usize, k: usize) -> i32 {
     let off = a_offset::<T>();
-    a.a.get(i * a.lda..i * a.lda + k)
+    win(a.a, i.wrapping_mul(a.lda), k)
         .unwrap_or(&[])
         .iter()
         .fold(0i32, |s, v| s.wrapping_add(v.get().wrapping_sub(off)))
@@ -115,14 +119,23 @@ fn row_sum<T: QInt>(a: &QMatA<'_, T>, i: usize, k: usize) -> i32 {
 /// `ΣA'` of each row (rows padded to a tile). Empty if A is short.
 #[cfg(feature = "alloc")]
 pub(crate) fn pack_a<T: QInt>(m: usize, k: usize, a: &QMatA<'_, T>) -> alloc::vec::Vec<i32> {
-    if a.lda < k || a.a.len() < m.saturating_sub(1) * a.lda + k {
+    let extent = m
+        .saturating_sub(1)
+        .checked_mul(a.lda)
+        .and_then(|v| v.checked_add(k));
+    if a.lda < k || extent.is_none_or(|e| a.a.len() < e) {
         return alloc::vec::Vec::new();
     }
     let (kq, tiles) = (k.div_ceil(4), m.div_ceil(MRV));
+    // The packed size is at most about A's: these products do not wrap.
+    let tile_len = kq.wrapping_mul(MRV);
     let mut out = alloc::vec![0i32; body_len(m, k)];
-    let (body, sums) = out.split_at_mut(tiles * MRV * kq);
-    for (t, tile) in body.chunks_exact_mut((kq * MRV).max(1)).enumerate() {
-        pack_tile(a, t * MRV, MRV.min(m - t * MRV), 0, k, tile);
+    let Some((body, sums)) = out.split_at_mut_checked(tiles.wrapping_mul(tile_len)) else {
+        return alloc::vec::Vec::new();
+    };
+    for (t, tile) in body.chunks_exact_mut(tile_len.max(1)).enumerate() {
+        let i0 = t.wrapping_mul(MRV);
+        pack_tile(a, i0, MRV.min(m.wrapping_sub(i0)), 0, k, tile);
     }
     for (i, s) in sums.iter_mut().take(m).enumerate() {
         *s = row_sum(a, i, k);
@@ -137,7 +150,7 @@ pub(crate) use x86::driver;
 mod x86 {
     use super::*;
     use crate::kern::qgemm::QIo;
-    use crate::kern::{win, win_mut};
+    use crate::kern::win_mut;
     use core::arch::x86_64::*;
 
     /// Rows `0..m`, columns `cols.0 .. cols.1` of `C = A · B` (operands
@@ -207,17 +220,25 @@ mod x86 {
         };
         let kz = (k as i32).wrapping_mul(zb);
         let off = a_offset::<T>();
-        let mut i_c = 0;
+        // Block sizes are bounded by MC, NC, KCV and the buffers; rows,
+        // columns and steps stay below m, n and k (A's extent checked by
+        // `qgemm_with`, `pre` of length `body_len(m, k)`): every offset
+        // below wraps by name only.
+        let pre_sums = tiles_all.wrapping_mul(MRV).wrapping_mul(kq_all);
+        let mut i_c = 0usize;
         while i_c < m {
-            let mc = MC.min(m - i_c);
-            let mc_up = mc.div_ceil(MRV) * MRV;
-            let nc = ((acc_len / mc_up) / NRV * NRV).clamp(NRV, NC);
+            let mc = MC.min(m.wrapping_sub(i_c));
+            let mc_up = mc.div_ceil(MRV).wrapping_mul(MRV);
+            let Some(per_row) = acc_len.checked_div(mc_up) else {
+                return false;
+            };
+            let nc = (per_row / NRV).wrapping_mul(NRV).clamp(NRV, NC);
             rsum.fill(0);
             // Whether some row has za' ≠ 0 (a column term to subtract).
             let mut col_term = false;
             for (r, s) in rsum.iter_mut().take(mc).enumerate() {
-                let gi = i_c + r;
-                let sa = match pre.get(tiles_all * MRV * kq_all + gi) {
+                let gi = i_c.wrapping_add(r);
+                let sa = match pre.get(pre_sums.wrapping_add(gi)) {
                     Some(&v) if !pre.is_empty() => v,
                     _ => row_sum(a, gi, k),
                 };
@@ -227,53 +248,60 @@ mod x86 {
             }
             let (mut j0, n) = cols;
             while j0 < n {
-                let ncur = nc.min(n - j0);
+                let ncur = nc.min(n.wrapping_sub(j0));
                 let panels = ncur.div_ceil(NRV);
-                let Some(accb) = win_mut(acc, 0, mc_up * nc) else {
+                let Some(accb) = win_mut(acc, 0, mc_up.wrapping_mul(nc)) else {
                     return false;
                 };
                 colsum.fill(0);
-                let mut p0 = 0;
+                let mut p0 = 0usize;
                 while p0 < k {
-                    let kc = kcv.min(k - p0);
+                    let kc = kcv.min(k.wrapping_sub(p0));
                     let kq = kc.div_ceil(4);
-                    let Some(bb) = win_mut(bpack, 0, panels * kq * NRV * 4) else {
+                    // A panel's bytes: kq quads of NRV columns of 4.
+                    let panel = kq.wrapping_mul(NRV * 4);
+                    let Some(bb) = win_mut(bpack, 0, panels.wrapping_mul(panel)) else {
                         return false;
                     };
                     for q in 0..kq {
                         // Four rows of B - zb, then + zb' (so columns past
                         // ncur and steps past kc hold B' = 0).
                         rows.fill(zb.wrapping_neg() as i16);
+                        let step = q.wrapping_mul(4);
                         for (t, row) in rows.chunks_exact_mut(NC).enumerate() {
-                            if 4 * q + t < kc {
+                            let pt = step.wrapping_add(t);
+                            if pt < kc {
                                 if let Some(dst) = row.get_mut(..ncur) {
-                                    io.b_row(p0 + 4 * q + t, j0, dst);
+                                    io.b_row(p0.wrapping_add(pt), j0, dst);
                                 }
                             }
                         }
                         pack_quad(&rows, zb, panels, q, kq, bb, &mut colsum);
                     }
-                    let mut i0 = 0;
+                    let tile = kq.wrapping_mul(MRV);
+                    let mut i0 = 0usize;
                     while i0 < mc {
-                        let mr = MRV.min(mc - i0);
-                        let gi = i_c + i0;
+                        let mr = MRV.min(mc.wrapping_sub(i0));
+                        let gi = i_c.wrapping_add(i0);
                         let at: &[i32] = if pre.is_empty() {
-                            let Some(at) = win_mut(apack, 0, kq * MRV) else {
+                            let Some(at) = win_mut(apack, 0, tile) else {
                                 return false;
                             };
                             pack_tile(a, gi, mr, p0, kc, at);
                             at
                         } else {
-                            let Some(at) = win(pre, ((gi / MRV) * kq_all + p0 / 4) * MRV, kq * MRV)
-                            else {
+                            let quad = (gi / MRV).wrapping_mul(kq_all).wrapping_add(p0 / 4);
+                            let Some(at) = win(pre, quad.wrapping_mul(MRV), tile) else {
                                 return false;
                             };
                             at
                         };
                         for pn in 0..panels {
                             let (Some(bp), Some(c)) = (
-                                win(bb, pn * kq * NRV * 4, kq * NRV * 4),
-                                accb.get_mut(i0 * nc + pn * NRV..),
+                                win(bb, pn.wrapping_mul(panel), panel),
+                                accb.get_mut(
+                                    i0.wrapping_mul(nc).wrapping_add(pn.wrapping_mul(NRV))..,
+                                ),
                             ) else {
                                 return false;
                             };
@@ -283,32 +311,35 @@ mod x86 {
                                 Some(_) => None,
                                 None => return false,
                             };
-                            if at.len() < kq * MRV || c.len() < (MRV - 1) * nc + NRV {
+                            // nc <= NC: (MRV - 1) · nc + NRV is small.
+                            let c_need = (MRV - 1).wrapping_mul(nc).wrapping_add(NRV);
+                            if at.len() < tile || c.len() < c_need {
                                 return false;
                             }
                             // SAFETY: lengths checked just above; the CPU
                             // features are the caller's duty (`body`).
                             unsafe { ukr(kq, at, bp, c, nc, init) };
                         }
-                        i0 += MRV;
+                        i0 = i0.wrapping_add(MRV);
                     }
-                    p0 += kcv;
+                    p0 = p0.wrapping_add(kcv);
                 }
                 for (r, sums) in accb.chunks_exact_mut(nc).take(mc).enumerate() {
                     let Some(sums) = sums.get_mut(..ncur) else {
                         return false;
                     };
+                    let gi = i_c.wrapping_add(r);
                     if col_term {
-                        let za = a.z.of(i_c + r).wrapping_sub(off);
+                        let za = a.z.of(gi).wrapping_sub(off);
                         for (s, &cs) in sums.iter_mut().zip(&colsum) {
                             *s = s.wrapping_sub(za.wrapping_mul(cs));
                         }
                     }
-                    io.store(i_c + r, j0, sums);
+                    io.store(gi, j0, sums);
                 }
-                j0 += nc;
+                j0 = j0.wrapping_add(nc);
             }
-            i_c += mc;
+            i_c = i_c.wrapping_add(mc);
         }
         true
     }
@@ -326,16 +357,18 @@ mod x86 {
         bb: &mut [u8],
         colsum: &mut [i32; NC],
     ) {
+        // pn < panels <= NC / NRV, q < kq, t < 4, j < NC: small offsets.
         for pn in 0..panels {
-            let Some(dst) = win_mut(bb, (pn * kq + q) * NRV * 4, NRV * 4) else {
+            let at = pn.wrapping_mul(kq).wrapping_add(q).wrapping_mul(NRV * 4);
+            let Some(dst) = win_mut(bb, at, NRV * 4) else {
                 return;
             };
             for (jj, d) in dst.chunks_exact_mut(4).enumerate() {
-                let j = pn * NRV + jj;
+                let j = pn.wrapping_mul(NRV).wrapping_add(jj);
                 let mut sum = 0i32;
                 for (t, byte) in d.iter_mut().enumerate() {
                     let v = rows
-                        .get(t * NC + j)
+                        .get(t.wrapping_mul(NC).wrapping_add(j))
                         .map_or(0, |&v| i32::from(v).wrapping_add(zb));
                     *byte = v as u8;
                     sum = sum.wrapping_add(v);
@@ -373,10 +406,10 @@ mod x86 {
         for q in 0..kq {
             // SAFETY: q < kq and the caller's lengths.
             unsafe {
-                let b = bpp.add(q * NRV * 4);
+                let b = bpp.add(q.wrapping_mul(NRV * 4));
                 let b0 = _mm512_loadu_si512(b as *const __m512i);
                 let b1 = _mm512_loadu_si512(b.add(64) as *const __m512i);
-                let aq = ap.add(q * MRV);
+                let aq = ap.add(q.wrapping_mul(MRV));
                 for (r, sr) in s.iter_mut().enumerate() {
                     let av = _mm512_set1_epi32(*aq.add(r));
                     sr[0] = _mm512_dpbusd_epi32(sr[0], b0, av);
@@ -387,7 +420,7 @@ mod x86 {
         for (r, sr) in s.iter().enumerate() {
             // SAFETY: r < MRV and the caller's length of c.
             unsafe {
-                let p = c.as_mut_ptr().add(r * ldc) as *mut __m512i;
+                let p = c.as_mut_ptr().add(r.wrapping_mul(ldc)) as *mut __m512i;
                 if init.is_some() {
                     _mm512_storeu_si512(p, sr[0]);
                     _mm512_storeu_si512(p.add(1), sr[1]);
