@@ -102,6 +102,18 @@ impl Geom {
     }
 }
 
+/// The input index that output position `o` reads at kernel tap `k` on one
+/// axis: `o·s + k·d - pb`. Wraps by name: under [`Geom::reach_ok`]
+/// `o·s + k·d` does not wrap, and a negative result becomes an index past
+/// the input, which the caller's `< i` test (or `win`) rejects. (Run with
+/// the roles of input and output swapped, it is ConvTranspose's scatter.)
+#[inline(always)]
+pub(crate) fn tap_in(o: usize, s: usize, k: usize, d: usize, pb: usize) -> usize {
+    o.wrapping_mul(s)
+        .wrapping_add(k.wrapping_mul(d))
+        .wrapping_sub(pb)
+}
+
 /// The range `[lo, hi)` of `o` in `0..count` with `0 <= o*s + off - pb < limit`.
 #[inline]
 pub(crate) fn valid_range(

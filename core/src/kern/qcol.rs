@@ -32,7 +32,7 @@
 use super::qconv::{finish, OutQ, QConvView};
 use super::qgemm::zero_points_fit;
 use super::requant::Requant;
-use super::{valid_range, win, win_mut, QInt};
+use super::{tap_in, valid_range, win, win_mut, QInt};
 
 /// Most patch values of one output position (the column: 2 × this many
 /// bytes of stack). ResNet-8's 3×3×64 patch is 576.
@@ -157,23 +157,17 @@ fn gather<X: QInt>(
     let [i0, i1, i2] = g.inp;
     let [k0, k1, k2] = g.k;
     let (zx, d2) = (q.zx, g.d[2].max(1));
-    // Window indices: at·s + k·d <= (o - 1)·s + (k - 1)·d (`Geom::reach_ok`);
-    // the `- pb` wraps on purpose (see `Geom::reach_ok`).
+    // Window indices (`tap_in`): `Geom::reach_ok` was checked by `conv`.
     let ([a0, a1, a2], [s0, s1, s2], [dd0, dd1, _], [p0, p1, p2]) = (at, g.s, g.d, g.pb);
-    let tap = |a: usize, s: usize, k: usize, d: usize, pb: usize| {
-        a.wrapping_mul(s)
-            .wrapping_add(k.wrapping_mul(d))
-            .wrapping_sub(pb)
-    };
     let (lo, hi) = valid_range(k2, d2, a2.wrapping_mul(s2), p2, i2);
-    let first = tap(a2, s2, lo, d2, p2);
+    let first = tap_in(a2, s2, lo, d2, p2);
     let mut rows = col.get_mut(..kk)?.chunks_exact_mut(k2.max(1));
     let mut sum = 0i32;
     for plane in xg.chunks_exact(in_sz.max(1)).take(cg) {
         for kd in 0..k0 {
-            let id = tap(a0, s0, kd, dd0, p0);
+            let id = tap_in(a0, s0, kd, dd0, p0);
             for kh in 0..k1 {
-                let ih = tap(a1, s1, kh, dd1, p1);
+                let ih = tap_in(a1, s1, kh, dd1, p1);
                 let dst = rows.next()?;
                 dst.fill(0);
                 if id >= i0 || ih >= i1 || lo >= hi {

@@ -14,7 +14,7 @@ use super::qcol;
 use super::qdw;
 use super::qgemm::{self, zero_points_fit, QIo, QMatA, Zero};
 use super::requant::Requant;
-use super::{check_len, out_of_bounds, valid_range, win, win_mut, Geom, QInt};
+use super::{check_len, out_of_bounds, tap_in, valid_range, win, win_mut, Geom, QInt};
 use crate::error::Result;
 use core::num::NonZeroUsize;
 
@@ -320,14 +320,7 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
             let len = o2.wrapping_sub(ow).min(out.len().wrapping_sub(j));
             let (od, oh) = (o / o12, (o / o2_nz) % o1_nz);
             // in = out * stride + k * dilation - pad, in [0, inp).
-            let id = od
-                .wrapping_mul(s0)
-                .wrapping_add(kd.wrapping_mul(d0))
-                .wrapping_sub(pb0);
-            let ih = oh
-                .wrapping_mul(s1)
-                .wrapping_add(kh.wrapping_mul(d1))
-                .wrapping_sub(pb1);
+            let (id, ih) = (tap_in(od, s0, kd, d0, pb0), tap_in(oh, s1, kh, d1, pb1));
             if id < i0 && ih < i1 {
                 let tap = kw.wrapping_mul(d2);
                 let (lo, hi) = valid_range(len, s2, ow.wrapping_mul(s2).wrapping_add(tap), pb2, i2);
@@ -502,11 +495,9 @@ fn qconv_body<X: QInt, W: QInt, Y: QInt>(
                             let xp = win(xg, c.wrapping_mul(in_sz), in_sz)?;
                             let wp = win(wk, c.wrapping_mul(k_sz), k_sz)?;
                             for kd in rd.0..rd.1 {
-                                let id =
-                                    wrap(od, g.s[0], kd.wrapping_mul(g.d[0])).wrapping_sub(g.pb[0]);
+                                let id = tap_in(od, g.s[0], kd, g.d[0], g.pb[0]);
                                 for kh in rh.0..rh.1 {
-                                    let ih = wrap(oh, g.s[1], kh.wrapping_mul(g.d[1]))
-                                        .wrapping_sub(g.pb[1]);
+                                    let ih = tap_in(oh, g.s[1], kh, g.d[1], g.pb[1]);
                                     let xrow =
                                         win(xp, wrap(id, g.inp[1], ih).wrapping_mul(n2), n2)?;
                                     let wrow =
@@ -625,13 +616,13 @@ pub(super) fn dw_plane<X: QInt, W: QInt, Y: QInt>(
                 // reach is checked by `check_conv`): the indices below
                 // neither wrap nor leave the plane; they wrap by name.
                 for kd in rd.0..rd.1 {
-                    let id = wrap(od, g.s[0], kd.wrapping_mul(g.d[0])).wrapping_sub(g.pb[0]);
+                    let id = tap_in(od, g.s[0], kd, g.d[0], g.pb[0]);
                     for kh in rh.0..rh.1 {
-                        let ih = wrap(oh, g.s[1], kh.wrapping_mul(g.d[1])).wrapping_sub(g.pb[1]);
+                        let ih = tap_in(oh, g.s[1], kh, g.d[1], g.pb[1]);
                         let xrow =
                             win(xp, wrap(id, g.inp[1], ih).wrapping_mul(g.inp[2]), g.inp[2])?;
                         let wrow = win(wp, wrap(kd, g.k[1], kh).wrapping_mul(g.k[2]), g.k[2])?;
-                        let iw0 = wrap(ow, g.s[2], rw.0.wrapping_mul(g.d[2])).wrapping_sub(g.pb[2]);
+                        let iw0 = tap_in(ow, g.s[2], rw.0, g.d[2], g.pb[2]);
                         for (t, kw) in (rw.0..rw.1).enumerate() {
                             let iw = wrap(t, g.d[2], iw0);
                             let xv = xrow.get(iw)?.get().wrapping_sub(q.zx);

@@ -28,7 +28,7 @@
 use core::num::NonZeroUsize;
 
 use super::cpu::{self, Kernels};
-use super::{par, win, win_mut, Geom};
+use super::{par, tap_in, win, win_mut, Geom};
 
 /// Rows of a register tile.
 pub(crate) const MR: usize = 6;
@@ -210,14 +210,7 @@ impl SrcB for Im2col<'_> {
             if let Some(plane) = plane {
                 for &(js, len, od, oh, ow) in runs {
                     // in = out * stride + k * dilation - pad, in [0, inp).
-                    let id = od
-                        .wrapping_mul(s0)
-                        .wrapping_add(kd.wrapping_mul(d0))
-                        .wrapping_sub(pb0);
-                    let ih = oh
-                        .wrapping_mul(s1)
-                        .wrapping_add(kh.wrapping_mul(d1))
-                        .wrapping_sub(pb1);
+                    let (id, ih) = (tap_in(od, s0, kd, d0, pb0), tap_in(oh, s1, kh, d1, pb1));
                     if id >= i0 || ih >= i1 {
                         continue;
                     }

@@ -27,7 +27,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::domain("com.microsoft", "FusedConv", 1, prepare_fused_conv),
 ];
 
-pub(crate) use crate::kern::{valid_range, Geom, MAX_SPATIAL};
+pub(crate) use crate::kern::{tap_in, valid_range, Geom, MAX_SPATIAL};
 
 fn attr_err(name: &'static str, problem: &'static str) -> Error {
     Error::new(ErrorKind::Attribute { name, problem })
@@ -916,23 +916,14 @@ fn conv_plane<T: Float, W: Float<Acc = T::Acc>>(
                 // lo < hi.
                 let len = hi.wrapping_sub(lo);
                 // Tap of the first output of the row, an input index.
-                let iw0 = lo
-                    .wrapping_mul(s2)
-                    .wrapping_add(kw.wrapping_mul(d2))
-                    .wrapping_sub(p2);
+                let iw0 = tap_in(lo, s2, kw, d2, p2);
                 // The `len` inputs of a row, `s2` apart: the last one,
                 // iw0 + (len - 1)·s2, is an input index too.
                 let span = len.wrapping_sub(1).wrapping_mul(s2).wrapping_add(1);
                 for od in od_lo..od_hi {
-                    let id = od
-                        .wrapping_mul(s0)
-                        .wrapping_add(kd.wrapping_mul(d0))
-                        .wrapping_sub(p0);
+                    let id = tap_in(od, s0, kd, d0, p0);
                     for oh in oh_lo..oh_hi {
-                        let ih = oh
-                            .wrapping_mul(s1)
-                            .wrapping_add(kh.wrapping_mul(d1))
-                            .wrapping_sub(p1);
+                        let ih = tap_in(oh, s1, kh, d1, p1);
                         // (od·o1 + oh)·o2 + lo + len <= out_sz.
                         let y0 = od
                             .wrapping_mul(o1)
@@ -1171,23 +1162,14 @@ fn scatter_plane<T: Float, W: Float<Acc = T::Acc>>(
                 // lo < hi.
                 let len = hi.wrapping_sub(lo);
                 // Tap of the first input of the row, an output index.
-                let ow0 = lo
-                    .wrapping_mul(s2)
-                    .wrapping_add(kw.wrapping_mul(d2))
-                    .wrapping_sub(p2);
+                let ow0 = tap_in(lo, s2, kw, d2, p2);
                 // The `len` outputs of a row, `s2` apart: the last one,
                 // ow0 + (len - 1)·s2, is an output index too.
                 let span = len.wrapping_sub(1).wrapping_mul(s2).wrapping_add(1);
                 for id in id_lo..id_hi {
-                    let od = id
-                        .wrapping_mul(s0)
-                        .wrapping_add(kd.wrapping_mul(d0))
-                        .wrapping_sub(p0);
+                    let od = tap_in(id, s0, kd, d0, p0);
                     for ih in ih_lo..ih_hi {
-                        let oh = ih
-                            .wrapping_mul(s1)
-                            .wrapping_add(kh.wrapping_mul(d1))
-                            .wrapping_sub(p1);
+                        let oh = tap_in(ih, s1, kh, d1, p1);
                         // (id·i1 + ih)·i2 + lo + len <= in_sz.
                         let x0 = id
                             .wrapping_mul(i1)
