@@ -12,6 +12,7 @@
 
 pub mod cpu;
 #[cfg(feature = "alloc")]
+pub(crate) mod dconv;
 pub(crate) mod dwconv;
 pub mod par;
 pub(crate) mod qbin;

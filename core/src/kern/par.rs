@@ -133,6 +133,14 @@ impl<'a, T> SharedMut<'a, T> {
         }
     }
 
+    /// The slice's first element, for a kernel whose tasks each write a
+    /// strided part of it (rows of every plane). Writing through it is
+    /// `unsafe`: within the slice, and no two tasks touching the same
+    /// element.
+    pub(crate) fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
     /// `&mut s[start..start + len]`, or `None` when that is out of bounds.
     ///
     /// # Safety

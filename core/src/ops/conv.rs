@@ -10,6 +10,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{checked_numel, Error, ErrorKind, Result};
+use crate::kern::dconv;
 use crate::kern::dwconv;
 use crate::kern::par;
 use crate::kern::sgemm::{self, MatA};
@@ -743,7 +744,14 @@ fn conv_gemm(
     let (Ok(xg), Ok(wg)) = (util::row(x, idx, sz.xg), util::row(w, grp, sz.wg)) else {
         return false;
     };
-    let beta = match b.and_then(|b| util::row(b, grp, mg).ok()) {
+    let bias = b.and_then(|b| util::row(b, grp, mg).ok());
+    if !pointwise
+        && dconv::wanted(sz.cg, mg, g)
+        && dconv::conv(xg, wg, bias, yg, sz.cg, mg, g, serial)
+    {
+        return true;
+    }
+    let beta = match bias {
         Some(bias) => {
             for (row, &bv) in yg.chunks_of_mut(out_sz).zip(bias) {
                 row.fill(bv);

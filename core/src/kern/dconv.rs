@@ -1,0 +1,651 @@
+//! Direct f32 convolution for x86_64 AVX2 + FMA: 2-D windows, any stride,
+//! dilation and padding, no im2col.
+//!
+//! The blocked GEMM runs a k × k Conv over an implicit im2col matrix whose
+//! panels it packs from X ([`super::sgemm::Im2col`]); every packed value is
+//! then used once per output channel. With the 16–64 output channels of the
+//! small image models (ResNet-8: 16 / 32 / 64) packing took more time than
+//! the multiply-adds (perf on ResNet-8: `Im2col::pack` and its row copies
+//! 52 %, the micro-kernel 37 %). Here nothing is packed per output channel:
+//! for each output row, the input rows its windows read (all input
+//! channels: the geometry must fit [`BUF`]) are copied once into a stack buffer,
+//! zero-padded, and split by column phase when the stride is above one (so
+//! the columns a tap reads for consecutive outputs are contiguous). Then a
+//! register tile of up to 4 output channels × 24 output columns (3 vectors
+//! of 8) or 8 channels × 8 columns sums, for every buffered row and tap, a
+//! broadcast weight times 8 consecutive buffered inputs. The last vector of
+//! a row is masked when the row width is not a multiple of 8.
+//!
+//! Every output is `bias + Σ w·x` over the taps in the same order as the
+//! reference loops (input channel, kernel row, kernel column), with fused
+//! multiply-adds, so results differ from the reference only by rounding
+//! (ONNX tolerance); the tests below check that on edge geometries.
+//!
+//! Integer arithmetic: [`Plan::new`] checks every size and the lengths of
+//! X, W, B and Y once, with checked products; offsets below those bounds
+//! wrap by name.
+
+use super::{copy_row, par, tap_in, Geom};
+
+/// Floats of buffered input rows for one output row (16 KiB, on the stack).
+const BUF: usize = 4096;
+/// Floats after the last buffered row that a masked last vector may read
+/// (its lanes past the row end are discarded).
+const SLACK: usize = 8;
+/// Widest kernel row.
+const MAX_KW: usize = 16;
+/// Largest column stride.
+const MAX_SW: usize = 8;
+
+/// One convolution (one image, one group), its sizes checked.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Input channels.
+    c: usize,
+    /// Output channels.
+    m: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    dh: usize,
+    pt: usize,
+    sw: usize,
+    /// Floats of one column phase of a buffered row.
+    wph: usize,
+    /// Floats of one buffered row (`sw` phases).
+    rs: usize,
+    /// Offset of kernel column `kx`'s first input within a buffered row.
+    taps: [usize; MAX_KW],
+    /// For each column phase: the range `[j0, j1)` of its columns that are
+    /// inside the input (the others are padding, zero in the buffer from
+    /// its start and never written), and the input column of `j0`.
+    spans: [(usize, usize, usize); MAX_SW],
+}
+
+impl Plan {
+    /// `None` when the window is not 2-D, a size overflows, the kernel row
+    /// is wider than [`MAX_KW`], or the rows of all input channels that one
+    /// output row reads do not fit the buffer; the caller then runs another
+    /// kernel (the GEMM).
+    fn new(c: usize, m: usize, g: &Geom) -> Option<Plan> {
+        if g.inp[0] != 1 || g.k[0] != 1 || g.out[0] != 1 || !g.reach_ok() {
+            return None;
+        }
+        let [h, w] = [g.inp[1], g.inp[2]];
+        let [oh, ow] = [g.out[1], g.out[2]];
+        let [kh, kw] = [g.k[1], g.k[2]];
+        let [sh, sw] = [g.s[1], g.s[2]];
+        let [dh, dw] = [g.d[1], g.d[2]];
+        if [c, m, h, w, oh, ow, kh, kw, sh, sw].contains(&0) || kw > MAX_KW || sw > MAX_SW {
+            return None;
+        }
+        // Padded columns the outputs read: (ow - 1)·sw + (kw - 1)·dw + 1.
+        let wn = ow
+            .wrapping_sub(1)
+            .checked_mul(sw)?
+            .checked_add(kw.wrapping_sub(1).checked_mul(dw)?)?
+            .checked_add(1)?;
+        let wph = wn.div_ceil(sw);
+        let rs = wph.checked_mul(sw)?;
+        if rs.checked_mul(kh)?.checked_mul(c)? > BUF.wrapping_sub(SLACK) {
+            return None;
+        }
+        let mut taps = [0usize; MAX_KW];
+        for (kx, t) in taps.iter_mut().enumerate().take(kw) {
+            // kx < kw: kx·dw <= (kw - 1)·dw, checked above.
+            let col = kx.wrapping_mul(dw);
+            let (Some(phase), Some(at)) = (col.checked_rem(sw), col.checked_div(sw)) else {
+                return None;
+            };
+            *t = phase.wrapping_mul(wph).wrapping_add(at);
+        }
+        let pl = g.pb[2];
+        let mut spans = [(0usize, 0usize, 0usize); MAX_SW];
+        for (ph, span) in spans.iter_mut().enumerate().take(sw) {
+            // Phase ph's column j is padded column j·sw + ph, input column
+            // j·sw + ph - pl.
+            let (j0, j1) = super::valid_range(wph, sw, ph, pl, w);
+            let first = j0.wrapping_mul(sw).wrapping_add(ph).wrapping_sub(pl);
+            *span = (j0, j1, first);
+        }
+        Some(Plan {
+            c,
+            m,
+            h,
+            w,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            dh,
+            pt: g.pb[1],
+            sw,
+            wph,
+            rs,
+            taps,
+            spans,
+        })
+    }
+
+    /// Whether X, W, B and Y hold every element the plan reaches.
+    fn fits(&self, x: usize, w: usize, b: Option<usize>, y: usize) -> bool {
+        let xn = self
+            .h
+            .checked_mul(self.w)
+            .and_then(|v| v.checked_mul(self.c));
+        let wn = self
+            .kh
+            .checked_mul(self.kw)
+            .and_then(|v| v.checked_mul(self.c))
+            .and_then(|v| v.checked_mul(self.m));
+        let yn = self
+            .oh
+            .checked_mul(self.ow)
+            .and_then(|v| v.checked_mul(self.m));
+        matches!((xn, wn, yn), (Some(xn), Some(wn), Some(yn)) if xn <= x && wn <= w && yn <= y)
+            && b.is_none_or(|b| b >= self.m)
+    }
+}
+
+/// Whether [`conv`] takes a Conv of `c` input and `m` output channels per
+/// group over `g` on this CPU. It pays where im2col packing dominates the
+/// GEMM: few output channels per packed value.
+pub(crate) fn wanted(c: usize, m: usize, g: &Geom) -> bool {
+    cfg!(target_arch = "x86_64")
+        && super::cpu::kernels() == super::cpu::Kernels::Avx2Fma
+        && m <= 64
+        && g.out[2] >= 8
+        && Plan::new(c, m, g).is_some()
+}
+
+/// `y[o, :, :] = b[o] + Σ_{c, ky, kx} w[o, c, ky, kx] · x[c, window]` for
+/// the `m` output channels of one image and group (X: `c` planes, W: `m ×
+/// c × kh × kw`, Y: `m` planes). `false` (nothing reliable written) when
+/// the geometry is not one [`wanted`] takes, a length is short, or the CPU
+/// lacks AVX2 + FMA. Split by output rows among the workers of [`par`]
+/// unless `serial`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [f32],
+    c: usize,
+    m: usize,
+    g: &Geom,
+    serial: bool,
+) -> bool {
+    if super::cpu::kernels() != super::cpu::Kernels::Avx2Fma {
+        return false;
+    }
+    let workers = if serial { 1 } else { par::workers() };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the kernels are Avx2Fma only when the CPU has AVX2 and
+        // FMA (`cpu::enable_avx2_fma`'s contract, or a build that targets
+        // them).
+        unsafe { run(x, w, b, y, c, m, g, workers) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, w, b, y, c, m, g, workers);
+        false
+    }
+}
+
+/// [`conv`] with `workers` workers (1: on this thread).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [f32],
+    c: usize,
+    m: usize,
+    g: &Geom,
+    workers: usize,
+) -> bool {
+    let Some(plan) = Plan::new(c, m, g) else {
+        return false;
+    };
+    if !plan.fits(x.len(), w.len(), b.map(<[f32]>::len), y.len()) {
+        return false;
+    }
+    // Checked in `fits`.
+    let out_sz = plan.oh.wrapping_mul(plan.ow);
+    let wk = plan.c.wrapping_mul(plan.kh).wrapping_mul(plan.kw);
+    let macs = out_sz.saturating_mul(wk).saturating_mul(m);
+    let t = par::tasks(workers, macs, plan.oh);
+    if t <= 1 {
+        // SAFETY: AVX2 and FMA: forwarded; `fits` checked X, W, B and Y,
+        // and Y is borrowed mutably here.
+        unsafe { rows_avx2(&plan, x, w, b, y.as_mut_ptr(), (0, plan.oh)) };
+        return true;
+    }
+    let ys = par::SharedMut::new(y);
+    par::for_each(t, &|ti| {
+        // SAFETY: AVX2 and FMA: forwarded; `fits` checked X, W, B and Y
+        // (before it was shared); task ti writes only its output rows
+        // (par::chunk: disjoint from the other tasks') of each plane.
+        unsafe { rows_avx2(&plan, x, w, b, ys.as_mut_ptr(), par::chunk(plan.oh, t, ti)) };
+    });
+    true
+}
+
+/// The operands of one register tile.
+#[cfg(target_arch = "x86_64")]
+struct Tile {
+    /// The first buffered row, at this tile's first column.
+    buf: *const f32,
+    /// Buffered rows (input channels of the chunk × kernel rows).
+    rows: usize,
+    rs: usize,
+    kw: usize,
+    taps: [usize; MAX_KW],
+    /// W of the tile's first channel.
+    w: *const f32,
+    /// Floats between two output channels' weights.
+    wk: usize,
+    /// Y of the tile's first channel, row and column.
+    y: *mut f32,
+    /// Floats between two output planes.
+    out_sz: usize,
+    /// The tile's first channel's bias, or null (no bias: 0).
+    bias: *const f32,
+    /// Lanes of the tile's last vector that are outputs (1..=8).
+    last: usize,
+}
+
+/// Output rows `oy0 .. oy1` of every output channel of `plan`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; [`Plan::fits`] holds for X, W, B and the
+/// `m · oh · ow` floats at `y`, and no other thread reads or writes rows
+/// `oy0 .. oy1` of Y's planes meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2(
+    plan: &Plan,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: *mut f32,
+    (oy0, oy1): (usize, usize),
+) {
+    let mut buf = [0f32; BUF];
+    let p = plan;
+    // Sizes checked by `Plan::new` and `fits`.
+    let wk = p.c.wrapping_mul(p.kh).wrapping_mul(p.kw);
+    let out_sz = p.oh.wrapping_mul(p.ow);
+    let nvec = p.ow.div_ceil(8);
+    let tail = p.ow.wrapping_sub(nvec.wrapping_sub(1).wrapping_mul(8));
+    let rows = p.c.wrapping_mul(p.kh);
+    for oy in oy0..oy1.min(p.oh) {
+        fill(&mut buf, p, x, oy);
+        let mut v = 0;
+        while v < nvec {
+            // Groups of 3 vectors; a remainder of 1 after a group of 3
+            // makes two groups of 2 instead.
+            let nx = match nvec.wrapping_sub(v) {
+                4 => 2,
+                l => l.min(3),
+            };
+            let ox = v.wrapping_mul(8);
+            let end = v.wrapping_add(nx);
+            // Channels per tile: 12 accumulators (of the 16 ymm registers,
+            // the rest hold the inputs and a broadcast weight), the channels
+            // shared out evenly among the tiles of the row.
+            let mb_max: usize = match nx {
+                1 => 12,
+                2 => 6,
+                _ => 4,
+            };
+            let tiles = p.m.div_ceil(mb_max);
+            for ti in 0..tiles {
+                let (co, co_end) = par::chunk(p.m, tiles, ti);
+                let mb = co_end.wrapping_sub(co);
+                let t = Tile {
+                    buf: buf.as_ptr().wrapping_add(ox),
+                    rows,
+                    rs: p.rs,
+                    kw: p.kw,
+                    taps: p.taps,
+                    w: w.as_ptr().wrapping_add(co.wrapping_mul(wk)),
+                    wk,
+                    y: y.wrapping_add(
+                        co.wrapping_mul(out_sz)
+                            .wrapping_add(oy.wrapping_mul(p.ow))
+                            .wrapping_add(ox),
+                    ),
+                    out_sz,
+                    bias: b.map_or(core::ptr::null(), |b| b.as_ptr().wrapping_add(co)),
+                    last: if end == nvec { tail } else { 8 },
+                };
+                // SAFETY: the tile's channels co..co + mb <= m (mb <=
+                // mb_max: tiles = ceil(m / mb_max) near-equal runs), its
+                // columns ox..ox + 8·nx (the last vector masked to `last`
+                // lanes) < ow, and `fill` wrote the rows·rs floats of `buf`
+                // it reads, which holds SLACK more (see `tile`).
+                unsafe { dispatch(mb, nx, &t) };
+            }
+            v = end;
+        }
+    }
+}
+
+/// `tile::<MB, NX>` for the run-time `mb`, `nx`.
+///
+/// # Safety
+/// As [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dispatch(mb: usize, nx: usize, t: &Tile) {
+    // SAFETY: forwarded.
+    unsafe {
+        match (mb, nx) {
+            (1, 1) => tile::<1, 1>(t),
+            (2, 1) => tile::<2, 1>(t),
+            (3, 1) => tile::<3, 1>(t),
+            (4, 1) => tile::<4, 1>(t),
+            (5, 1) => tile::<5, 1>(t),
+            (6, 1) => tile::<6, 1>(t),
+            (7, 1) => tile::<7, 1>(t),
+            (8, 1) => tile::<8, 1>(t),
+            (9, 1) => tile::<9, 1>(t),
+            (10, 1) => tile::<10, 1>(t),
+            (11, 1) => tile::<11, 1>(t),
+            (_, 1) => tile::<12, 1>(t),
+            (1, 2) => tile::<1, 2>(t),
+            (2, 2) => tile::<2, 2>(t),
+            (3, 2) => tile::<3, 2>(t),
+            (4, 2) => tile::<4, 2>(t),
+            (5, 2) => tile::<5, 2>(t),
+            (_, 2) => tile::<6, 2>(t),
+            (1, _) => tile::<1, 3>(t),
+            (2, _) => tile::<2, 3>(t),
+            (3, _) => tile::<3, 3>(t),
+            _ => tile::<4, 3>(t),
+        }
+    }
+}
+
+/// Copies the input rows that output row `oy` reads into `buf`: row
+/// `(ci, ky)` at `(ci · kh + ky) · rs`,
+/// its padded columns `col` at `(col % sw) · wph + col / sw`, zeros where
+/// the window is in the padding.
+#[inline(always)]
+fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize) {
+    let in_sz = p.h.wrapping_mul(p.w);
+    let rows = buf.chunks_exact_mut(p.rs).take(p.c.wrapping_mul(p.kh));
+    let taps = (0..p.c).flat_map(|ci| (0..p.kh).map(move |ky| (ci, ky)));
+    for (row, (ci, ky)) in rows.zip(taps) {
+        let iy = tap_in(oy, p.sh, ky, p.dh, p.pt);
+        // ci < c and iy < h: inside X (`Plan::fits`).
+        let start = ci.wrapping_mul(in_sz).wrapping_add(iy.wrapping_mul(p.w));
+        let xrow = if iy < p.h {
+            x.get(start..start.wrapping_add(p.w))
+        } else {
+            None
+        };
+        let spans = p.spans.iter().take(p.sw);
+        for (part, &(j0, j1, first)) in row.chunks_exact_mut(p.wph).zip(spans) {
+            let Some(dst) = part.get_mut(j0..j1) else {
+                continue;
+            };
+            match xrow {
+                None => dst.fill(0.0),
+                Some(xr) if p.sw == 1 => {
+                    let Some(src) = xr.get(first..) else {
+                        continue;
+                    };
+                    // Short rows (8–64 floats): moves, not a `memcpy`
+                    // call per row.
+                    copy_row(dst, src.get(..dst.len()).unwrap_or_default());
+                }
+                Some(xr) => {
+                    let src = xr.iter().skip(first).step_by(p.sw);
+                    for (d, s) in dst.iter_mut().zip(src) {
+                        *d = *s;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One register tile: `MB` output channels × `NX` vectors of 8 output
+/// columns of one output row.
+///
+/// # Safety
+/// AVX2 + FMA; `t.buf` has `t.rows` buffered rows at stride `t.rs` plus
+/// [`SLACK`] floats after them, and a row's tap `kx` reads its floats
+/// `taps[kx] + 8·NX` onward only where the output lane is below `t.last`
+/// in the last vector (the other lanes may read the next row or the
+/// slack); `t.w` reaches `(MB - 1)·wk + rows·kw` floats, and `t.y` the
+/// `NX` vectors (the last masked) of `MB` planes at stride `out_sz`; `t.bias`
+/// is null or holds `MB` floats.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
+    use core::arch::x86_64::*;
+    // The first `last` lanes of the last vector.
+    const MASK: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
+    // SAFETY: the caller's contract (above) bounds every pointer below;
+    // `last` is 1..=8, so the mask window lies inside MASK.
+    unsafe {
+        let mask = _mm256_loadu_si256(
+            MASK.as_ptr()
+                .add(8usize.wrapping_sub(t.last))
+                .cast::<__m256i>(),
+        );
+        let mut acc = [[_mm256_setzero_ps(); NX]; MB];
+        if !t.bias.is_null() {
+            for (i, accr) in acc.iter_mut().enumerate() {
+                *accr = [_mm256_set1_ps(*t.bias.add(i)); NX];
+            }
+        }
+        for r in 0..t.rows {
+            let brow = t.buf.add(r.wrapping_mul(t.rs));
+            let wrow = t.w.add(r.wrapping_mul(t.kw));
+            for kx in 0..t.kw {
+                let bp = brow.add(*t.taps.get_unchecked(kx));
+                let mut v = [_mm256_setzero_ps(); NX];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    *vj = _mm256_loadu_ps(bp.add(j.wrapping_mul(8)));
+                }
+                for (i, accr) in acc.iter_mut().enumerate() {
+                    let wv = _mm256_broadcast_ss(&*wrow.add(i.wrapping_mul(t.wk).wrapping_add(kx)));
+                    for (a, &vj) in accr.iter_mut().zip(&v) {
+                        *a = _mm256_fmadd_ps(wv, vj, *a);
+                    }
+                }
+            }
+        }
+        for (i, accr) in acc.iter().enumerate() {
+            let yp = t.y.add(i.wrapping_mul(t.out_sz));
+            for (j, &a) in accr.iter().enumerate() {
+                if j.wrapping_add(1) == NX {
+                    _mm256_maskstore_ps(yp.add(j.wrapping_mul(8)), mask, a);
+                } else {
+                    _mm256_storeu_ps(yp.add(j.wrapping_mul(8)), a);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "alloc", target_arch = "x86_64"))]
+mod tests {
+    extern crate std;
+    use super::*;
+    use alloc::vec::Vec;
+
+    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    /// The reference: the loops of the ONNX definition.
+    fn reference(
+        x: &[f32],
+        w: &[f32],
+        b: Option<&[f32]>,
+        c: usize,
+        m: usize,
+        g: &Geom,
+    ) -> Vec<f32> {
+        let (h, wd, oh, ow, kh, kw) = (g.inp[1], g.inp[2], g.out[1], g.out[2], g.k[1], g.k[2]);
+        let mut y = alloc::vec![0f32; m * oh * ow];
+        for o in 0..m {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut s = b.map_or(0.0, |b| b[o]);
+                    for ci in 0..c {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * g.s[1] + ky * g.d[1]) as isize - g.pb[1] as isize;
+                                let ix = (ox * g.s[2] + kx * g.d[2]) as isize - g.pb[2] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                s += w[((o * c + ci) * kh + ky) * kw + kx]
+                                    * x[(ci * h + iy as usize) * wd + ix as usize];
+                            }
+                        }
+                    }
+                    y[(o * oh + oy) * ow + ox] = s;
+                }
+            }
+        }
+        y
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn geom(
+        h: usize,
+        w: usize,
+        k: [usize; 2],
+        s: [usize; 2],
+        d: [usize; 2],
+        pb: [usize; 2],
+        pe: [usize; 2],
+    ) -> Geom {
+        let out = |i: usize, a: usize| (i + pb[a] + pe[a] - (k[a] - 1) * d[a] - 1) / s[a] + 1;
+        Geom {
+            inp: [1, h, w],
+            out: [1, out(h, 0), out(w, 1)],
+            k: [1, k[0], k[1]],
+            s: [1, s[0], s[1]],
+            d: [1, d[0], d[1]],
+            pb: [0, pb[0], pb[1]],
+            pe: [0, pe[0], pe[1]],
+        }
+    }
+
+    #[test]
+    fn matches_reference_on_edge_geometries() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let mut seed = 7u64;
+        type Case = (usize, usize, usize, usize, [[usize; 2]; 5]);
+        let cases: &[Case] = &[
+            // c, m, h, w, k, s, d, pb, pe
+            (3, 16, 32, 32, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
+            (16, 32, 16, 16, [[3, 3], [2, 2], [1, 1], [1, 1], [1, 1]]),
+            (5, 7, 9, 13, [[3, 5], [1, 1], [1, 1], [0, 2], [1, 2]]),
+            (2, 9, 11, 30, [[2, 3], [1, 3], [2, 1], [1, 0], [0, 3]]),
+            (1, 64, 49, 10, [[10, 4], [2, 2], [1, 1], [4, 1], [5, 1]]),
+            (4, 3, 8, 8, [[1, 1], [1, 1], [1, 1], [0, 0], [0, 0]]),
+            (3, 5, 20, 41, [[3, 3], [2, 3], [2, 2], [2, 2], [2, 2]]),
+            // 4071 of the 4088 buffered floats.
+            (59, 6, 10, 21, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
+            // A row of one vector and 8 channels per tile, and odd m.
+            (8, 13, 8, 8, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
+        ];
+        for &(c, m, h, wd, [k, s, d, pb, pe]) in cases {
+            let g = geom(h, wd, k, s, d, pb, pe);
+            let x = rand(c * h * wd, &mut seed);
+            let w = rand(m * c * k[0] * k[1], &mut seed);
+            let b = rand(m, &mut seed);
+            for bias in [None, Some(&b[..])] {
+                let want = reference(&x, &w, bias, c, m, &g);
+                // One worker, and the rows split among 3 std threads.
+                for workers in [1, 3] {
+                    let _provider = (workers > 1).then(|| crate::par::testing::with(workers));
+                    let mut got = alloc::vec![f32::NAN; want.len()];
+                    // SAFETY: AVX2 and FMA detected above.
+                    let ok = unsafe { run(&x, &w, bias, &mut got, c, m, &g, workers) };
+                    assert!(ok, "{c} {m} {h} {wd} {k:?}");
+                    for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - e).abs() <= 1e-5 + 1e-4 * e.abs(),
+                            "case {c} {m} {h}×{wd} k{k:?} s{s:?} workers {workers}: y[{i}] {a} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_short_operands_and_other_kernels() {
+        let g = geom(8, 8, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1]);
+        let (x, w) = (alloc::vec![0f32; 2 * 64], alloc::vec![0f32; 4 * 2 * 9]);
+        let mut y = alloc::vec![0f32; 4 * 64];
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            return;
+        }
+        // SAFETY: AVX2 and FMA detected above.
+        unsafe {
+            assert!(run(&x, &w, None, &mut y, 2, 4, &g, 1));
+            assert!(!run(&x[1..], &w, None, &mut y, 2, 4, &g, 1));
+            assert!(!run(&x, &w[1..], None, &mut y, 2, 4, &g, 1));
+            assert!(!run(&x, &w, Some(&[0.0; 3]), &mut y, 2, 4, &g, 1));
+            assert!(!run(&x, &w, None, &mut y[1..], 2, 4, &g, 1));
+            // A 3-D window, and a kernel row wider than MAX_KW.
+            let mut g3 = g;
+            g3.inp[0] = 2;
+            assert!(!run(&x, &w, None, &mut y, 1, 4, &g3, 1));
+            let wide = geom(1, 40, [1, 17], [1, 1], [1, 1], [0, 0], [0, 0]);
+            assert!(!run(
+                &[0.0; 40],
+                &[0.0; 17],
+                None,
+                &mut [0.0; 24],
+                1,
+                1,
+                &wide,
+                1
+            ));
+            // Input rows past the buffer: 60 channels × 3 rows × 23 floats.
+            let big = geom(10, 21, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1]);
+            let (xb, wb) = (alloc::vec![0f32; 60 * 210], alloc::vec![0f32; 60 * 9]);
+            assert!(!run(
+                &xb,
+                &wb,
+                None,
+                &mut alloc::vec![0f32; 210],
+                60,
+                1,
+                &big,
+                1
+            ));
+        }
+    }
+}
