@@ -1,4 +1,5 @@
-//! Direct f32 convolution for x86_64 AVX2 + FMA: 2-D windows, any stride,
+//! Direct f32 convolution for x86_64 AVX2 + FMA (the module is built on
+//! x86_64 only): 2-D windows, any stride,
 //! dilation and padding, no im2col.
 //!
 //! The blocked GEMM runs a k × k Conv over an implicit im2col matrix whose
@@ -156,8 +157,7 @@ impl Plan {
 /// group over `g` on this CPU. It pays where im2col packing dominates the
 /// GEMM: few output channels per packed value.
 pub(crate) fn wanted(c: usize, m: usize, g: &Geom) -> bool {
-    cfg!(target_arch = "x86_64")
-        && super::cpu::kernels() == super::cpu::Kernels::Avx2Fma
+    super::cpu::kernels() == super::cpu::Kernels::Avx2Fma
         && m <= 64
         && g.out[2] >= 8
         && Plan::new(c, m, g).is_some()
@@ -184,25 +184,15 @@ pub(crate) fn conv(
         return false;
     }
     let workers = if serial { 1 } else { par::workers() };
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the kernels are Avx2Fma only when the CPU has AVX2 and
-        // FMA (`cpu::enable_avx2_fma`'s contract, or a build that targets
-        // them).
-        unsafe { run(x, w, b, y, c, m, g, workers) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (x, w, b, y, c, m, g, workers);
-        false
-    }
+    // SAFETY: the kernels are Avx2Fma only when the CPU has AVX2 and FMA
+    // (`cpu::enable_avx2_fma`'s contract, or a build that targets them).
+    unsafe { run(x, w, b, y, c, m, g, workers) }
 }
 
 /// [`conv`] with `workers` workers (1: on this thread).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn run(
     x: &[f32],
@@ -242,7 +232,6 @@ unsafe fn run(
 }
 
 /// The operands of one register tile.
-#[cfg(target_arch = "x86_64")]
 struct Tile {
     /// The first buffered row, at this tile's first column.
     buf: *const f32,
@@ -271,7 +260,6 @@ struct Tile {
 /// The CPU has AVX2 and FMA; [`Plan::fits`] holds for X, W, B and the
 /// `m · oh · ow` floats at `y`, and no other thread reads or writes rows
 /// `oy0 .. oy1` of Y's planes meanwhile.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn rows_avx2(
     plan: &Plan,
@@ -346,7 +334,6 @@ unsafe fn rows_avx2(
 ///
 /// # Safety
 /// As [`tile`].
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn dispatch(mb: usize, nx: usize, t: &Tile) {
     // SAFETY: forwarded.
@@ -433,7 +420,6 @@ fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize) {
 /// slack); `t.w` reaches `(MB - 1)·wk + rows·kw` floats, and `t.y` the
 /// `NX` vectors (the last masked) of `MB` planes at stride `out_sz`; `t.bias`
 /// is null or holds `MB` floats.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
     use core::arch::x86_64::*;
@@ -483,7 +469,7 @@ unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
     }
 }
 
-#[cfg(all(test, feature = "alloc", target_arch = "x86_64"))]
+#[cfg(all(test, feature = "alloc"))]
 mod tests {
     extern crate std;
     use super::*;

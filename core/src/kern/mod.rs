@@ -12,6 +12,8 @@
 
 pub mod cpu;
 #[cfg(feature = "alloc")]
+#[cfg(target_arch = "x86_64")]
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod dconv;
 pub(crate) mod dwconv;
 pub mod par;

@@ -137,6 +137,8 @@ impl<'a, T> SharedMut<'a, T> {
     /// strided part of it (rows of every plane). Writing through it is
     /// `unsafe`: within the slice, and no two tasks touching the same
     /// element.
+    // Used by the x86_64 direct Conv kernel only (`kern::dconv`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn as_mut_ptr(&self) -> *mut T {
         self.ptr
     }

@@ -10,6 +10,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{checked_numel, Error, ErrorKind, Result};
+#[cfg(target_arch = "x86_64")]
 use crate::kern::dconv;
 use crate::kern::dwconv;
 use crate::kern::par;
@@ -745,6 +746,7 @@ fn conv_gemm(
         return false;
     };
     let bias = b.and_then(|b| util::row(b, grp, mg).ok());
+    #[cfg(target_arch = "x86_64")]
     if !pointwise
         && dconv::wanted(sz.cg, mg, g)
         && dconv::conv(xg, wg, bias, yg, sz.cg, mg, g, serial)
