@@ -163,72 +163,67 @@ pub(crate) fn wanted(c: usize, m: usize, g: &Geom) -> bool {
         && Plan::new(c, m, g).is_some()
 }
 
-/// `y[o, :, :] = b[o] + Σ_{c, ky, kx} w[o, c, ky, kx] · x[c, window]` for
-/// the `m` output channels of one image and group (X: `c` planes, W: `m ×
-/// c × kh × kw`, Y: `m` planes). `false` (nothing reliable written) when
-/// the geometry is not one [`wanted`] takes, a length is short, or the CPU
-/// lacks AVX2 + FMA. Split by output rows among the workers of [`par`]
-/// unless `serial`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn conv(
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    y: &mut [f32],
-    c: usize,
-    m: usize,
-    g: &Geom,
-    serial: bool,
-) -> bool {
-    if super::cpu::kernels() != super::cpu::Kernels::Avx2Fma {
-        return false;
-    }
-    let workers = if serial { 1 } else { par::workers() };
-    // SAFETY: the kernels are Avx2Fma only when the CPU has AVX2 and FMA
-    // (`cpu::enable_avx2_fma`'s contract, or a build that targets them).
-    unsafe { run(x, w, b, y, c, m, g, workers) }
+/// One image and group of a Conv: X (`c` planes), W (`m × c × kh × kw`), the
+/// optional bias B (`m`), over `g`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Conv<'a> {
+    pub x: &'a [f32],
+    pub w: &'a [f32],
+    pub b: Option<&'a [f32]>,
+    pub c: usize,
+    pub m: usize,
+    pub g: &'a Geom,
 }
 
-/// [`conv`] with `workers` workers (1: on this thread).
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[allow(clippy::too_many_arguments)]
-unsafe fn run(
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    y: &mut [f32],
-    c: usize,
-    m: usize,
-    g: &Geom,
-    workers: usize,
-) -> bool {
-    let Some(plan) = Plan::new(c, m, g) else {
-        return false;
-    };
-    if !plan.fits(x.len(), w.len(), b.map(<[f32]>::len), y.len()) {
-        return false;
+impl Conv<'_> {
+    /// `y[o, :, :] = b[o] + Σ_{c, ky, kx} w[o, c, ky, kx] · x[c, window]`
+    /// for the `m` output planes of Y. `false` (nothing reliable written)
+    /// when the geometry is not one [`wanted`] takes, a length is short, or
+    /// the CPU lacks AVX2 + FMA. Split by output rows among the workers of
+    /// [`par`] unless `serial`.
+    pub(crate) fn run(&self, y: &mut [f32], serial: bool) -> bool {
+        if super::cpu::kernels() != super::cpu::Kernels::Avx2Fma {
+            return false;
+        }
+        let workers = if serial { 1 } else { par::workers() };
+        // SAFETY: the kernels are Avx2Fma only when the CPU has AVX2 and
+        // FMA (`cpu::enable_avx2_fma`'s contract, or a build that targets
+        // them).
+        unsafe { self.run_on(y, workers) }
     }
-    // Checked in `fits`.
-    let out_sz = plan.oh.wrapping_mul(plan.ow);
-    let wk = plan.c.wrapping_mul(plan.kh).wrapping_mul(plan.kw);
-    let macs = out_sz.saturating_mul(wk).saturating_mul(m);
-    let t = par::tasks(workers, macs, plan.oh);
-    if t <= 1 {
-        // SAFETY: AVX2 and FMA: forwarded; `fits` checked X, W, B and Y,
-        // and Y is borrowed mutably here.
-        unsafe { rows_avx2(&plan, x, w, b, y.as_mut_ptr(), (0, plan.oh)) };
-        return true;
+
+    /// [`Conv::run`] with `workers` workers (1: on this thread).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    unsafe fn run_on(&self, y: &mut [f32], workers: usize) -> bool {
+        let Conv { x, w, b, c, m, g } = *self;
+        let Some(plan) = Plan::new(c, m, g) else {
+            return false;
+        };
+        if !plan.fits(x.len(), w.len(), b.map(<[f32]>::len), y.len()) {
+            return false;
+        }
+        // Checked in `fits`.
+        let out_sz = plan.oh.wrapping_mul(plan.ow);
+        let wk = plan.c.wrapping_mul(plan.kh).wrapping_mul(plan.kw);
+        let macs = out_sz.saturating_mul(wk).saturating_mul(m);
+        let t = par::tasks(workers, macs, plan.oh);
+        if t <= 1 {
+            // SAFETY: AVX2 and FMA: forwarded; `fits` checked X, W, B and Y,
+            // and Y is borrowed mutably here.
+            unsafe { rows_avx2(&plan, x, w, b, y.as_mut_ptr(), (0, plan.oh)) };
+            return true;
+        }
+        let ys = par::SharedMut::new(y);
+        par::for_each(t, &|ti| {
+            // SAFETY: AVX2 and FMA: forwarded; `fits` checked X, W, B and Y
+            // (before it was shared); task ti writes only its output rows
+            // (par::chunk: disjoint from the other tasks') of each plane.
+            unsafe { rows_avx2(&plan, x, w, b, ys.as_mut_ptr(), par::chunk(plan.oh, t, ti)) };
+        });
+        true
     }
-    let ys = par::SharedMut::new(y);
-    par::for_each(t, &|ti| {
-        // SAFETY: AVX2 and FMA: forwarded; `fits` checked X, W, B and Y
-        // (before it was shared); task ti writes only its output rows
-        // (par::chunk: disjoint from the other tasks') of each plane.
-        unsafe { rows_avx2(&plan, x, w, b, ys.as_mut_ptr(), par::chunk(plan.oh, t, ti)) };
-    });
-    true
 }
 
 /// The operands of one register tile.
@@ -473,18 +468,8 @@ unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
 mod tests {
     extern crate std;
     use super::*;
+    use crate::kern::testing::rand;
     use alloc::vec::Vec;
-
-    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
 
     /// The reference: the loops of the ONNX definition.
     fn reference(
@@ -575,8 +560,16 @@ mod tests {
                 for workers in [1, 3] {
                     let _provider = (workers > 1).then(|| crate::par::testing::with(workers));
                     let mut got = alloc::vec![f32::NAN; want.len()];
+                    let op = Conv {
+                        x: &x,
+                        w: &w,
+                        b: bias,
+                        c,
+                        m,
+                        g: &g,
+                    };
                     // SAFETY: AVX2 and FMA detected above.
-                    let ok = unsafe { run(&x, &w, bias, &mut got, c, m, &g, workers) };
+                    let ok = unsafe { op.run_on(&mut got, workers) };
                     assert!(ok, "{c} {m} {h} {wd} {k:?}");
                     for (i, (a, e)) in got.iter().zip(&want).enumerate() {
                         assert!(
@@ -597,41 +590,40 @@ mod tests {
         if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
             return;
         }
-        // SAFETY: AVX2 and FMA detected above.
-        unsafe {
-            assert!(run(&x, &w, None, &mut y, 2, 4, &g, 1));
-            assert!(!run(&x[1..], &w, None, &mut y, 2, 4, &g, 1));
-            assert!(!run(&x, &w[1..], None, &mut y, 2, 4, &g, 1));
-            assert!(!run(&x, &w, Some(&[0.0; 3]), &mut y, 2, 4, &g, 1));
-            assert!(!run(&x, &w, None, &mut y[1..], 2, 4, &g, 1));
-            // A 3-D window, and a kernel row wider than MAX_KW.
-            let mut g3 = g;
-            g3.inp[0] = 2;
-            assert!(!run(&x, &w, None, &mut y, 1, 4, &g3, 1));
-            let wide = geom(1, 40, [1, 17], [1, 1], [1, 1], [0, 0], [0, 0]);
-            assert!(!run(
-                &[0.0; 40],
-                &[0.0; 17],
-                None,
-                &mut [0.0; 24],
-                1,
-                1,
-                &wide,
-                1
-            ));
-            // Input rows past the buffer: 60 channels × 3 rows × 23 floats.
-            let big = geom(10, 21, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1]);
-            let (xb, wb) = (alloc::vec![0f32; 60 * 210], alloc::vec![0f32; 60 * 9]);
-            assert!(!run(
-                &xb,
-                &wb,
-                None,
-                &mut alloc::vec![0f32; 210],
-                60,
-                1,
-                &big,
-                1
-            ));
-        }
+        let run = |x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [f32], c, m, g: &Geom| {
+            // SAFETY: AVX2 and FMA detected above.
+            unsafe { Conv { x, w, b, c, m, g }.run_on(y, 1) }
+        };
+        assert!(run(&x, &w, None, &mut y, 2, 4, &g));
+        assert!(!run(&x[1..], &w, None, &mut y, 2, 4, &g));
+        assert!(!run(&x, &w[1..], None, &mut y, 2, 4, &g));
+        assert!(!run(&x, &w, Some(&[0.0; 3]), &mut y, 2, 4, &g));
+        assert!(!run(&x, &w, None, &mut y[1..], 2, 4, &g));
+        // A 3-D window, and a kernel row wider than MAX_KW.
+        let mut g3 = g;
+        g3.inp[0] = 2;
+        assert!(!run(&x, &w, None, &mut y, 1, 4, &g3));
+        let wide = geom(1, 40, [1, 17], [1, 1], [1, 1], [0, 0], [0, 0]);
+        assert!(!run(
+            &[0.0; 40],
+            &[0.0; 17],
+            None,
+            &mut [0.0; 24],
+            1,
+            1,
+            &wide
+        ));
+        // Input rows past the buffer: 60 channels × 3 rows × 23 floats.
+        let big = geom(10, 21, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1]);
+        let (xb, wb) = (alloc::vec![0f32; 60 * 210], alloc::vec![0f32; 60 * 9]);
+        assert!(!run(
+            &xb,
+            &wb,
+            None,
+            &mut alloc::vec![0f32; 210],
+            60,
+            1,
+            &big
+        ));
     }
 }

@@ -747,11 +747,18 @@ fn conv_gemm(
     };
     let bias = b.and_then(|b| util::row(b, grp, mg).ok());
     #[cfg(target_arch = "x86_64")]
-    if !pointwise
-        && dconv::wanted(sz.cg, mg, g)
-        && dconv::conv(xg, wg, bias, yg, sz.cg, mg, g, serial)
-    {
-        return true;
+    if !pointwise && dconv::wanted(sz.cg, mg, g) {
+        let op = dconv::Conv {
+            x: xg,
+            w: wg,
+            b: bias,
+            c: sz.cg,
+            m: mg,
+            g,
+        };
+        if op.run(yg, serial) {
+            return true;
+        }
     }
     let beta = match bias {
         Some(bias) => {
