@@ -1,6 +1,6 @@
 //! Direct f32 convolution for x86_64 AVX2 + FMA (the module is built on
-//! x86_64 only): 2-D windows, any stride,
-//! dilation and padding, no im2col.
+//! x86_64 only): 2-D windows, column strides up to 8, any dilation and
+//! padding, no im2col.
 //!
 //! The blocked GEMM runs a k × k Conv over an implicit im2col matrix whose
 //! panels it packs from X ([`super::sgemm::Im2col`]); every packed value is
@@ -9,13 +9,15 @@
 //! the multiply-adds (perf on ResNet-8: `Im2col::pack` and its row copies
 //! 52 %, the micro-kernel 37 %). Here nothing is packed per output channel:
 //! for each output row, the input rows its windows read (all input
-//! channels: the geometry must fit [`BUF`]) are copied once into a stack buffer,
-//! zero-padded, and split by column phase when the stride is above one (so
-//! the columns a tap reads for consecutive outputs are contiguous). Then a
-//! register tile of up to 4 output channels × 24 output columns (3 vectors
-//! of 8) or 8 channels × 8 columns sums, for every buffered row and tap, a
+//! channels: the geometry must fit [`BUF`]) are copied once into a stack
+//! buffer, zero-padded, and split by column phase when the stride is above
+//! one (so the columns a tap reads for consecutive outputs are contiguous).
+//! Then register tiles of 12 accumulators — up to 4 output channels × 3
+//! vectors of 8 output columns, 6 × 2, or 12 × 1, the channels shared out
+//! evenly among a row's tiles — sum, for every buffered row and tap, a
 //! broadcast weight times 8 consecutive buffered inputs. The last vector of
-//! a row is masked when the row width is not a multiple of 8.
+//! a row is masked when the row width is not a multiple of 8. Rows are
+//! split among the workers of [`par`].
 //!
 //! Every output is `bias + Σ w·x` over the taps in the same order as the
 //! reference loops (input channel, kernel row, kernel column), with fused

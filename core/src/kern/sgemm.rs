@@ -6,8 +6,10 @@
 //! `KC` (256) steps of k; a micro-kernel reads
 //! - A in place, through a row stride and a column stride (so plain and
 //!   transposed A cost the same, and Conv weights are never copied), and
-//! - B either in place, when it is a dense row-major matrix and the tile is
-//!   full width, or from a `KC × NR` panel packed on the stack (16 KiB):
+//! - B either in place, when it is a dense row-major matrix, the tile is
+//!   full width and the row stride does not alias in L1 where many row
+//!   tiles reuse the panel ([`aliases`]), or from a `KC × NR` panel packed
+//!   on the stack (16 KiB):
 //!   transposed B, the last partial tile, and Conv's implicit im2col
 //!   ([`Im2col`]: the patch matrix is never materialized, only one panel of
 //!   it at a time).
@@ -431,7 +433,7 @@ const PACK_ROWS: usize = 8 * MR;
 /// `16 · 2^j` floats (`2^j` cache lines) puts the rows on only `64 / 2^j` of
 /// the 64 sets of a 32 KiB 8-way L1, 8 lines each: `ldb` 256 or 1024 (the
 /// transformer's weights) keep 32 or 8 rows of the 256, and a 112 × 112
-/// pointwise Conv's 12,544 keeps 32. Half the sets' lines are left for A
+/// pointwise Conv's 12,544 keeps 32. Half of those lines are left for A
 /// and C.
 ///
 /// Packing copies B once per GEMM; it pays only where many row tiles reuse
