@@ -155,7 +155,7 @@ impl Plan {
     }
 }
 
-/// Whether [`conv`] takes a Conv of `c` input and `m` output channels per
+/// Whether [`Conv::run`] takes a Conv of `c` input and `m` output channels per
 /// group over `g` on this CPU. It pays where im2col packing dominates the
 /// GEMM: few output channels per packed value.
 pub(crate) fn wanted(c: usize, m: usize, g: &Geom) -> bool {
@@ -232,7 +232,7 @@ impl Conv<'_> {
 struct Tile {
     /// The first buffered row, at this tile's first column.
     buf: *const f32,
-    /// Buffered rows (input channels of the chunk × kernel rows).
+    /// Buffered rows (input channels × kernel rows).
     rows: usize,
     rs: usize,
     kw: usize,
