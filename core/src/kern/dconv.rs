@@ -470,7 +470,7 @@ unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
 mod tests {
     extern crate std;
     use super::*;
-    use crate::kern::testing::rand;
+    use crate::ops::testing::rnd;
     use alloc::vec::Vec;
 
     /// The reference: the loops of the ONNX definition.
@@ -553,9 +553,10 @@ mod tests {
         ];
         for &(c, m, h, wd, [k, s, d, pb, pe]) in cases {
             let g = geom(h, wd, k, s, d, pb, pe);
-            let x = rand(c * h * wd, &mut seed);
-            let w = rand(m * c * k[0] * k[1], &mut seed);
-            let b = rand(m, &mut seed);
+            seed += 3;
+            let x = rnd(c * h * wd, seed);
+            let w = rnd(m * c * k[0] * k[1], seed + 1);
+            let b = rnd(m, seed + 2);
             for bias in [None, Some(&b[..])] {
                 let want = reference(&x, &w, bias, c, m, &g);
                 // One worker, and the rows split among 3 std threads.

@@ -307,24 +307,6 @@ pub(crate) fn check_len(got: usize, want: usize) -> crate::Result<()> {
     Ok(())
 }
 
-/// Helpers shared by the kernels' tests.
-#[cfg(all(test, feature = "alloc"))]
-pub(crate) mod testing {
-    use alloc::vec::Vec;
-
-    /// `n` values in [-0.5, 0.5) from a linear congruential generator.
-    pub(crate) fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     extern crate std;

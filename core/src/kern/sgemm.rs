@@ -898,7 +898,16 @@ mod tests {
     use alloc::vec;
     use alloc::vec::Vec;
 
-    use crate::kern::testing::rand;
+    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
 
     #[allow(unused_mut)] // only pushed to on x86_64 and aarch64
     fn kinds() -> Vec<Kernels> {
