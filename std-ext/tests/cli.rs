@@ -314,7 +314,7 @@ fn inspect_optimized_lists_the_rewritten_graph() {
         "{out}"
     );
     assert!(
-        out.contains("rewrites: 3 (transpose 0, identity 1, batchnorm 1, bias 0, gemm 0, activation 0, dead 1)"),
+        out.contains("rewrites: 3 (transpose 0, identity 1, batchnorm 1, bias 0, gemm 0, gelu 0, activation 0, dead 1)"),
         "{out}"
     );
     assert!(

@@ -760,15 +760,6 @@ fn conv_gemm(
             return true;
         }
     }
-    let beta = match bias {
-        Some(bias) => {
-            for (row, &bv) in yg.chunks_of_mut(out_sz).zip(bias) {
-                row.fill(bv);
-            }
-            1.0
-        }
-        None => 0.0,
-    };
     let a = MatA {
         a: wg,
         rs: kk,
@@ -776,16 +767,18 @@ fn conv_gemm(
     };
     if pointwise {
         let src = sgemm::Dense { b: xg, ldb: in_sz };
-        gemm_on(serial, mg, out_sz, kk, a, &src, yg, beta)
+        gemm_on(serial, mg, out_sz, kk, a, &src, yg, bias)
     } else {
         let Some(src) = sgemm::Im2col::new(xg, g) else {
             return false;
         };
-        gemm_on(serial, mg, out_sz, kk, a, &src, yg, beta)
+        gemm_on(serial, mg, out_sz, kk, a, &src, yg, bias)
     }
 }
 
-/// `Y = W · B + beta · Y` (Y `m × n`, dense), on this thread or split.
+/// `Y = W · B (+ bias per row)` (Y `m × n`, dense), on this thread or
+/// split.
+#[allow(clippy::too_many_arguments)]
 fn gemm_on<B: sgemm::SrcB + Sync>(
     serial: bool,
     m: usize,
@@ -794,12 +787,12 @@ fn gemm_on<B: sgemm::SrcB + Sync>(
     a: MatA<'_>,
     b: &B,
     y: &mut [f32],
-    beta: f32,
+    bias: Option<&[f32]>,
 ) -> bool {
-    if serial {
-        sgemm::sgemm_serial(m, n, k, a, b, y, n, 1.0, beta)
-    } else {
-        sgemm::sgemm(m, n, k, a, b, y, n, 1.0, beta)
+    match bias {
+        Some(bias) => sgemm::sgemm_bias(serial, m, n, k, a, b, y, n, bias),
+        None if serial => sgemm::sgemm_serial(m, n, k, a, b, y, n, 1.0, 0.0),
+        None => sgemm::sgemm(m, n, k, a, b, y, n, 1.0, 0.0),
     }
 }
 
@@ -845,8 +838,10 @@ crate::kern::cpu::avx2_variant! {
 /// [`DepthwiseJob::planes_body`] over planes `range`, compiled for AVX2 +
 /// FMA as well (a function of its own rather than the task closure: a
 /// closure does not inherit the target features of its enclosing
-/// function). The loops have no fused multiply-adds to contract, so the
-/// results are the same bits with or without the wider vectors.
+/// function). Its loops have no fused multiply-adds to contract, so they
+/// give the same bits with or without the wider vectors; planes with rows
+/// of at most 8 floats take `dwconv::narrow_avx2` there, whose fused
+/// products round differently (within the ONNX tolerance).
 fn depthwise_planes(job: &DepthwiseJob<'_, '_>, range: (usize, usize)) -> bool {
     job.planes_body(range)
 }
@@ -869,7 +864,10 @@ impl DepthwiseJob<'_, '_> {
         let DepthwiseJob { x, w, b, ys, p } = *self;
         let g = &p.g;
         let (in_sz, out_sz, k_sz) = (p.sz.in_sz, p.sz.out_sz, p.sz.k_sz);
-        let mut flat = dwconv::Flat::new(g);
+        // Built on first use: its buffers are 48 KiB to zero.
+        let mut flat: Option<dwconv::Flat> = None;
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma;
         for i in lo..hi {
             let Some(c) = i.checked_rem(p.m) else {
                 return false;
@@ -887,6 +885,13 @@ impl DepthwiseJob<'_, '_> {
                 return false;
             };
             let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
+            // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and
+            // FMA.
+            #[cfg(target_arch = "x86_64")]
+            if avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g) } {
+                continue;
+            }
+            let flat = flat.get_or_insert_with(|| dwconv::Flat::new(g));
             if !flat.plane(yp, xp, wk, bias) && !dwconv::plane(yp, xp, wk, bias, g) {
                 return false;
             }

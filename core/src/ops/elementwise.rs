@@ -954,26 +954,117 @@ fn prepare_erf(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     .in_place())
 }
 
-crate::kern::cpu::avx2_variant! {
 /// Erf over f32 values in a loop of its own, where [`math::erf`] inlines and
-/// the loop vectorizes (through `Unary::map` it stayed a call per value),
-/// on 8 lanes where the CPU has AVX2 (the same operations as on 4: no
-/// multiply-add is contracted, so the same bits).
+/// the loop vectorizes (through `Unary::map` it stayed a call per value);
+/// with AVX2 + FMA ([`crate::kern::cpu::Kernels::Avx2Fma`]),
+/// [`math::erf8_avx2`] on 8 lanes, whose fused multiply-adds round
+/// differently from the portable form (both within 3 ulp of erf).
 #[inline(never)]
 fn erf_f32(u: crate::ops::Unary<'_, f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and FMA.
+        return unsafe { map8_avx2(u, |v| math::erf8_avx2(v)) };
+    }
+    each(u, math::erf);
+}
+
+/// Gelu (`approximate = "none"`) over f32 values, as [`erf_f32`]:
+/// `0.5 · x · (1 + erf(x / √2))`.
+#[inline(never)]
+pub(crate) fn gelu_f32(u: crate::ops::Unary<'_, f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma {
+        // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and FMA.
+        return unsafe {
+            map8_avx2(u, |v| {
+                use core::arch::x86_64::*;
+                let c = _mm256_set1_ps;
+                let e = math::erf8_avx2(_mm256_mul_ps(v, c(core::f32::consts::FRAC_1_SQRT_2)));
+                _mm256_mul_ps(_mm256_mul_ps(c(0.5), v), _mm256_add_ps(c(1.0), e))
+            })
+        };
+    }
+    each(u, gelu);
+}
+
+/// `y = f(x)` in loops of their own, where `f` inlines and the loop
+/// vectorizes (through `Unary::map` such a body stayed a call per value).
+#[inline(always)]
+fn each(u: crate::ops::Unary<'_, f32>, f: impl Fn(f32) -> f32) {
     match u {
         crate::ops::Unary::Separate(x, y) => {
             for (o, &i) in y.iter_mut().zip(x) {
-                *o = math::erf(i);
+                *o = f(i);
             }
         }
         crate::ops::Unary::InPlace(y) => {
             for o in y.iter_mut() {
-                *o = math::erf(*o);
+                *o = f(*o);
             }
         }
     }
 }
+
+/// `0.5 · x · (1 + erf(x / √2))` (ONNX Gelu, `approximate = "none"`).
+#[inline(always)]
+pub(crate) fn gelu(v: f32) -> f32 {
+    0.5 * v * (1.0 + math::erf(v * core::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `y = f(x)` 8 floats at a time (a short tail through a zero-padded
+/// array).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn map8_avx2(
+    u: crate::ops::Unary<'_, f32>,
+    f: impl Fn(core::arch::x86_64::__m256) -> core::arch::x86_64::__m256,
+) {
+    use core::arch::x86_64::*;
+    let one = |y: &mut [f32], x: Option<&[f32]>| {
+        let mut a = [0f32; 8];
+        let n = y.len().min(8);
+        let src = x.unwrap_or(y);
+        for (d, &s) in a.iter_mut().zip(src.iter().take(n)) {
+            *d = s;
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: loads and stores of 8 floats from and into arrays of 8.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), f(_mm256_loadu_ps(a.as_ptr()))) };
+        for (d, &s) in y.iter_mut().zip(&out) {
+            *d = s;
+        }
+    };
+    match u {
+        crate::ops::Unary::Separate(x, y) => {
+            let mut yc = y.chunks_exact_mut(8);
+            let mut xc = x.chunks_exact(8);
+            for (yv, xv) in (&mut yc).zip(&mut xc) {
+                if let (Ok(yv), Ok(xv)) = (<&mut [f32; 8]>::try_from(yv), <&[f32; 8]>::try_from(xv))
+                {
+                    // SAFETY: 8 floats read from and written to arrays of 8.
+                    unsafe { _mm256_storeu_ps(yv.as_mut_ptr(), f(_mm256_loadu_ps(xv.as_ptr()))) };
+                }
+            }
+            let y = yc.into_remainder();
+            if !y.is_empty() {
+                one(y, Some(xc.remainder()));
+            }
+        }
+        crate::ops::Unary::InPlace(y) => {
+            let mut yc = y.chunks_exact_mut(8);
+            for yv in &mut yc {
+                if let Ok(yv) = <&mut [f32; 8]>::try_from(yv) {
+                    // SAFETY: 8 floats read and written in an array of 8.
+                    unsafe { _mm256_storeu_ps(yv.as_mut_ptr(), f(_mm256_loadu_ps(yv.as_ptr()))) };
+                }
+            }
+            let y = yc.into_remainder();
+            if !y.is_empty() {
+                one(y, None);
+            }
+        }
+    }
 }
 
 macro_rules! sign_fn {

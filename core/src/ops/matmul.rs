@@ -691,6 +691,27 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
             kernel("MatMul", move |io| run_matmul::<f32, half::f16>(io, &p)),
         ));
     }
+    // A constant 2-D f32 B is packed once for the blocked kernels (all
+    // batch matrices share it); the kernel falls back to B itself if the
+    // reference kernels are selected later.
+    let packed = match (dt, rb, b.value) {
+        (DType::F32, 2, Some(v)) if sgemm::enabled() => sgemm::Packed::new(
+            &Dense {
+                b: v.as_slice::<f32>()?,
+                ldb: n,
+            },
+            k,
+            n,
+        ),
+        _ => None,
+    };
+    if let Some(pk) = packed {
+        return Ok(Prepared::single(
+            dt,
+            &out_shape,
+            kernel("MatMul", move |io| run_matmul_packed(io, &p, &pk)),
+        ));
+    }
     util::with_float!(dt, T => {
         let scratch = util::acc_scratch::<T>(mn)?;
         Ok(Prepared::single(dt, &out_shape, kernel("MatMul", move |io| run_matmul::<T, T>(io, &p)))
@@ -759,6 +780,46 @@ fn run_matmul<T: Float, W: Float<Acc = T::Acc>>(
             let acc = util::acc_buf::<T>(scratch, mn)?;
             gemm(m, n, k, av, k, false, bv, n, false, acc, n, one, zero)?;
             util::store(yv, acc);
+        }
+    }
+    Ok(())
+}
+
+/// f32 MatMul whose 2-D B was packed at prepare ([`sgemm::Packed`]): each
+/// batch matrix of A times it on the blocked kernels, the same operations
+/// in the same order as with B packed on every run; [`run_matmul`] when
+/// the reference kernels are selected.
+fn run_matmul_packed(io: &mut KernelIo<'_>, p: &MatMulParams, pk: &sgemm::Packed) -> Result<()> {
+    if !sgemm::enabled() {
+        return run_matmul::<f32, f32>(io, p);
+    }
+    let (m, n, k, mk, mn) = (p.m, p.n, p.k, p.mk, p.mn);
+    if pk.k() != k || pk.n() != n {
+        return Err(Error::new(ErrorKind::Internal("MatMul: packed B shape")));
+    }
+    let a = io.input_slice::<f32>(0)?;
+    let y = io.output_slice::<f32>(0)?;
+    if mn == 0 {
+        return Ok(());
+    }
+    let mut ys = y.chunks_of_mut(mn);
+    for [oa, _] in StridedIter::new(&p.batch, [p.sa, p.sb]) {
+        let av = oa
+            .checked_add(mk)
+            .and_then(|end| a.get(oa..end))
+            .ok_or(len_err(oa.saturating_add(mk), a.len()))?;
+        let yv = ys
+            .next()
+            .ok_or(Error::new(ErrorKind::Internal("MatMul output")))?;
+        let ma = MatA {
+            a: av,
+            rs: k,
+            cs: 1,
+        };
+        if !sgemm::sgemm(m, n, k, ma, pk, yv, n, 1.0, 0.0) {
+            return Err(Error::new(ErrorKind::Internal(
+                "MatMul: blocked GEMM bounds",
+            )));
         }
     }
     Ok(())

@@ -13,10 +13,11 @@
 //! | `batchnorm` | Conv / ConvTranspose → BatchNormalization → one Conv with W·s, (b−mean)·s+β, s = γ/√(var+ε) (f64) |
 //! | `bias` | Conv / Gemm → Add of a per-channel constant → into the bias; Conv / Gemm / MatMul → Mul of a per-channel constant → into the weights |
 //! | `gemm` | MatMul (2-D A, constant 2-D B) → Add of a constant along N → Gemm |
+//! | `gelu` | x / √2 (or x · 1/√2) → Erf → + 1 → · x → · 0.5, the factors in any of PyTorch's orders → one Gelu (opset 20; onnxruntime fuses the same pattern) |
 //! | `activation` | Conv (constant f32 W) → Relu / Clip (constant bounds) / LeakyRelu / Sigmoid / Tanh / HardSigmoid / HardSwish → one `com.microsoft.FusedConv` (onnxruntime's op and attributes, plus HardSwish; the activation runs on the output in the same step); Gemm → activation is left alone |
 //! | `dead` | nodes nobody reads removed; then tensors nobody names dropped (unused initializers with them) |
 //!
-//! The first six repeat until none applies (a BN fold may expose an Add
+//! The first seven repeat until none applies (a BN fold may expose an Add
 //! fold behind it); `dead` runs last. A tensor that is a graph output or is
 //! read by a control-flow node (whose body may capture it by name) is
 //! *pinned*: no rewrite removes it or renames its producer away, so graph
@@ -44,6 +45,8 @@ pub enum Pass {
     Bias,
     /// MatMul + constant Add turned into Gemm.
     Gemm,
+    /// The Erf form of GELU (five element-wise nodes) turned into Gelu.
+    Gelu,
     /// An activation after a Conv fused into it (`FusedConv`).
     Activation,
     /// Nodes whose outputs nobody reads, and unused tensors, removed.
@@ -52,12 +55,13 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, in run order.
-    pub const ALL: [Pass; 7] = [
+    pub const ALL: [Pass; 8] = [
         Pass::Transpose,
         Pass::Identity,
         Pass::BatchNorm,
         Pass::Bias,
         Pass::Gemm,
+        Pass::Gelu,
         Pass::Activation,
         Pass::Dead,
     ];
@@ -69,6 +73,7 @@ impl Pass {
             Pass::BatchNorm => "batchnorm",
             Pass::Bias => "bias",
             Pass::Gemm => "gemm",
+            Pass::Gelu => "gelu",
             Pass::Activation => "activation",
             Pass::Dead => "dead",
         }
@@ -95,6 +100,7 @@ pub fn run(g: &mut Graph) -> Vec<Rewrite> {
         Pass::BatchNorm,
         Pass::Bias,
         Pass::Gemm,
+        Pass::Gelu,
         // Last: BatchNormalization and bias folds into a Conv come first
         // (a FusedConv is no longer a default-domain Conv).
         Pass::Activation,
@@ -292,6 +298,7 @@ fn find(g: &Graph, ix: &Ix, pass: Pass, i: usize) -> Option<Edit> {
         Pass::BatchNorm => batchnorm(g, ix, i, n),
         Pass::Bias => bias(g, ix, i, n),
         Pass::Gemm => gemm(g, ix, i, n),
+        Pass::Gelu => gelu(g, ix, i, n),
         Pass::Activation => activation(g, ix, i, n),
         Pass::Dead => None,
     }
@@ -944,6 +951,127 @@ fn gemm(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
 }
 
 // ---------------------------------------------------------------------------
+// gelu
+
+/// `v` is `want` to within 1e-5 of it (exporters write √2 and 1/√2 in f32).
+fn near(v: f32, want: f32) -> bool {
+    (v - want).abs() <= 1e-5 * want.abs()
+}
+
+/// For a binary `op` node with one scalar f32 constant: its other operand
+/// (which must be `x` when given) and the constant. Div only as
+/// `operand / constant`. A constant of rank 1 or more must not raise the
+/// rank of the other operand (a rank that is not known does not match).
+fn scalar_op(
+    g: &Graph,
+    ix: &Ix,
+    n: &Node,
+    op: &str,
+    x: Option<TensorId>,
+) -> Option<(TensorId, f32)> {
+    if !is_op(n, op) || n.outputs.len() != 1 {
+        return None;
+    }
+    let (a, c, shape, v) = const_operand(g, n)?;
+    if (op == "Div" && input(n, 1)? != c) || x.is_some_and(|x| x != a) {
+        return None;
+    }
+    let &[v] = v else { return None };
+    if !shape.is_empty() && known_rank(g, ix, a, 16).is_none_or(|r| r < shape.len()) {
+        return None;
+    }
+    Some((a, v))
+}
+
+/// The single reader of `t` (read once, not pinned), with its index.
+fn sole_reader<'g>(g: &'g Graph, ix: &Ix, t: TensorId) -> Option<(usize, &'g Node)> {
+    let &[r] = ix.readers(t) else { return None };
+    (!ix.pinned(t)).then_some(())?;
+    Some((r, g.nodes.get(r)?))
+}
+
+/// `Erf` node `n` (index `i`) as the middle of `0.5 · x · (1 + erf(x/√2))`:
+/// the five nodes become one Gelu that writes the last one's output.
+fn gelu(g: &Graph, ix: &Ix, i: usize, n: &Node) -> Option<Edit> {
+    if !is_op(n, "Erf") || n.inputs.len() != 1 || n.outputs.len() != 1 {
+        return None;
+    }
+    let scaled = input(n, 0)?;
+    let (pi, p) = ix.producer(g, scaled)?;
+    if !ix.only_read_by(scaled, i) {
+        return None;
+    }
+    let x = match (
+        scalar_op(g, ix, p, "Div", None),
+        scalar_op(g, ix, p, "Mul", None),
+    ) {
+        (Some((x, c)), _) if near(c, core::f32::consts::SQRT_2) => x,
+        (_, Some((x, c))) if near(c, core::f32::consts::FRAC_1_SQRT_2) => x,
+        _ => return None,
+    };
+    let (ai, a) = sole_reader(g, ix, output(n, 0)?)?;
+    if scalar_op(g, ix, a, "Add", output(n, 0))?.1 != 1.0 {
+        return None;
+    }
+    let (m1i, m1) = sole_reader(g, ix, output(a, 0)?)?;
+    if !is_op(m1, "Mul") || m1.inputs.len() != 2 || m1.outputs.len() != 1 {
+        return None;
+    }
+    let sum = output(a, 0)?;
+    let other = match (input(m1, 0)?, input(m1, 1)?) {
+        (s, o) | (o, s) if s == sum && o != sum => o,
+        _ => return None,
+    };
+    let half = |v: f32| v == 0.5;
+    // (index, node) of the node removed besides p, n, a, m1, and of the
+    // one whose output the Gelu writes.
+    let (extra, last) = if other == x {
+        // ((1 + erf) · x) · 0.5
+        let (m2i, m2) = sole_reader(g, ix, output(m1, 0)?)?;
+        half(scalar_op(g, ix, m2, "Mul", output(m1, 0))?.1).then_some(())?;
+        (m1i, (m2i, m2))
+    } else if let Some((_, v)) = scalar_op(g, ix, m1, "Mul", Some(sum)) {
+        // ((1 + erf) · 0.5) · x
+        half(v).then_some(())?;
+        let (m2i, m2) = sole_reader(g, ix, output(m1, 0)?)?;
+        let m1o = output(m1, 0)?;
+        let ok = is_op(m2, "Mul")
+            && m2.outputs.len() == 1
+            && matches!((input(m2, 0)?, input(m2, 1)?), (s, o) | (o, s) if s == m1o && o == x && o != s);
+        ok.then_some(())?;
+        (m1i, (m2i, m2))
+    } else {
+        // (x · 0.5) · (1 + erf)
+        let (hi, h) = ix.producer(g, other)?;
+        half(scalar_op(g, ix, h, "Mul", Some(x))?.1).then_some(())?;
+        ix.only_read_by(other, m1i).then_some(())?;
+        (hi, (m1i, m1))
+    };
+    let (li, l) = last;
+    let fused = Node {
+        op_type: "Gelu".into(),
+        domain: String::new(),
+        opset: 20,
+        inputs: alloc::vec![Some(x)],
+        outputs: alloc::vec![Some(output(l, 0)?)],
+        attrs: Vec::new(),
+        ..n.clone()
+    };
+    let mut e = Edit::new(
+        Pass::Gelu,
+        label(n, i),
+        alloc::format!(
+            "Erf '{}' and the Div/Mul/Add/Mul around it became Gelu",
+            label(n, i)
+        ),
+    );
+    e.set.push((li, fused));
+    e.remove
+        .extend([pi, i, ai, m1i, extra].into_iter().filter(|&k| k != li));
+    Some(e)
+}
+
+// ---------------------------------------------------------------------------
 // activation
 
 /// A scalar f32 constant input `k` of `n`; `Some(None)` when absent.
@@ -1580,6 +1708,75 @@ mod tests {
         let y3 = b.node("Add", &[mm3, a], vec![]);
         let m = check(b, &[y1, y2, y3, mm3], 1e-6);
         assert_eq!(ops(&m), ["MatMul", "Add", "MatMul", "Add", "MatMul", "Add"]);
+    }
+
+    /// `0.5 · x · (1 + erf(x/√2))` in the three orders PyTorch exports,
+    /// with Div by √2 or Mul by 1/√2.
+    fn gelu_graph(order: usize, div: bool, seed: u64) -> (G, TensorId) {
+        let mut b = G::new(seed);
+        let x = b.input("x", &[2, 3, 40]);
+        let x = b.node("Relu", &[x], vec![]);
+        let x = b.node("Neg", &[x], vec![]);
+        let s = if div {
+            let c = b.cf(&[], &[core::f32::consts::SQRT_2]);
+            b.node("Div", &[x, c], vec![])
+        } else {
+            let c = b.cf(&[1], &[core::f32::consts::FRAC_1_SQRT_2]);
+            b.node("Mul", &[c, x], vec![])
+        };
+        let e = b.node("Erf", &[s], vec![]);
+        let one = b.cf(&[], &[1.0]);
+        let a = b.node("Add", &[one, e], vec![]);
+        let half = b.cf(&[], &[0.5]);
+        let y = match order {
+            0 => {
+                let m = b.node("Mul", &[x, a], vec![]);
+                b.node("Mul", &[m, half], vec![])
+            }
+            1 => {
+                let m = b.node("Mul", &[a, half], vec![]);
+                b.node("Mul", &[x, m], vec![])
+            }
+            _ => {
+                let h = b.node("Mul", &[half, x], vec![]);
+                b.node("Mul", &[a, h], vec![])
+            }
+        };
+        (b, y)
+    }
+
+    #[test]
+    fn erf_gelu_becomes_gelu() {
+        for order in 0..3 {
+            for div in [true, false] {
+                let (mut b, y) = gelu_graph(order, div, 7);
+                // Inputs of both signs (Relu then Neg would make them ≤ 0).
+                b.g.nodes.remove(0);
+                let x = b.g.inputs[0];
+                b.g.nodes[0].inputs[0] = Some(x);
+                let m = check(b, &[y], 1e-5);
+                assert_eq!(ops(&m), ["Neg", "Gelu"], "order {order}, div {div}");
+                assert_eq!(count(&m, Pass::Gelu), 1);
+                assert_eq!(m.output_names().next(), Some(y_name(y).as_str()));
+            }
+        }
+        // Not GELU: a wrong constant, an intermediate read elsewhere (also
+        // a graph output), a constant that broadcasts x to a higher rank.
+        let (mut b, y) = gelu_graph(0, true, 7);
+        let c = b.g.nodes[2].inputs[1].unwrap() as usize;
+        b.g.tensors[c].value = Some(Const::from_slice(&[], &[1.5f32]).unwrap());
+        let m = check(b, &[y], 1e-5);
+        assert_eq!(count(&m, Pass::Gelu), 0);
+        let (b, y) = gelu_graph(1, false, 7);
+        let e = b.g.nodes[3].outputs[0].unwrap();
+        let m = check(b, &[y, e], 1e-5);
+        assert_eq!(count(&m, Pass::Gelu), 0);
+        let (mut b, y) = gelu_graph(2, true, 7);
+        let half = b.g.nodes[5].inputs[0].unwrap() as usize;
+        b.g.tensors[half].value = Some(Const::from_slice(&[1, 1, 1, 1], &[0.5f32]).unwrap());
+        let m = check(b, &[y], 1e-5);
+        assert_eq!(count(&m, Pass::Gelu), 0);
+        assert_eq!(ops(&m).len(), 7);
     }
 
     #[test]
