@@ -391,24 +391,6 @@ pub(crate) fn sgemm<B: SrcB + Sync>(
     sgemm_with(kind, par::workers(), m, n, k, a, b, c, ldc, alpha, beta)
 }
 
-/// [`sgemm`] on the calling thread only (the caller already split its work
-/// among the workers).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn sgemm_serial<B: SrcB + Sync>(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatA<'_>,
-    b: &B,
-    c: &mut [f32],
-    ldc: usize,
-    alpha: f32,
-    beta: f32,
-) -> bool {
-    let kind = kernels_now();
-    sgemm_with(kind, 1, m, n, k, a, b, c, ldc, alpha, beta)
-}
-
 /// The driver. With `workers > 1` the output is cut into rectangles of
 /// whole column panels (`NR`) and whole row tiles (`MR`), columns first (a
 /// task then packs only its own panels of B); each rectangle is one task
@@ -430,17 +412,51 @@ fn sgemm_with<B: SrcB + Sync>(
     alpha: f32,
     beta: f32,
 ) -> bool {
-    sgemm_init(kind, workers, m, n, k, a, b, c, ldc, alpha, beta, None)
+    let ep = Epilogue::default();
+    sgemm_init(kind, workers, m, n, k, a, b, c, ldc, alpha, beta, ep)
 }
 
-/// `C = A·B + bias` (bias `[i]` added along row `i` of C, `m` values) on
-/// this thread (`serial`) or split among the workers: the bias goes in as
-/// the first k block's tiles are written, so C is written once, never
-/// filled first and read back (Conv's bias on a 1.8 MB output row by row
-/// was two extra passes over memory). The sums are those of C filled
-/// with the bias and `beta = 1` (`bias + A·B` per element, added last).
+/// What a GEMM does to C as it writes it ([`sgemm_out`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Epilogue<'b> {
+    /// Added along each row of C (`[i]` to row `i`, `m` values).
+    pub bias: Option<&'b [f32]>,
+    /// Each value of C clamped to `[lo, hi]` once its sum is complete, as
+    /// Clip (and Relu, `(0, ∞)`) compute it: `v < lo` gives `lo`, then
+    /// `v > hi` gives `hi`, NaN stays NaN.
+    pub clamp: Option<(f32, f32)>,
+}
+
+/// [`clamp_one`] if `C`, else `v`.
+#[inline(always)]
+fn clamp_if<const C: bool>(v: f32, cl: (f32, f32)) -> f32 {
+    if C {
+        clamp_one(v, cl)
+    } else {
+        v
+    }
+}
+
+/// `v` clamped as [`Epilogue::clamp`] says.
+#[inline(always)]
+pub(crate) fn clamp_one(v: f32, (lo, hi): (f32, f32)) -> f32 {
+    let v = if v < lo { lo } else { v };
+    if v > hi {
+        hi
+    } else {
+        v
+    }
+}
+
+/// `C = A·B (+ bias) (clamped)` on this thread (`serial`) or split among
+/// the workers, C written once: the bias goes in as the first k block's
+/// tiles are written, the clamp as the last one's are (Conv's bias on a
+/// 1.8 MB output, filled first and read back, and its Relu6 as a pass of
+/// its own, were extra passes over memory). The sums are those of C
+/// filled with the bias and `beta = 1` (`bias + A·B` per element, added
+/// last), then clamped.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn sgemm_bias<B: SrcB + Sync>(
+pub(crate) fn sgemm_out<B: SrcB + Sync>(
     serial: bool,
     m: usize,
     n: usize,
@@ -449,27 +465,14 @@ pub(crate) fn sgemm_bias<B: SrcB + Sync>(
     b: &B,
     c: &mut [f32],
     ldc: usize,
-    bias: &[f32],
+    ep: Epilogue<'_>,
 ) -> bool {
     let workers = if serial { 1 } else { par::workers() };
-    sgemm_init(
-        kernels_now(),
-        workers,
-        m,
-        n,
-        k,
-        a,
-        b,
-        c,
-        ldc,
-        1.0,
-        1.0,
-        Some(bias),
-    )
+    sgemm_init(kernels_now(), workers, m, n, k, a, b, c, ldc, 1.0, 0.0, ep)
 }
 
-/// [`sgemm_with`], or with a row bias instead of `beta · C` (`bias`:
-/// [`sgemm_bias`]).
+/// [`sgemm_with`], with an [`Epilogue`] ([`sgemm_out`]; a bias replaces
+/// `beta · C`).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn sgemm_init<B: SrcB + Sync>(
@@ -484,11 +487,12 @@ fn sgemm_init<B: SrcB + Sync>(
     ldc: usize,
     alpha: f32,
     beta: f32,
-    bias: Option<&[f32]>,
+    ep: Epilogue<'_>,
 ) -> bool {
     if m == 0 || n == 0 {
         return true;
     }
+    let bias = ep.bias;
     if bias.is_some_and(|v| v.len() < m) {
         return false;
     }
@@ -517,16 +521,7 @@ fn sgemm_init<B: SrcB + Sync>(
             return false;
         }
     }
-    if let Some(bias) = bias {
-        if k == 0 {
-            for (i, &bv) in bias.iter().enumerate().take(m) {
-                if let Some(row) = win_mut(c, i.wrapping_mul(ldc), n) {
-                    row.fill(bv);
-                }
-            }
-            return true;
-        }
-    } else if beta != 0.0 && beta != 1.0 {
+    if bias.is_none() && beta != 0.0 && beta != 1.0 {
         for i in 0..m {
             for v in win_mut(c, i.wrapping_mul(ldc), n).into_iter().flatten() {
                 *v *= beta;
@@ -534,11 +529,18 @@ fn sgemm_init<B: SrcB + Sync>(
         }
     }
     if k == 0 {
-        if beta == 0.0 {
-            for i in 0..m {
-                if let Some(row) = win_mut(c, i.wrapping_mul(ldc), n) {
-                    row.fill(0.0);
-                }
+        for i in 0..m {
+            let Some(row) = win_mut(c, i.wrapping_mul(ldc), n) else {
+                continue;
+            };
+            match bias {
+                // i < m <= bias.len() (checked).
+                Some(bias) => row.fill(bias.get(i).copied().unwrap_or(0.0)),
+                None if beta == 0.0 => row.fill(0.0),
+                None => {}
+            }
+            if let Some(cl) = ep.clamp {
+                row.iter_mut().for_each(|v| *v = clamp_one(*v, cl));
             }
         }
         return true;
@@ -559,9 +561,10 @@ fn sgemm_init<B: SrcB + Sync>(
         alpha,
         beta,
         bias,
+        clamp: ep.clamp,
     };
     if t <= 1 {
-        return blk.run((0, m), (0, n));
+        return blk.run_any((0, m), (0, n));
     }
     // t > 1 and panels >= 1 (n > 0): tc >= 1.
     let Some(tc) = NonZeroUsize::new(t.min(panels)) else {
@@ -576,7 +579,7 @@ fn sgemm_init<B: SrcB + Sync>(
         let (rl, rh) = par::chunk(row_tiles, tr, task / tc);
         let cols = (pl.wrapping_mul(NR), ph.wrapping_mul(NR).min(n));
         let rows = (rl.wrapping_mul(MR), rh.wrapping_mul(MR).min(m));
-        if !blk.run(rows, cols) {
+        if !blk.run_any(rows, cols) {
             failed.set();
         }
     });
@@ -619,6 +622,8 @@ struct Block<'s, 'a, B> {
     beta: f32,
     /// Added to each row as the first k block writes it (`beta` unused).
     bias: Option<&'s [f32]>,
+    /// Applied to each value as the last k block writes it.
+    clamp: Option<(f32, f32)>,
 }
 
 impl<B: SrcB> Block<'_, '_, B> {
@@ -626,7 +631,23 @@ impl<B: SrcB> Block<'_, '_, B> {
     /// is a multiple of `MR` and `i_hi` one too or `m` (the same for the
     /// columns and `NR`): exactly the tiles the full loops would compute
     /// there. `false` if a part of C was out of bounds.
-    fn run(&self, (i_lo, i_hi): (usize, usize), (j_lo, j_hi): (usize, usize)) -> bool {
+    fn run_any(&self, rows: (usize, usize), cols: (usize, usize)) -> bool {
+        if self.clamp.is_some() {
+            self.run::<true>(rows, cols)
+        } else {
+            self.run::<false>(rows, cols)
+        }
+    }
+
+    /// [`Self::run_any`] with (`CLAMP`) or without a clamp: two copies, so
+    /// that GEMMs without one keep a write-back with no compare in it
+    /// (the transformer block ran 1–2 % slower with a no-op clamp).
+    #[inline(never)]
+    fn run<const CLAMP: bool>(
+        &self,
+        (i_lo, i_hi): (usize, usize),
+        (j_lo, j_hi): (usize, usize),
+    ) -> bool {
         let (a, k, ldc, alpha) = (self.a, self.k, self.ldc, self.alpha);
         let mut panel = [0f32; KC * NR];
         let mut tile = [0f32; MR * NR];
@@ -636,6 +657,12 @@ impl<B: SrcB> Block<'_, '_, B> {
         while p0 < k {
             let kc = KC.min(k.wrapping_sub(p0));
             let overwrite = p0 == 0 && (self.beta == 0.0 || self.bias.is_some());
+            // p0 < k: no wrap; the last block completes every sum. Without
+            // a clamp, (-∞, ∞) leaves every value (NaN too) as it is.
+            let cl = match self.clamp {
+                Some(cl) if k.wrapping_sub(p0) <= KC => cl,
+                _ => (f32::NEG_INFINITY, f32::INFINITY),
+            };
             let mut j0 = j_lo;
             while j0 < j_hi {
                 let nr = NR.min(j_hi.wrapping_sub(j0));
@@ -671,19 +698,21 @@ impl<B: SrcB> Block<'_, '_, B> {
                         let Some(crow) = (unsafe { self.c.slice(at, nr) }) else {
                             return false;
                         };
+                        // Clamped in the same loop (a loop of its own per
+                        // row ran slower than Relu6 as a separate pass).
                         if let (true, Some(bias)) = (overwrite, self.bias) {
                             // i0 + r < m <= bias.len() (checked).
                             let bv = bias.get(i0.wrapping_add(r)).copied().unwrap_or(0.0);
                             for (cv, &t) in crow.iter_mut().zip(trow) {
-                                *cv = bv + alpha * t;
+                                *cv = clamp_if::<CLAMP>(bv + alpha * t, cl);
                             }
                         } else if overwrite {
                             for (cv, &t) in crow.iter_mut().zip(trow) {
-                                *cv = alpha * t;
+                                *cv = clamp_if::<CLAMP>(alpha * t, cl);
                             }
                         } else {
                             for (cv, &t) in crow.iter_mut().zip(trow) {
-                                *cv += alpha * t;
+                                *cv = clamp_if::<CLAMP>(*cv + alpha * t, cl);
                             }
                         }
                     }
@@ -875,7 +904,7 @@ unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
 /// One `mr × NR` tile over `kc` steps into `tile` (row-major, NR wide).
 /// `a` starts at A(i0, p0), `b` at B(p0, j0) with row stride `b_rs`.
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 fn ukr(
     kind: Kernels,
     mr: usize,
@@ -1148,13 +1177,16 @@ mod tests {
         assert_eq!(bits(got), bits(want), "{what}");
     }
 
-    /// A row bias added as C is first written ([`sgemm_init`] with a bias)
-    /// gives the bits of C filled with the bias and `beta = 1`, on every
-    /// kernel kind, with 1 and 3 workers, across k blocks and for k = 0; a
-    /// bias shorter than m is refused.
+    /// An [`Epilogue`]: a row bias added as C is first written, a clamp as
+    /// it is last written, each, both or neither, give the bits of C filled
+    /// with the bias (or zeros) and `beta = 1`, then clamped value by value,
+    /// on every kernel kind, with 1 and 3 workers, across k blocks (the
+    /// clamp must wait for the last) and for k = 0; a bias shorter than m
+    /// is refused.
     #[test]
-    fn row_bias_gives_the_bits_of_a_filled_c() {
+    fn epilogue_gives_the_bits_of_a_filled_c_then_clamped() {
         let mut seed = 17;
+        let clamps = [None, Some((0.0, f32::INFINITY)), Some((-0.1f32, 0.2f32))];
         for kind in kinds() {
             for &(m, n, k) in &[
                 (1, 5, 3),
@@ -1171,50 +1203,44 @@ mod tests {
                     cs: 1,
                 };
                 let src = Dense { b: &b, ldb: n };
-                for workers in [1, 3] {
+                for (workers, with_bias, clamp) in [1, 3]
+                    .into_iter()
+                    .flat_map(|w| [true, false].map(|wb| (w, wb)))
+                    .flat_map(|(w, wb)| clamps.map(|c| (w, wb, c)))
+                {
                     let mut want: alloc::vec::Vec<f32> = bias
                         .iter()
-                        .flat_map(|&v| core::iter::repeat_n(v, n))
+                        .flat_map(|&v| core::iter::repeat_n(if with_bias { v } else { 0.0 }, n))
                         .collect();
                     assert!(sgemm_with(
                         kind, workers, m, n, k, ma, &src, &mut want, n, 1.0, 1.0
                     ));
+                    if let Some((lo, hi)) = clamp {
+                        want.iter_mut().for_each(|v| *v = v.max(lo).min(hi));
+                    }
                     let mut got = alloc::vec![f32::NAN; m * n];
+                    let ep = Epilogue {
+                        bias: with_bias.then_some(&bias[..]),
+                        clamp,
+                    };
+                    // `sgemm_out` with this kernel kind (it takes the
+                    // selected one) and 1.0, 0.0.
                     assert!(sgemm_init(
-                        kind,
-                        workers,
-                        m,
-                        n,
-                        k,
-                        ma,
-                        &src,
-                        &mut got,
-                        n,
-                        1.0,
-                        1.0,
-                        Some(&bias)
+                        kind, workers, m, n, k, ma, &src, &mut got, n, 1.0, 0.0, ep
                     ));
                     same_bits(
                         &got,
                         &want,
-                        &alloc::format!("{kind:?} m{m} n{n} k{k} x{workers}"),
+                        &alloc::format!("{kind:?} m{m} n{n} k{k} x{workers} {with_bias} {clamp:?}"),
                     );
                 }
                 let mut c = alloc::vec![0f32; m * n];
-                let short = &bias[..m - 1];
+                let ep = Epilogue {
+                    bias: Some(&bias[..m - 1]),
+                    clamp: None,
+                };
                 assert!(!sgemm_init(
-                    kind,
-                    1,
-                    m,
-                    n,
-                    k,
-                    ma,
-                    &src,
-                    &mut c,
-                    n,
-                    1.0,
-                    1.0,
-                    Some(short)
+                    kind, 1, m, n, k, ma, &src, &mut c, n, 1.0, 1.0, ep
                 ));
             }
         }

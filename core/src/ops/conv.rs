@@ -264,6 +264,9 @@ struct ConvParams {
     g: Geom,
     has_bias: bool,
     sz: ConvSizes,
+    /// A FusedConv's Relu (`(0, ∞)`) or Clip, applied as the GEMM writes
+    /// its last k block ([`sgemm::Epilogue`]), else after the convolution.
+    clamp: Option<(f32, f32)>,
 }
 
 /// The sizes of a Conv / ConvTranspose, checked once at prepare
@@ -440,6 +443,11 @@ fn split_nc<'a>(xs: &'a [usize], ws: &'a [usize]) -> Result<[(usize, usize, &'a 
 }
 
 fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
+    prepare_conv_clamped(ctx, None)
+}
+
+/// [`prepare_conv`], clamping each output value to `clamp` (f32 only).
+fn prepare_conv_clamped(ctx: &PrepareCtx<'_>, clamp: Option<(f32, f32)>) -> Result<Prepared> {
     let (xs, ws, group, has_bias) = conv_inputs(ctx)?;
     let [(batch, c, xsp), (m, wc, wsp)] = split_nc(xs, ws)?;
     if !divides(c, group) || !divides(m, group) {
@@ -461,6 +469,7 @@ fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         g,
         has_bias,
         sz: conv_sizes(batch, c, m, group, &g, ConvDir::Forward)?,
+        clamp,
     };
     let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "Conv", ConvDir::Forward)
@@ -480,7 +489,13 @@ fn prepare_fused_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     Act::check_f32(ctx, "FusedConv")?;
     let params = ctx.attr_floats("activation_params")?.unwrap_or(&[]);
     let act = Act::from_attrs(ctx.attr_str("activation", "")?, params)?;
-    Ok(act.fuse("FusedConv", prepare_conv(ctx)?))
+    // Relu and Clip go into the GEMM's write-back (the same comparisons as
+    // `Act::apply`, so the same bits); the others run after the Conv.
+    match act {
+        Act::Relu => prepare_conv_clamped(ctx, Some((0.0, f32::INFINITY))),
+        Act::Clip(lo, hi) => prepare_conv_clamped(ctx, Some((lo, hi))),
+        _ => Ok(act.fuse("FusedConv", prepare_conv(ctx)?)),
+    }
 }
 
 /// Which direct form a Conv-like kernel runs.
@@ -586,7 +601,9 @@ fn axpy<W: Float>(y: &mut [W::Acc], x: &[W], a: W::Acc) {
 }
 
 /// Direct convolution; `acc` holds one output plane of accumulators when
-/// `T` is narrower than its accumulator (else it is unused).
+/// `T` is narrower than its accumulator (else it is unused). The clamp of
+/// `p` is applied by the blocked GEMM as it writes Y, or here after the
+/// other paths.
 fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
     x: &[T],
     w: &[W],
@@ -595,6 +612,32 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
     acc: &mut [T::Acc],
     p: &ConvParams,
 ) -> Result<()> {
+    let clamped = conv_forward_paths(x, w, b, y, acc, p)?;
+    match p.clamp {
+        Some(cl) if !clamped => {
+            let Ok(y) = bytemuck::try_cast_slice_mut::<T, f32>(y) else {
+                return Err(Error::new(ErrorKind::UnsupportedDType {
+                    what: "FusedConv",
+                    code: T::DTYPE.onnx_code(),
+                }));
+            };
+            y.iter_mut().for_each(|v| *v = sgemm::clamp_one(*v, cl));
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// [`conv_forward`] but for the clamp: `Ok(true)` if the blocked path ran,
+/// which applied it.
+fn conv_forward_paths<T: Float, W: Float<Acc = T::Acc>>(
+    x: &[T],
+    w: &[W],
+    b: Option<&[T]>,
+    y: &mut [T],
+    acc: &mut [T::Acc],
+    p: &ConvParams,
+) -> Result<bool> {
     let g = &p.g;
     let sz = &p.sz;
     let (in_sz, out_sz, k_sz, cg, mg) = (sz.in_sz, sz.out_sz, sz.k_sz, sz.cg, sz.mg);
@@ -605,7 +648,7 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
         check_len(b.len(), p.m)?;
     }
     if y.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     if in_sz == 0 || cg == 0 {
         // No taps: each output plane is its channel's bias (y is not
@@ -613,7 +656,7 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
         for (i, yp) in y.chunks_of_mut(out_sz).enumerate() {
             yp.fill(T::from_acc(bias_of(b, rem(i, p.m, "Conv: channel")?)?));
         }
-        return Ok(());
+        return Ok(false);
     }
     let pointwise = k_sz == 1
         && g.s == [1; MAX_SPATIAL]
@@ -627,10 +670,10 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
         ) {
             let b = b.and_then(|b| bytemuck::try_cast_slice::<T, f32>(b).ok());
             if mg >= 4 && conv_blocked(x, w, b, y, p, pointwise) {
-                return Ok(());
+                return Ok(true);
             }
             if cg == 1 && mg == 1 && conv_depthwise(x, w, b, y, p) {
-                return Ok(());
+                return Ok(false);
             }
         }
     }
@@ -659,7 +702,7 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
             res?;
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// f32 Conv as one GEMM per image and group, `Y[m, pos] = W[m, (c, k)] ·
@@ -757,6 +800,9 @@ fn conv_gemm(
             g,
         };
         if op.run(yg, serial) {
+            if let Some(cl) = p.clamp {
+                yg.iter_mut().for_each(|v| *v = sgemm::clamp_one(*v, cl));
+            }
             return true;
         }
     }
@@ -765,34 +811,18 @@ fn conv_gemm(
         rs: kk,
         cs: 1,
     };
+    let ep = sgemm::Epilogue {
+        bias,
+        clamp: p.clamp,
+    };
     if pointwise {
         let src = sgemm::Dense { b: xg, ldb: in_sz };
-        gemm_on(serial, mg, out_sz, kk, a, &src, yg, bias)
+        sgemm::sgemm_out(serial, mg, out_sz, kk, a, &src, yg, out_sz, ep)
     } else {
         let Some(src) = sgemm::Im2col::new(xg, g) else {
             return false;
         };
-        gemm_on(serial, mg, out_sz, kk, a, &src, yg, bias)
-    }
-}
-
-/// `Y = W · B (+ bias per row)` (Y `m × n`, dense), on this thread or
-/// split.
-#[allow(clippy::too_many_arguments)]
-fn gemm_on<B: sgemm::SrcB + Sync>(
-    serial: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatA<'_>,
-    b: &B,
-    y: &mut [f32],
-    bias: Option<&[f32]>,
-) -> bool {
-    match bias {
-        Some(bias) => sgemm::sgemm_bias(serial, m, n, k, a, b, y, n, bias),
-        None if serial => sgemm::sgemm_serial(m, n, k, a, b, y, n, 1.0, 0.0),
-        None => sgemm::sgemm(m, n, k, a, b, y, n, 1.0, 0.0),
+        sgemm::sgemm_out(serial, mg, out_sz, kk, a, &src, yg, out_sz, ep)
     }
 }
 
@@ -1099,6 +1129,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         g,
         has_bias,
         sz: conv_sizes(batch, c, m, group, &g, ConvDir::Transpose)?,
+        clamp: None,
     };
     let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "ConvTranspose", ConvDir::Transpose)

@@ -954,11 +954,11 @@ fn prepare_erf(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     .in_place())
 }
 
-/// Erf over f32 values in a loop of its own, where [`math::erf`] inlines and
-/// the loop vectorizes (through `Unary::map` it stayed a call per value);
-/// with AVX2 + FMA ([`crate::kern::cpu::Kernels::Avx2Fma`]),
-/// [`math::erf8_avx2`] on 8 lanes, whose fused multiply-adds round
-/// differently from the portable form (both within 3 ulp of erf).
+/// Erf over f32 values: [`math::erf`] per value (LLVM keeps it a call: its
+/// branch on |x| does not vectorize), or with AVX2 + FMA
+/// ([`crate::kern::cpu::Kernels::Avx2Fma`]) [`math::erf8_avx2`] on 8
+/// lanes, whose fused multiply-adds round differently from the portable
+/// form (both within 3 ulp of erf).
 #[inline(never)]
 fn erf_f32(u: crate::ops::Unary<'_, f32>) {
     #[cfg(target_arch = "x86_64")]
@@ -966,7 +966,7 @@ fn erf_f32(u: crate::ops::Unary<'_, f32>) {
         // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and FMA.
         return unsafe { map8_avx2(u, |v| math::erf8_avx2(v)) };
     }
-    each(u, math::erf);
+    u.map(math::erf);
 }
 
 /// Gelu (`approximate = "none"`) over f32 values, as [`erf_f32`]:
@@ -985,25 +985,7 @@ pub(crate) fn gelu_f32(u: crate::ops::Unary<'_, f32>) {
             })
         };
     }
-    each(u, gelu);
-}
-
-/// `y = f(x)` in loops of their own, where `f` inlines and the loop
-/// vectorizes (through `Unary::map` such a body stayed a call per value).
-#[inline(always)]
-fn each(u: crate::ops::Unary<'_, f32>, f: impl Fn(f32) -> f32) {
-    match u {
-        crate::ops::Unary::Separate(x, y) => {
-            for (o, &i) in y.iter_mut().zip(x) {
-                *o = f(i);
-            }
-        }
-        crate::ops::Unary::InPlace(y) => {
-            for o in y.iter_mut() {
-                *o = f(*o);
-            }
-        }
-    }
+    u.map(gelu);
 }
 
 /// `0.5 · x · (1 + erf(x / √2))` (ONNX Gelu, `approximate = "none"`).
