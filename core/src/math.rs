@@ -240,6 +240,19 @@ pub(crate) fn erf8_avx2(x: core::arch::x86_64::__m256) -> core::arch::x86_64::__
     _mm256_blendv_ps(large, small, is_small)
 }
 
+/// `min(max(v, lo), hi)` as the ONNX Clip: `v < lo` gives `lo`, then a value
+/// `> hi` gives `hi`, so NaN stays NaN and `lo > hi` gives `hi`. Clip, the
+/// fused activations and the GEMM's clamp epilogue all use this one.
+#[inline(always)]
+pub(crate) fn clip<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
+    let y = if v < lo { lo } else { v };
+    if y > hi {
+        hi
+    } else {
+        y
+    }
+}
+
 /// x^y
 #[inline]
 pub fn pow(x: f32, y: f32) -> f32 {

@@ -31,6 +31,7 @@ use core::num::NonZeroUsize;
 
 use super::cpu::{self, Kernels};
 use super::{copy_row, par, tap_in, win, win_mut, Geom};
+use crate::math;
 
 /// Rows of a register tile.
 pub(crate) const MR: usize = 6;
@@ -427,22 +428,11 @@ pub(crate) struct Epilogue<'b> {
     pub clamp: Option<(f32, f32)>,
 }
 
-/// [`clamp_one`] if `C`, else `v`.
+/// `v` clamped to `(lo, hi)` ([`math::clip`]) if `C`, else `v`.
 #[inline(always)]
-fn clamp_if<const C: bool>(v: f32, cl: (f32, f32)) -> f32 {
+fn clamp_if<const C: bool>(v: f32, (lo, hi): (f32, f32)) -> f32 {
     if C {
-        clamp_one(v, cl)
-    } else {
-        v
-    }
-}
-
-/// `v` clamped as [`Epilogue::clamp`] says.
-#[inline(always)]
-pub(crate) fn clamp_one(v: f32, (lo, hi): (f32, f32)) -> f32 {
-    let v = if v < lo { lo } else { v };
-    if v > hi {
-        hi
+        math::clip(v, lo, hi)
     } else {
         v
     }
@@ -540,7 +530,7 @@ fn sgemm_init<B: SrcB + Sync>(
                 None => {}
             }
             if let Some(cl) = ep.clamp {
-                row.iter_mut().for_each(|v| *v = clamp_one(*v, cl));
+                row.iter_mut().for_each(|v| *v = clamp_if::<true>(*v, cl));
             }
         }
         return true;

@@ -3,7 +3,7 @@
 //! Hardmax.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::math;
+use crate::math::{self, clip};
 use crate::ops::elementwise::{binary, unary_float, unsupported_dtype, with_type, Bcast, Num};
 use crate::ops::{kernel, OpDef, PrepareCtx, Prepared};
 use crate::tensor::ChunksOf as _;
@@ -154,8 +154,21 @@ impl Act {
         }
     }
 
+    /// The activation as a clamp to `(lo, hi)` if it is one (Relu is
+    /// `(0, ∞)`): [`math::clip`] with those bounds gives the bits of
+    /// [`Act::apply`], so a kernel may apply it as it writes its output
+    /// (`sgemm::Epilogue`).
+    pub(crate) fn bounds(self) -> Option<(f32, f32)> {
+        match self {
+            Act::Relu => Some((0.0, f32::INFINITY)),
+            Act::Clip(lo, hi) => Some((lo, hi)),
+            _ => None,
+        }
+    }
+
     /// `p` (a prepared f32 op) with the activation applied to its output 0
-    /// after its kernel runs, in the same step (`FusedConv`, `FusedGemm`).
+    /// after its kernel runs, in the same step (`FusedGemm`; `FusedConv`
+    /// applies its activation inside the Conv paths).
     pub(crate) fn fuse(self, name: &'static str, mut p: Prepared) -> Prepared {
         let inner = p.kernel;
         p.kernel = alloc::boxed::Box::new(kernel(name, move |io| {
@@ -195,17 +208,6 @@ impl Act {
                 .iter_mut()
                 .for_each(|v| *v = *v * clip(*v * (1.0 / 6.0) + 0.5, 0.0, 1.0)),
         }
-    }
-}
-
-/// `min(max(x, lo), hi)`, NaN-propagating; `lo > hi` gives `hi`.
-#[inline]
-fn clip<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
-    let y = if v < lo { lo } else { v };
-    if y > hi {
-        hi
-    } else {
-        y
     }
 }
 

@@ -264,9 +264,12 @@ struct ConvParams {
     g: Geom,
     has_bias: bool,
     sz: ConvSizes,
-    /// A FusedConv's Relu (`(0, ∞)`) or Clip, applied as the GEMM writes
-    /// its last k block ([`sgemm::Epilogue`]), else after the convolution.
-    clamp: Option<(f32, f32)>,
+    /// A FusedConv's activation (f32 only), applied where each path writes
+    /// its output while it is still in cache: a Relu or Clip as the blocked
+    /// GEMM writes its last k block ([`sgemm::Epilogue`]), the others after
+    /// each (image, group) GEMM or depthwise plane; after the whole
+    /// convolution on the reference loops.
+    act: Option<Act>,
 }
 
 /// The sizes of a Conv / ConvTranspose, checked once at prepare
@@ -443,11 +446,11 @@ fn split_nc<'a>(xs: &'a [usize], ws: &'a [usize]) -> Result<[(usize, usize, &'a 
 }
 
 fn prepare_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
-    prepare_conv_clamped(ctx, None)
+    prepare_conv_act(ctx, None)
 }
 
-/// [`prepare_conv`], clamping each output value to `clamp` (f32 only).
-fn prepare_conv_clamped(ctx: &PrepareCtx<'_>, clamp: Option<(f32, f32)>) -> Result<Prepared> {
+/// [`prepare_conv`], then `act` on each output value (f32 only).
+fn prepare_conv_act(ctx: &PrepareCtx<'_>, act: Option<Act>) -> Result<Prepared> {
     let (xs, ws, group, has_bias) = conv_inputs(ctx)?;
     let [(batch, c, xsp), (m, wc, wsp)] = split_nc(xs, ws)?;
     if !divides(c, group) || !divides(m, group) {
@@ -469,7 +472,7 @@ fn prepare_conv_clamped(ctx: &PrepareCtx<'_>, clamp: Option<(f32, f32)>) -> Resu
         g,
         has_bias,
         sz: conv_sizes(batch, c, m, group, &g, ConvDir::Forward)?,
-        clamp,
+        act,
     };
     let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "Conv", ConvDir::Forward)
@@ -489,13 +492,7 @@ fn prepare_fused_conv(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
     Act::check_f32(ctx, "FusedConv")?;
     let params = ctx.attr_floats("activation_params")?.unwrap_or(&[]);
     let act = Act::from_attrs(ctx.attr_str("activation", "")?, params)?;
-    // Relu and Clip go into the GEMM's write-back (the same comparisons as
-    // `Act::apply`, so the same bits); the others run after the Conv.
-    match act {
-        Act::Relu => prepare_conv_clamped(ctx, Some((0.0, f32::INFINITY))),
-        Act::Clip(lo, hi) => prepare_conv_clamped(ctx, Some((lo, hi))),
-        _ => Ok(act.fuse("FusedConv", prepare_conv(ctx)?)),
-    }
+    prepare_conv_act(ctx, Some(act))
 }
 
 /// Which direct form a Conv-like kernel runs.
@@ -553,7 +550,14 @@ fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
                 util::acc_buf::<T>(scratch, plane)?
             };
             match dir {
-                ConvDir::Forward => conv_forward(x, w, b, y, acc, &p),
+                ConvDir::Forward => {
+                    let applied = conv_forward(x, w, b, y, acc, &p)?;
+                    match p.act {
+                        Some(act) if !applied => act.apply(f32_out(y)?),
+                        _ => {}
+                    }
+                    Ok(())
+                }
                 ConvDir::Transpose => conv_transpose(x, w, b, y, acc, &p),
             }
         }),
@@ -600,37 +604,23 @@ fn axpy<W: Float>(y: &mut [W::Acc], x: &[W], a: W::Acc) {
     }
 }
 
-/// Direct convolution; `acc` holds one output plane of accumulators when
-/// `T` is narrower than its accumulator (else it is unused). The clamp of
-/// `p` is applied by the blocked GEMM as it writes Y, or here after the
-/// other paths.
-fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
-    x: &[T],
-    w: &[W],
-    b: Option<&[T]>,
-    y: &mut [T],
-    acc: &mut [T::Acc],
-    p: &ConvParams,
-) -> Result<()> {
-    let clamped = conv_forward_paths(x, w, b, y, acc, p)?;
-    match p.clamp {
-        Some(cl) if !clamped => {
-            let Ok(y) = bytemuck::try_cast_slice_mut::<T, f32>(y) else {
-                return Err(Error::new(ErrorKind::UnsupportedDType {
-                    what: "FusedConv",
-                    code: T::DTYPE.onnx_code(),
-                }));
-            };
-            y.iter_mut().for_each(|v| *v = sgemm::clamp_one(*v, cl));
-            Ok(())
-        }
-        _ => Ok(()),
-    }
+/// A FusedConv's output as f32 (its input was checked to be f32 at
+/// prepare, `Act::check_f32`).
+fn f32_out<T: Float>(y: &mut [T]) -> Result<&mut [f32]> {
+    bytemuck::try_cast_slice_mut::<T, f32>(y).map_err(|_| {
+        Error::new(ErrorKind::UnsupportedDType {
+            what: "FusedConv",
+            code: T::DTYPE.onnx_code(),
+        })
+    })
 }
 
-/// [`conv_forward`] but for the clamp: `Ok(true)` if the blocked path ran,
-/// which applied it.
-fn conv_forward_paths<T: Float, W: Float<Acc = T::Acc>>(
+/// Direct convolution; `acc` holds one output plane of accumulators when
+/// `T` is narrower than its accumulator (else it is unused). `Ok(true)` if
+/// the path taken applied the activation of `p` (the f32 blocked GEMM and
+/// depthwise paths do, as they write each part of Y); else the caller
+/// applies it to the whole of Y.
+fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
     x: &[T],
     w: &[W],
     b: Option<&[T]>,
@@ -673,7 +663,7 @@ fn conv_forward_paths<T: Float, W: Float<Acc = T::Acc>>(
                 return Ok(true);
             }
             if cg == 1 && mg == 1 && conv_depthwise(x, w, b, y, p) {
-                return Ok(false);
+                return Ok(true);
             }
         }
     }
@@ -800,8 +790,8 @@ fn conv_gemm(
             g,
         };
         if op.run(yg, serial) {
-            if let Some(cl) = p.clamp {
-                yg.iter_mut().for_each(|v| *v = sgemm::clamp_one(*v, cl));
+            if let Some(act) = p.act {
+                act.apply(yg);
             }
             return true;
         }
@@ -811,11 +801,11 @@ fn conv_gemm(
         rs: kk,
         cs: 1,
     };
-    let ep = sgemm::Epilogue {
-        bias,
-        clamp: p.clamp,
-    };
-    if pointwise {
+    // A Relu or Clip is applied by the GEMM as it writes Y, the other
+    // activations after it, on this group's output.
+    let clamp = p.act.and_then(Act::bounds);
+    let ep = sgemm::Epilogue { bias, clamp };
+    let ok = if pointwise {
         let src = sgemm::Dense { b: xg, ldb: in_sz };
         sgemm::sgemm_out(serial, mg, out_sz, kk, a, &src, yg, out_sz, ep)
     } else {
@@ -823,7 +813,12 @@ fn conv_gemm(
             return false;
         };
         sgemm::sgemm_out(serial, mg, out_sz, kk, a, &src, yg, out_sz, ep)
+    };
+    match p.act {
+        Some(act) if ok && clamp.is_none() => act.apply(yg),
+        _ => {}
     }
+    ok
 }
 
 /// f32 depthwise Conv (one input and one output channel per group), plane
@@ -877,6 +872,10 @@ fn depthwise_planes(job: &DepthwiseJob<'_, '_>, range: (usize, usize)) -> bool {
 }
 }
 
+/// Fewest values a depthwise task runs its activation on at once (16 KiB,
+/// in L1 with the planes that made them).
+const ACT_SPAN: usize = 4096;
+
 /// The operands of [`conv_depthwise`], shared by its tasks.
 struct DepthwiseJob<'a, 's> {
     x: &'a [f32],
@@ -896,6 +895,8 @@ impl DepthwiseJob<'_, '_> {
         let (in_sz, out_sz, k_sz) = (p.sz.in_sz, p.sz.out_sz, p.sz.k_sz);
         // Built on first use: its buffers are 48 KiB to zero.
         let mut flat: Option<dwconv::Flat> = None;
+        // The first plane the activation has not run on.
+        let mut act_from = lo;
         #[cfg(target_arch = "x86_64")]
         let avx2 = crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma;
         for i in lo..hi {
@@ -918,12 +919,33 @@ impl DepthwiseJob<'_, '_> {
             // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and
             // FMA.
             #[cfg(target_arch = "x86_64")]
-            if avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g) } {
-                continue;
+            let done = avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = false;
+            if !done {
+                let flat = flat.get_or_insert_with(|| dwconv::Flat::new(g));
+                if !flat.plane(yp, xp, wk, bias) && !dwconv::plane(yp, xp, wk, bias, g) {
+                    return false;
+                }
             }
-            let flat = flat.get_or_insert_with(|| dwconv::Flat::new(g));
-            if !flat.plane(yp, xp, wk, bias) && !dwconv::plane(yp, xp, wk, bias, g) {
-                return false;
+            // The activation runs on the planes just written, still in
+            // cache, in spans of at least ACT_SPAN values (a call per small
+            // plane costs more than it saves).
+            let next = i.wrapping_add(1);
+            // act_from <= i < next <= hi <= planes: the span is planes
+            // act_from..next, inside Y.
+            let span = next.wrapping_sub(act_from).wrapping_mul(out_sz);
+            if let Some(act) = p.act {
+                if span >= ACT_SPAN || next == hi {
+                    // SAFETY: planes act_from..next are this task's, and no
+                    // slice of them is held any more.
+                    let Some(ys) = (unsafe { ys.slice(act_from.wrapping_mul(out_sz), span) })
+                    else {
+                        return false;
+                    };
+                    act.apply(ys);
+                    act_from = next;
+                }
             }
         }
         true
@@ -1129,7 +1151,7 @@ fn prepare_conv_transpose(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         g,
         has_bias,
         sz: conv_sizes(batch, c, m, group, &g, ConvDir::Transpose)?,
-        clamp: None,
+        act: None,
     };
     let shape = out_shape(batch, m, &g, n)?;
     conv_kernel(ctx, &shape, p, "ConvTranspose", ConvDir::Transpose)
