@@ -176,15 +176,14 @@ impl<const N: usize> DwScratch<N> {
             return false;
         };
         buf.fill(0);
-        for (ih, row) in xp.chunks_exact(i2).take(i1).enumerate() {
-            // ih < i1: (ih + p1) · wpd + p2 + i2 <= (p1 + i1) · wpd <= len.
-            let at = ih.wrapping_add(p1).wrapping_mul(wpd).wrapping_add(p2);
-            let Some(dst) = win_mut(buf, at, i2) else {
-                return false;
-            };
-            for (d, v) in dst.iter_mut().zip(row) {
-                *d = v.get().wrapping_sub(q.zx) as i16;
-            }
+        // SAFETY: `avx512` is set only for the VNNI selection, made only
+        // when the CPU has AVX-512 F and BW (`cpu::enable_avx512_vnni`).
+        #[cfg(target_arch = "x86_64")]
+        let done = *avx512 && unsafe { rows_in_avx512(xp, buf, [i1, i2], [p1, wpd, p2], q.zx) };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if !done && !rows_in(xp, buf, [i1, i2], [p1, wpd, p2], q.zx) {
+            return false;
         }
         let src: &[i16] = if s == 1 {
             buf
@@ -246,7 +245,11 @@ impl<const N: usize> DwScratch<N> {
             if !unsafe { grid_pairs_avx512(src, pairs, b, grid, acc) } {
                 return false;
             }
-            return finish_grid(acc, yo, o1, o2, wpd, r, q);
+            // SAFETY: as above (AVX-512 implies AVX2).
+            if !unsafe { compact_rows_avx2(acc, o1, o2, wpd) } {
+                return false;
+            }
+            return finish_grid(acc, yo, o1, o2, o2, r, q);
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (avx512, pairs);
@@ -379,7 +382,8 @@ fn finish_grid<Y: QInt>(
     r: &Requant,
     q: &QConvView<'_>,
 ) -> bool {
-    if !compact_rows(acc, o1, o2, wpd) {
+    // Rows already compacted (`wpd == o2`) stay where they are.
+    if wpd != o2 && !compact_rows(acc, o1, o2, wpd) {
         return false;
     }
     let n = o1.wrapping_mul(o2);
@@ -405,6 +409,43 @@ fn compact_rows(acc: &mut [i32], o1: usize, o2: usize, wpd: usize) -> bool {
             return false;
         }
         acc.copy_within(from..end, oh.wrapping_mul(o2));
+    }
+    true
+}
+
+/// [`compact_rows`] for rows of at most 8 sums, a row per 8-lane load and
+/// store (else through [`compact_rows`]; masked stores of 5 lanes were as
+/// slow as the `memmove` calls). Each store also writes up to 8 - o2
+/// values past its row: those land where later rows are stored (rewritten
+/// in turn) or past the output, and never on a row not read yet — row oh
+/// (>= 2) is read at oh · wpd, the store of row oh - 1 ends at
+/// (oh - 1) · o2 + 8 <= oh · wpd when 2 · wpd >= o2 + 8 (since wpd >= o2).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn compact_rows_avx2(acc: &mut [i32], o1: usize, o2: usize, wpd: usize) -> bool {
+    use core::arch::x86_64::*;
+    let fits = o2 <= 8 && o2 <= wpd && wpd.checked_mul(2).is_some_and(|w| w >= o2.wrapping_add(8));
+    // The last row's load (and every store, o2 <= wpd) ends by
+    // (o1 - 1) · wpd + 8.
+    let end = o1
+        .checked_sub(1)
+        .and_then(|r| r.checked_mul(wpd))
+        .and_then(|v| v.checked_add(8));
+    if !fits || end.is_none_or(|e| e > acc.len()) {
+        return compact_rows(acc, o1, o2, wpd);
+    }
+    let p = acc.as_mut_ptr();
+    for oh in 1..o1 {
+        // SAFETY: oh < o1: both 8-lane windows, at oh · wpd and at
+        // oh · o2 <= oh · wpd, end by (o1 - 1) · wpd + 8 <= acc.len()
+        // (checked above).
+        unsafe {
+            let v = _mm256_loadu_si256(p.add(oh.wrapping_mul(wpd)).cast());
+            _mm256_storeu_si256(p.add(oh.wrapping_mul(o2)).cast(), v);
+        }
     }
     true
 }
@@ -501,6 +542,98 @@ unsafe fn grid_pairs_avx512(
             _mm512_storeu_si512(d.add(1), _mm512_permutex2var_epi32(lo, hi_idx, hi));
         }
         t0 = t0.wrapping_add(CHUNK);
+    }
+    true
+}
+
+/// The `i1` rows of `i2` values of plane `xp`, minus the zero point `zx`,
+/// into the padded buffer: row `ih` at `(ih + p1) · wpd + p2`. `false` if a
+/// row would leave `buf`.
+#[inline(always)]
+fn rows_in<X: QInt>(
+    xp: &[X],
+    buf: &mut [i16],
+    [i1, i2]: [usize; 2],
+    [p1, wpd, p2]: [usize; 3],
+    zx: i32,
+) -> bool {
+    for (ih, row) in xp.chunks_exact(i2).take(i1).enumerate() {
+        // ih < i1: (ih + p1) · wpd + p2 + i2 <= (p1 + i1) · wpd, checked
+        // by the caller against the buffer; a miss fails the window.
+        let at = ih.wrapping_add(p1).wrapping_mul(wpd).wrapping_add(p2);
+        let Some(dst) = win_mut(buf, at, i2) else {
+            return false;
+        };
+        for (d, v) in dst.iter_mut().zip(row) {
+            *d = v.get().wrapping_sub(zx) as i16;
+        }
+    }
+    true
+}
+
+/// [`rows_in`] for 8-bit `X` and rows of at most 32 values, a row per
+/// masked load, widening and store (the rows of the MLPerf Tiny planes
+/// are 5 to 25 values: the loop above runs them one value at a time). `false` (nothing written) for other types or widths, or if
+/// `xp` or `buf` is too short.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn rows_in_avx512<X: QInt>(
+    xp: &[X],
+    buf: &mut [i16],
+    [i1, i2]: [usize; 2],
+    [p1, wpd, p2]: [usize; 3],
+    zx: i32,
+) -> bool {
+    use core::arch::x86_64::*;
+    if size_of::<X>() != 1 || i2 == 0 || i2 > 32 || i1 == 0 {
+        return false;
+    }
+    // The last row ends at (p1 + i1 - 1) · wpd + p2 + i2.
+    let end = p1
+        .checked_add(i1)
+        .map(|r| r.wrapping_sub(1))
+        .and_then(|r| r.checked_mul(wpd))
+        .and_then(|v| v.checked_add(p2))
+        .and_then(|v| v.checked_add(i2));
+    if end.is_none_or(|e| e > buf.len()) || i1.checked_mul(i2).is_none_or(|n| n > xp.len()) {
+        return false;
+    }
+    // i2 <= 32: the masks select the row's bytes and its i16 lanes.
+    let m8: u64 = (1u64 << i2).wrapping_sub(1);
+    let m16: u32 = (1u64 << i2).wrapping_sub(1) as u32;
+    // zx is an 8-bit zero point, in [-128, 255].
+    let z = _mm512_set1_epi16(zx as i16);
+    let (sp, dp, buf_len) = (xp.as_ptr().cast::<i8>(), buf.as_mut_ptr(), buf.len());
+    for ih in 0..i1 {
+        // SAFETY: row ih's i2 bytes are inside xp (i1 · i2 <= xp.len())
+        // and its i2 lanes at (ih + p1) · wpd + p2 inside buf (the last
+        // row's end <= buf.len(), checked above); masked-off lanes are
+        // neither read nor written.
+        unsafe {
+            let v = _mm512_maskz_loadu_epi8(m8, sp.add(ih.wrapping_mul(i2)));
+            let lo = _mm512_castsi512_si256(v);
+            let w = if X::LO < 0 {
+                _mm512_cvtepi8_epi16(lo)
+            } else {
+                _mm512_cvtepu8_epi16(lo)
+            };
+            let at = ih.wrapping_add(p1).wrapping_mul(wpd).wrapping_add(p2);
+            // The lanes past the row as zeros, so that where 16 lanes fit
+            // in buf (at + 16 <= buf.len(), no wrap: at < buf.len()) one
+            // plain store writes the row and zeros after it (a masked
+            // store of a few lanes is slow). The zeros land on padding
+            // (zero already) or on later rows' places, which those rows
+            // then write.
+            let d = _mm512_maskz_sub_epi16(m16, w, z);
+            if i2 <= 16 && at.wrapping_add(16) <= buf_len {
+                _mm256_storeu_si256(dp.add(at).cast(), _mm512_castsi512_si256(d));
+            } else {
+                _mm512_mask_storeu_epi16(dp.add(at), m16, d);
+            }
+        }
     }
     true
 }
