@@ -176,13 +176,21 @@ impl<const N: usize> DwScratch<N> {
             return false;
         };
         buf.fill(0);
+        let pad = PadRows {
+            i1,
+            i2,
+            p1,
+            wpd,
+            p2,
+            zx: q.zx,
+        };
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `avx512` is set only for the VNNI selection, made only
         // when the CPU has AVX-512 F and BW (`cpu::enable_avx512_vnni`).
-        #[cfg(target_arch = "x86_64")]
-        let done = *avx512 && unsafe { rows_in_avx512(xp, buf, [i1, i2], [p1, wpd, p2], q.zx) };
+        let done = *avx512 && unsafe { rows_in_avx512(xp, buf, pad) };
         #[cfg(not(target_arch = "x86_64"))]
         let done = false;
-        if !done && !rows_in(xp, buf, [i1, i2], [p1, wpd, p2], q.zx) {
+        if !done && !rows_in(xp, buf, pad) {
             return false;
         }
         let src: &[i16] = if s == 1 {
@@ -546,17 +554,31 @@ unsafe fn grid_pairs_avx512(
     true
 }
 
-/// The `i1` rows of `i2` values of plane `xp`, minus the zero point `zx`,
-/// into the padded buffer: row `ih` at `(ih + p1) · wpd + p2`. `false` if a
-/// row would leave `buf`.
-#[inline(always)]
-fn rows_in<X: QInt>(
-    xp: &[X],
-    buf: &mut [i16],
-    [i1, i2]: [usize; 2],
-    [p1, wpd, p2]: [usize; 3],
+/// Where the flat path puts an input plane of `i1` rows of `i2` values:
+/// row `ih` at `(ih + p1) · wpd + p2` of the padded buffer, each value
+/// minus the zero point `zx`.
+#[derive(Clone, Copy)]
+struct PadRows {
+    i1: usize,
+    i2: usize,
+    p1: usize,
+    wpd: usize,
+    p2: usize,
     zx: i32,
-) -> bool {
+}
+
+/// Plane `xp` into the padded buffer as `r` says. `false` if a row would
+/// leave `buf`.
+#[inline(always)]
+fn rows_in<X: QInt>(xp: &[X], buf: &mut [i16], r: PadRows) -> bool {
+    let PadRows {
+        i1,
+        i2,
+        p1,
+        wpd,
+        p2,
+        zx,
+    } = r;
     for (ih, row) in xp.chunks_exact(i2).take(i1).enumerate() {
         // ih < i1: (ih + p1) · wpd + p2 + i2 <= (p1 + i1) · wpd, checked
         // by the caller against the buffer; a miss fails the window.
@@ -573,21 +595,17 @@ fn rows_in<X: QInt>(
 
 /// [`rows_in`] for 8-bit `X` and rows of at most 32 values, a row per
 /// masked load, widening and store (the rows of the MLPerf Tiny planes
-/// are 5 to 25 values: the loop above runs them one value at a time). `false` (nothing written) for other types or widths, or if
-/// `xp` or `buf` is too short.
+/// are 5 to 25 values: the loop above runs them one value at a time).
+/// `false` (nothing written) for other types or widths, or if `xp` or
+/// `buf` is too short.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F and BW.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn rows_in_avx512<X: QInt>(
-    xp: &[X],
-    buf: &mut [i16],
-    [i1, i2]: [usize; 2],
-    [p1, wpd, p2]: [usize; 3],
-    zx: i32,
-) -> bool {
+unsafe fn rows_in_avx512<X: QInt>(xp: &[X], buf: &mut [i16], r: PadRows) -> bool {
     use core::arch::x86_64::*;
+    let (i1, i2, p1, wpd, p2, zx) = (r.i1, r.i2, r.p1, r.wpd, r.p2, r.zx);
     if size_of::<X>() != 1 || i2 == 0 || i2 > 32 || i1 == 0 {
         return false;
     }
