@@ -69,10 +69,13 @@ for step in "${STEPS[@]}"; do
       # The AVX-512 VNNI integer GEMM (kern/qgemm_vnni.rs), which CI
       # machines without VNNI never run natively: built with its target
       # features, Miri interprets vpdpbusd and the tests' kernel list
-      # (qgemm::testing::selections) includes it.
+      # (qgemm::testing::selections) includes it. With it, the int8
+      # depthwise flat path's AVX-512 row copy and AVX2 row packing
+      # (kern::qdw::tests; the whole flat path cannot run under Miri: it
+      # lacks vpermi2d).
       RUSTFLAGS="-C target-feature=+avx2,+fma,+avx512f,+avx512bw,+avx512vnni" \
         CARGO_TARGET_DIR=target/miri-vnni \
-        cargo +nightly miri test -q -p mote-core --lib -- kern::qconv::tests::qgemm_
+        cargo +nightly miri test -q -p mote-core --lib -- kern::qconv::tests::qgemm_ kern::qdw::tests::
       ;;
     fuzz)
       bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

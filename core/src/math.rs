@@ -243,6 +243,8 @@ pub(crate) fn erf8_avx2(x: core::arch::x86_64::__m256) -> core::arch::x86_64::__
 /// `min(max(v, lo), hi)` as the ONNX Clip: `v < lo` gives `lo`, then a value
 /// `> hi` gives `hi`, so NaN stays NaN and `lo > hi` gives `hi`. Clip, the
 /// fused activations and the GEMM's clamp epilogue all use this one.
+// Its users (ops, the f32 GEMM) need feature `alloc`.
+#[cfg_attr(not(feature = "alloc"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn clip<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
     let y = if v < lo { lo } else { v };

@@ -629,7 +629,8 @@ unsafe fn rows_in_avx512<X: QInt>(xp: &[X], buf: &mut [i16], r: PadRows) -> bool
         // SAFETY: row ih's i2 bytes are inside xp (i1 · i2 <= xp.len())
         // and its i2 lanes at (ih + p1) · wpd + p2 inside buf (the last
         // row's end <= buf.len(), checked above); masked-off lanes are
-        // neither read nor written.
+        // neither read nor written, and the plain store's 16 lanes end by
+        // buf.len() (checked before it).
         unsafe {
             let v = _mm512_maskz_loadu_epi8(m8, sp.add(ih.wrapping_mul(i2)));
             let lo = _mm512_castsi512_si256(v);
@@ -908,5 +909,132 @@ fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>, sel:
         if !sc.plane(saved, wc, plane, c, q) {
             let _ = dw_plane(saved, wc, plane, c, q);
         }
+    }
+}
+
+// The fast paths tested here are x86_64's.
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    extern crate std;
+
+    use super::*;
+    use alloc::vec::Vec;
+
+    /// `n` values from a fixed linear congruential sequence.
+    fn seq(n: usize, seed: u32) -> Vec<u32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                s >> 8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn compact_rows_avx2_gives_the_rows_of_compact_rows() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        // Every geometry the fast path takes or refuses (o2 up to 10,
+        // wpd from o2 to o2 + 9), and an acc with and without slack.
+        let o1s = crate::kern::pick(&[1usize, 2, 3, 5, 9], &[3]);
+        let o2s = crate::kern::pick(&[1usize, 2, 4, 5, 7, 8, 9, 10], &[5, 9]);
+        for &o1 in o1s {
+            for &o2 in o2s {
+                for wpd in o2..o2 + crate::kern::count(10, 3) {
+                    for slack in [0, 8] {
+                        let len = o1 * wpd + slack;
+                        let acc: Vec<i32> = seq(len, (o1 * 100 + wpd) as u32)
+                            .into_iter()
+                            .map(|v| v as i32)
+                            .collect();
+                        let (mut want, mut got) = (acc.clone(), acc);
+                        assert!(compact_rows(&mut want, o1, o2, wpd));
+                        // SAFETY: AVX2 detected above.
+                        assert!(unsafe { compact_rows_avx2(&mut got, o1, o2, wpd) });
+                        let n = o1 * o2;
+                        assert_eq!(got[..n], want[..n], "o1 {o1}, o2 {o2}, wpd {wpd}");
+                    }
+                }
+            }
+        }
+        // A row outside acc is refused by both.
+        let mut short = [0i32; 10];
+        assert!(!compact_rows(&mut short, 3, 5, 7));
+        // SAFETY: AVX2 detected above.
+        assert!(!unsafe { compact_rows_avx2(&mut short, 3, 5, 7) });
+    }
+
+    #[test]
+    fn rows_in_avx512_gives_the_buffer_of_rows_in() {
+        if !(std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw"))
+        {
+            return;
+        }
+        fn case<X: QInt>(x: &[X], pad: PadRows, len: usize) {
+            let mut want = alloc::vec![0i16; len];
+            let mut got = want.clone();
+            assert!(rows_in(x, &mut want, pad));
+            // SAFETY: AVX-512 F and BW detected above.
+            assert!(unsafe { rows_in_avx512(x, &mut got, pad) });
+            assert_eq!(got, want, "i1 {}, i2 {}, wpd {}", pad.i1, pad.i2, pad.wpd);
+        }
+        // Row widths on both stores (16 lanes fit, or the masked one near
+        // the end of the buffer), signed and unsigned values.
+        let widths = crate::kern::pick(&[1usize, 5, 8, 15, 16, 17, 25, 32], &[5, 17]);
+        for &i2 in widths {
+            for (i1, p1, p2) in [(1, 0, 0), (4, 1, 1), (7, 2, 3)] {
+                let wpd = i2 + 2 * p2;
+                let len = (i1 + 2 * p1) * wpd + 1;
+                let raw = seq(i1 * i2, (i2 * 10 + i1) as u32);
+                let x8: Vec<i8> = raw.iter().map(|&v| v as u8 as i8).collect();
+                let u8s: Vec<u8> = raw.iter().map(|&v| v as u8).collect();
+                for zx in [-128, -3, 0, 7, 127] {
+                    let pad = PadRows {
+                        i1,
+                        i2,
+                        p1,
+                        wpd,
+                        p2,
+                        zx,
+                    };
+                    case(&x8, pad, len);
+                }
+                for zx in [0, 100, 255] {
+                    let pad = PadRows {
+                        i1,
+                        i2,
+                        p1,
+                        wpd,
+                        p2,
+                        zx,
+                    };
+                    case(&u8s, pad, len);
+                }
+            }
+        }
+        // Too wide a row, or a plane short of its rows: refused, nothing
+        // written.
+        let x = [1i8; 40];
+        let mut buf = [0i16; 200];
+        let wide = PadRows {
+            i1: 1,
+            i2: 33,
+            p1: 0,
+            wpd: 33,
+            p2: 0,
+            zx: 0,
+        };
+        // SAFETY: as above.
+        assert!(!unsafe { rows_in_avx512(&x, &mut buf, wide) });
+        let short = PadRows {
+            i1: 3,
+            i2: 16,
+            ..wide
+        };
+        // SAFETY: as above.
+        assert!(!unsafe { rows_in_avx512(&x, &mut buf, short) });
+        assert!(buf.iter().all(|&v| v == 0));
     }
 }
