@@ -160,7 +160,8 @@ fn fused_conv_gives_the_bits_of_conv_then_its_activation_on_every_path() {
         ([1, 3, 70, 70], [3, 1, 3, 3], 3, 1),
         ([1, 3, 6, 6], [2, 3, 3, 3], 1, 1),
     ];
-    // (FusedConv activation, its params, the standalone node's attributes)
+    // (activation, its FusedConv params: also the standalone node's
+    // attributes, and Clip's bounds, the `lo` / `hi` initializers)
     let acts: [(&str, Vec<f32>); 7] = [
         ("Relu", vec![]),
         ("Clip", vec![-0.2, 0.3]),

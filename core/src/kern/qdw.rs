@@ -990,27 +990,19 @@ mod tests {
                 let raw = seq(i1 * i2, (i2 * 10 + i1) as u32);
                 let x8: Vec<i8> = raw.iter().map(|&v| v as u8 as i8).collect();
                 let u8s: Vec<u8> = raw.iter().map(|&v| v as u8).collect();
+                let pad = |zx| PadRows {
+                    i1,
+                    i2,
+                    p1,
+                    wpd,
+                    p2,
+                    zx,
+                };
                 for zx in [-128, -3, 0, 7, 127] {
-                    let pad = PadRows {
-                        i1,
-                        i2,
-                        p1,
-                        wpd,
-                        p2,
-                        zx,
-                    };
-                    case(&x8, pad, len);
+                    case(&x8, pad(zx), len);
                 }
                 for zx in [0, 100, 255] {
-                    let pad = PadRows {
-                        i1,
-                        i2,
-                        p1,
-                        wpd,
-                        p2,
-                        zx,
-                    };
-                    case(&u8s, pad, len);
+                    case(&u8s, pad(zx), len);
                 }
             }
         }
