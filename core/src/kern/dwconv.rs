@@ -22,6 +22,7 @@
 //! `narrow_avx2` first: one masked vector per row, no copy at all.
 
 use super::{copy_row, valid_range, win, win_mut, Geom};
+use crate::math;
 
 /// `y[t] += w0 * x[t] + w1 * x[t + 1] + w2 * x[t + 2]` over `y`: three taps
 /// of stride 1 at once (`x` has `y.len() + 2` values); `false` if short.
@@ -194,12 +195,21 @@ impl Flat {
         }
     }
 
-    /// [`plane`] on the padded buffers; `false` when the plane does not fit
-    /// them (or the geometry is not 2-D with equal strides).
+    /// [`plane`] on the padded buffers, its rows clamped to `clamp` (a fused
+    /// Relu / Clip, [`math::clip`]) as they are copied out; `false` when the
+    /// plane does not fit them (or the geometry is not 2-D with equal
+    /// strides).
     // Inlined into its one caller, `ops::conv`'s per-task body, which is
     // compiled for AVX2 when the CPU has it.
     #[inline(always)]
-    pub(crate) fn plane(&mut self, y: &mut [f32], x: &[f32], w: &[f32], bias: f32) -> bool {
+    pub(crate) fn plane(
+        &mut self,
+        y: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        bias: f32,
+        clamp: Option<(f32, f32)>,
+    ) -> bool {
         let Some(FlatSizes {
             planes: [on, inn, kn],
             wp,
@@ -327,7 +337,14 @@ impl Flat {
             let Some(src) = src.get(..o2) else {
                 return false;
             };
-            copy_row(dst, src);
+            match clamp {
+                Some((lo, hi)) => {
+                    for (d, &v) in dst.iter_mut().zip(src) {
+                        *d = math::clip(v, lo, hi);
+                    }
+                }
+                None => copy_row(dst, src),
+            }
         }
         true
     }
@@ -349,10 +366,22 @@ const NARROW_K: usize = 8;
 /// reference loops' order (a tap in the padding adds a zero product, a row
 /// of taps in it is skipped): the reference values up to the rounding of
 /// the fused products (tested against the definition with rtol 1e-5).
+/// With `clamp` (a fused Relu / Clip, [`Act::bounds`]), each row is
+/// clamped as it is stored, with [`math::clip`]'s bits (NaN stays NaN), so
+/// the activation needs no pass of its own.
 /// `false` (nothing written) for any other geometry or a short slice.
+///
+/// [`Act::bounds`]: crate::ops::activation::Act::bounds
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn narrow_avx2(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) -> bool {
+pub(crate) fn narrow_avx2(
+    y: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    bias: f32,
+    g: &Geom,
+    clamp: Option<(f32, f32)>,
+) -> bool {
     let ([o0, o1, o2], [i0, i1, i2], [k0, k1, k2]) = (g.out, g.inp, g.k);
     let ([_, s1, s2], [_, d1, d2], [_, p1, p2]) = (g.s, g.d, g.pb);
     let unit = s1 == 1 && s2 == 1 && d1 == 1 && d2 == 1;
@@ -373,6 +402,7 @@ pub(crate) fn narrow_avx2(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Ge
     let shape = Narrow {
         rows: (o1, o2, i1, i2, k1),
         p: (p1, p2),
+        clamp,
     };
     // A loop fully unrolled over the kernel row (its taps' shifts and
     // masks in registers): a loop over them ran at 3× the instructions.
@@ -396,6 +426,7 @@ pub(crate) fn narrow_avx2(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Ge
 struct Narrow {
     rows: (usize, usize, usize, usize, usize),
     p: (usize, usize),
+    clamp: Option<(f32, f32)>,
 }
 
 /// [`narrow_avx2`] for kernel rows `K` wide (`K` = the geometry's, checked
@@ -409,6 +440,7 @@ fn narrow_rows<const K: usize>(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, n
     let Narrow {
         rows: (o1, o2, i1, i2, k1),
         p: (p1, p2),
+        clamp,
     } = n;
     // Per tap column kw, the shift d = kw - p2 (|d| <= 8) and the lanes
     // whose input column lane + d is in 0..i2.
@@ -428,6 +460,7 @@ fn narrow_rows<const K: usize>(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, n
         shift,
         mask,
         out: _mm256_cmpgt_epi32(_mm256_set1_epi32(o2 as i32), lanes),
+        clamp: clamp.map(|(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi))),
         w,
         bias,
         dims: (o2, i1, i2, k1, p1),
@@ -459,6 +492,8 @@ struct Taps<'a, const K: usize> {
     shift: [isize; K],
     mask: [core::arch::x86_64::__m256i; K],
     out: core::arch::x86_64::__m256i,
+    /// The activation's bounds, applied as the rows are stored.
+    clamp: Option<(core::arch::x86_64::__m256, core::arch::x86_64::__m256)>,
     w: &'a [f32],
     bias: f32,
     dims: (usize, usize, usize, usize, usize),
@@ -504,7 +539,12 @@ fn narrow_block<const K: usize, const R: usize>(
             }
         }
     }
-    for (yrow, a) in ys.chunks_exact_mut(o2).zip(acc) {
+    for (yrow, mut a) in ys.chunks_exact_mut(o2).zip(acc) {
+        if let Some((lo, hi)) = c.clamp {
+            // math::clip: max_ps(lo, a) is lo where lo > a, else a (NaN
+            // too); min_ps(hi, ·) likewise.
+            a = _mm256_min_ps(hi, _mm256_max_ps(lo, a));
+        }
         // SAFETY: the lanes `out` enables are 0..o2 = yrow.len().
         unsafe { _mm256_maskstore_ps(yrow.as_mut_ptr(), c.out, a) };
     }
@@ -656,7 +696,7 @@ mod tests {
         g: &Geom,
     ) {
         plane(y, x, w, 0.25, g);
-        flat.plane(yf, x, w, 0.25);
+        flat.plane(yf, x, w, 0.25, None);
     }
 
     /// [`narrow_avx2`] against the definition on every row width it takes
@@ -699,7 +739,7 @@ mod tests {
                         let want = naive(&x, &w, 0.25, &g);
                         let mut y = std::vec![f32::NAN; want.len() + 3];
                         // SAFETY: the CPU has AVX2 and FMA.
-                        let took = unsafe { narrow_avx2(&mut y, &x, &w, 0.25, &g) };
+                        let took = unsafe { narrow_avx2(&mut y, &x, &w, 0.25, &g, None) };
                         assert_eq!(took, g.out[2] <= 8, "{g:?}");
                         if !took {
                             continue;
@@ -732,15 +772,15 @@ mod tests {
             Geom { k: [1, 3, 9], ..g },
         ] {
             // SAFETY: the CPU has AVX2 and FMA.
-            let took = unsafe { narrow_avx2(&mut y, &x, &w, 0.0, &bad) };
+            let took = unsafe { narrow_avx2(&mut y, &x, &w, 0.0, &bad, None) };
             assert!(!took, "{bad:?}");
         }
         // SAFETY: as above.
         unsafe {
-            assert!(!narrow_avx2(&mut y[..24], &x, &w, 0.0, &g));
-            assert!(!narrow_avx2(&mut y, &x[..24], &w, 0.0, &g));
-            assert!(!narrow_avx2(&mut y, &x, &w[..8], 0.0, &g));
-            assert!(narrow_avx2(&mut y, &x, &w, 0.0, &g));
+            assert!(!narrow_avx2(&mut y[..24], &x, &w, 0.0, &g, None));
+            assert!(!narrow_avx2(&mut y, &x[..24], &w, 0.0, &g, None));
+            assert!(!narrow_avx2(&mut y, &x, &w[..8], 0.0, &g, None));
+            assert!(narrow_avx2(&mut y, &x, &w, 0.0, &g, None));
         }
         assert_eq!(y[6], 9.0);
     }
@@ -787,7 +827,7 @@ mod tests {
                             assert!(plane(&mut y, &x, &w, 0.25, &g));
                             let mut yf = std::vec![f32::NAN; o1 * o2];
                             let mut flat = Flat::new(&g);
-                            let fits = flat.plane(&mut yf, &x, &w, 0.25);
+                            let fits = flat.plane(&mut yf, &x, &w, 0.25, None);
                             // The AVX2 + FMA build of both paths (what
                             // `ops::conv` runs on such CPUs) gives the
                             // same bits: no product is fused.

@@ -266,9 +266,10 @@ struct ConvParams {
     sz: ConvSizes,
     /// A FusedConv's activation (f32 only), applied where each path writes
     /// its output while it is still in cache: a Relu or Clip as the blocked
-    /// GEMM writes its last k block ([`sgemm::Epilogue`]), the others after
-    /// each (image, group) GEMM or depthwise plane; after the whole
-    /// convolution on the reference loops.
+    /// GEMM writes its last k block ([`sgemm::Epilogue`]) and as the
+    /// narrow and flat depthwise paths store a plane ([`Act::bounds`]), the
+    /// others after each (image, group) GEMM or depthwise plane; after the
+    /// whole convolution on the reference loops.
     act: Option<Act>,
 }
 
@@ -899,6 +900,8 @@ impl DepthwiseJob<'_, '_> {
         let mut act_from = lo;
         #[cfg(target_arch = "x86_64")]
         let avx2 = crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma;
+        // A Relu / Clip goes into the narrow and flat paths' stores.
+        let bounds = p.act.and_then(Act::bounds);
         for i in lo..hi {
             let Some(c) = i.checked_rem(p.m) else {
                 return false;
@@ -919,31 +922,38 @@ impl DepthwiseJob<'_, '_> {
             // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and
             // FMA.
             #[cfg(target_arch = "x86_64")]
-            let done = avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g) };
+            let done = avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g, bounds) };
             #[cfg(not(target_arch = "x86_64"))]
             let done = false;
+            // Whether the plane's stores applied the activation.
+            let mut clamped = done && bounds.is_some();
             if !done {
                 let flat = flat.get_or_insert_with(|| dwconv::Flat::new(g));
-                if !flat.plane(yp, xp, wk, bias) && !dwconv::plane(yp, xp, wk, bias, g) {
+                if flat.plane(yp, xp, wk, bias, bounds) {
+                    clamped = bounds.is_some();
+                } else if !dwconv::plane(yp, xp, wk, bias, g) {
                     return false;
                 }
             }
-            // The activation runs on the planes just written, still in
-            // cache, in spans of at least ACT_SPAN values (a call per small
-            // plane costs more than it saves).
+            // Otherwise the activation runs on the planes just written,
+            // still in cache, in spans of at least ACT_SPAN values (a call
+            // per small plane costs more than it saves).
             let next = i.wrapping_add(1);
             // act_from <= i < next <= hi <= planes: the span is planes
-            // act_from..next, inside Y.
-            let span = next.wrapping_sub(act_from).wrapping_mul(out_sz);
+            // act_from..next (..i when this one is clamped), inside Y.
+            let upto = if clamped { i } else { next };
+            let span = upto.wrapping_sub(act_from).wrapping_mul(out_sz);
             if let Some(act) = p.act {
-                if span >= ACT_SPAN || next == hi {
-                    // SAFETY: planes act_from..next are this task's, and no
-                    // slice of them is held any more.
-                    let Some(ys) = (unsafe { ys.slice(act_from.wrapping_mul(out_sz), span) })
-                    else {
-                        return false;
-                    };
-                    act.apply(ys);
+                if clamped || span >= ACT_SPAN || next == hi {
+                    if span > 0 {
+                        // SAFETY: planes act_from..upto are this task's,
+                        // and no slice of them is held any more.
+                        let Some(ys) = (unsafe { ys.slice(act_from.wrapping_mul(out_sz), span) })
+                        else {
+                            return false;
+                        };
+                        act.apply(ys);
+                    }
                     act_from = next;
                 }
             }
