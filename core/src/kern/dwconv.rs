@@ -465,22 +465,47 @@ fn narrow_rows<const K: usize>(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, n
         bias,
         dims: (o2, i1, i2, k1, p1),
     };
-    // Four output rows at a time: four independent sums (one row's taps
-    // are one chain of dependent adds).
+    // R output rows at a time: R independent sums (one row's taps are one
+    // chain of dependent adds, k1 · K fused multiply-adds long, so a block
+    // takes at least that chain's latency). The last block of a plane
+    // ends at its last row and recomputes rows of the block before it
+    // (the same bits: x is not y), rather than a short block that takes
+    // the whole chain's latency for fewer rows.
+    // Eight rows keep K <= 3 masks, K weights and 8 sums in the 16 ymm
+    // registers.
+    if K <= 3 && o1 >= 8 {
+        narrow_blocks::<K, 8>(y, o1, &c)
+    } else if o1 >= 4 {
+        narrow_blocks::<K, 4>(y, o1, &c)
+    } else {
+        (0..o1).all(|oh| narrow_block::<K, 1>(y, oh, &c))
+    }
+}
+
+/// [`narrow_rows`]'s output rows in blocks of `R` (`o1 >= R`; the last
+/// block moved back to end at row `o1`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn narrow_blocks<const K: usize, const R: usize>(
+    y: &mut [f32],
+    o1: usize,
+    c: &Taps<'_, K>,
+) -> bool {
+    let Some(last) = o1.checked_sub(R) else {
+        return false;
+    };
     let mut oh = 0usize;
-    while o1.saturating_sub(oh) >= 4 {
-        if !narrow_block::<K, 4>(y, oh, &c) {
+    loop {
+        let at = oh.min(last);
+        if !narrow_block::<K, R>(y, at, c) {
             return false;
         }
-        oh = oh.wrapping_add(4);
-    }
-    while oh < o1 {
-        if !narrow_block::<K, 1>(y, oh, &c) {
-            return false;
+        if at == last {
+            return true;
         }
-        oh = oh.wrapping_add(1);
+        oh = oh.wrapping_add(R);
     }
-    true
 }
 
 /// What [`narrow_block`] reads: the plane, each tap column's shift and
@@ -522,6 +547,8 @@ fn narrow_block<const K: usize, const R: usize>(
         let Ok(wr) = <&[f32; K]>::try_from(wr) else {
             return false;
         };
+        // The kernel row's weights, broadcast once for the R rows.
+        let wb = wr.map(|wv| _mm256_set1_ps(wv));
         for (r, a) in acc.iter_mut().enumerate() {
             // Row indices are below o1 + k1, which fits usize (checked).
             let ih = oh0.wrapping_add(r).wrapping_add(kh).wrapping_sub(p1);
@@ -530,12 +557,12 @@ fn narrow_block<const K: usize, const R: usize>(
             }
             // ih < i1: row ih starts at ih · i2 < x.len().
             let row = c.base.wrapping_add(ih.wrapping_mul(i2));
-            for ((&wv, &d), &m) in wr.iter().zip(&c.shift).zip(&c.mask) {
+            for ((&wv, &d), &m) in wb.iter().zip(&c.shift).zip(&c.mask) {
                 // SAFETY: the lanes `m` enables read x[ih · i2 + lane + d]
                 // with 0 <= lane + d < i2, in row ih of x; the others touch
                 // no memory and read 0.
                 let v = unsafe { _mm256_maskload_ps(row.wrapping_offset(d), m) };
-                *a = _mm256_fmadd_ps(_mm256_set1_ps(wv), v, *a);
+                *a = _mm256_fmadd_ps(wv, v, *a);
             }
         }
     }

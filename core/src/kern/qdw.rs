@@ -741,7 +741,7 @@ pub(crate) fn planes<X: QInt, W: QInt, Y: QInt>(x: &[X], w: &[W], y: &mut [Y], q
     let macs = planes
         .saturating_mul(g.out_size())
         .saturating_mul(g.k_size());
-    let t = par::tasks(par::workers(), macs, planes);
+    let t = par::tasks_int8(par::workers(), macs, planes);
     let ys = SharedMut::new(y);
     let sel = super::qgemm::selection();
     let job = Planes {

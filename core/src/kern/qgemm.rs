@@ -303,7 +303,7 @@ pub(crate) fn qgemm_with<T: super::QInt, IO: QIo>(
     }
     let blocks = n.div_ceil(NR);
     let macs = m.saturating_mul(n).saturating_mul(k.max(1));
-    let t = super::par::tasks(workers, macs, blocks);
+    let t = super::par::tasks_int8(workers, macs, blocks);
     if t <= 1 {
         return run_cols(kind, vnni, m, (0, n), k, &a, io);
     }

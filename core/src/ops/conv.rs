@@ -925,16 +925,17 @@ impl DepthwiseJob<'_, '_> {
             let done = avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g, bounds) };
             #[cfg(not(target_arch = "x86_64"))]
             let done = false;
-            // Whether the plane's stores applied the activation.
-            let mut clamped = done && bounds.is_some();
-            if !done {
+            // The narrow and flat paths apply a clamp as they store; the
+            // row path (`dwconv::plane`) does not.
+            let stored_clamp = done || {
                 let flat = flat.get_or_insert_with(|| dwconv::Flat::new(g));
-                if flat.plane(yp, xp, wk, bias, bounds) {
-                    clamped = bounds.is_some();
-                } else if !dwconv::plane(yp, xp, wk, bias, g) {
-                    return false;
-                }
+                flat.plane(yp, xp, wk, bias, bounds)
+            };
+            if !stored_clamp && !dwconv::plane(yp, xp, wk, bias, g) {
+                return false;
             }
+            // Whether the plane's stores applied the activation.
+            let clamped = stored_clamp && bounds.is_some();
             // Otherwise the activation runs on the planes just written,
             // still in cache, in spans of at least ACT_SPAN values (a call
             // per small plane costs more than it saves).
