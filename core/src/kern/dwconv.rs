@@ -470,9 +470,8 @@ fn narrow_rows<const K: usize>(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, n
     // takes at least that chain's latency). The last block of a plane
     // ends at its last row and recomputes rows of the block before it
     // (the same bits: x is not y), rather than a short block that takes
-    // the whole chain's latency for fewer rows.
-    // Eight rows keep K <= 3 masks, K weights and 8 sums in the 16 ymm
-    // registers.
+    // the whole chain's latency for fewer rows. Eight rows keep K <= 3
+    // masks, K weights and 8 sums in the 16 ymm registers.
     if K <= 3 && o1 >= 8 {
         narrow_blocks::<K, 8>(y, o1, &c)
     } else if o1 >= 4 {

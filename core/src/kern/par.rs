@@ -80,7 +80,7 @@ pub(crate) const MIN_TASK_MACS: usize = 1 << 16;
 pub(crate) const MIN_TASK_MACS: usize = 64;
 
 /// Integer multiply-adds per unit of `work` that [`tasks_int8`] counts: the
-/// int8 kernels do about four per f32 one's time (VNNI: four per lane and
+/// int8 kernels do up to four in an f32 one's time (VNNI: four per lane and
 /// instruction), so a task worth handing off holds four times as many.
 /// Measured with two threads on the AVX-512 VNNI Xeon of the README's
 /// benchmark: KWS int8 0.166 ms (min) when its 512 K-MAC pointwise layers
