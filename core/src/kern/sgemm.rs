@@ -678,6 +678,42 @@ impl<B: SrcB> Block<'_, '_, B> {
                     let Some(ap) = a.a.get(at..) else {
                         return false;
                     };
+                    #[cfg(target_arch = "x86_64")]
+                    if self.kind == Kernels::Avx2Fma && mr == MR && nr == NR {
+                        let bias = match (overwrite, self.bias) {
+                            // i0 + MR <= m <= bias.len() (checked).
+                            (true, Some(b)) => match win(b, i0, MR) {
+                                Some(b) => Some(b),
+                                None => return false,
+                            },
+                            _ => None,
+                        };
+                        let mut rows = [core::ptr::null_mut(); MR];
+                        for (r, row) in rows.iter_mut().enumerate() {
+                            let at = i0.wrapping_add(r).wrapping_mul(ldc).wrapping_add(j0);
+                            // SAFETY: as for the rows of the write-back
+                            // below: row i0 + r, columns j0..j0 + NR, are
+                            // this task's, and no other live slice overlaps.
+                            let Some(crow) = (unsafe { self.c.slice(at, NR) }) else {
+                                return false;
+                            };
+                            *row = crow.as_mut_ptr();
+                        }
+                        let out = TileOut {
+                            rows,
+                            alpha,
+                            bias,
+                            overwrite,
+                            clamp: CLAMP.then_some(cl),
+                        };
+                        // SAFETY: `Avx2Fma` is selected only when the CPU
+                        // has AVX2 and FMA; the driver checked A's MR rows
+                        // of kc columns and B's kc rows of NR; each row
+                        // pointer holds NR floats of C.
+                        unsafe { ukr_avx2_out(kc, ap, a.rs, a.cs, bp, b_rs, &out) };
+                        i0 = i0.wrapping_add(MR);
+                        continue;
+                    }
                     ukr(self.kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, &mut tile);
                     for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
                         let at = i0.wrapping_add(r).wrapping_mul(ldc).wrapping_add(j0);
@@ -1017,6 +1053,85 @@ unsafe fn ukr_avx2<const R: usize>(
             let t = tile.as_mut_ptr().add(r.wrapping_mul(NR));
             _mm256_storeu_ps(t, accr[0]);
             _mm256_storeu_ps(t.add(8), accr[1]);
+        }
+    }
+}
+
+/// Where [`ukr_avx2_out`] writes a full MR × NR tile: a pointer to NR
+/// floats of C per row, and the write-back of [`Block::run`]: C = bias +
+/// alpha · sum (the first k block, with a bias), alpha · sum (the first,
+/// without), or C + alpha · sum, each clamped when `clamp` is set.
+#[cfg(target_arch = "x86_64")]
+struct TileOut<'a> {
+    rows: [*mut f32; MR],
+    alpha: f32,
+    bias: Option<&'a [f32]>,
+    overwrite: bool,
+    clamp: Option<(f32, f32)>,
+}
+
+/// [`ukr_avx2`] for a full tile, written into C as [`Block::run`]'s
+/// write-back would (the same operations in the same order: a multiply,
+/// then an add, then `math::clip`'s max and min), without the round trip
+/// through the tile buffer.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `a` holds A(r, p) at `r * a_rs + p * a_cs`
+/// for `r < MR`, `p < kc`; `b` holds `kc` rows of NR floats at stride
+/// `b_rs`; each of `out.rows` points to NR floats of C that nothing else
+/// reads or writes during the call; `out.bias` holds MR values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn ukr_avx2_out(
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    out: &TileOut<'_>,
+) {
+    use core::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
+    for p in 0..kc {
+        // SAFETY: p < kc and the caller guarantees that B holds kc rows of
+        // NR floats at stride b_rs and A holds MR rows (stride a_rs) of kc
+        // columns (stride a_cs).
+        unsafe {
+            let brow = bp.add(p.wrapping_mul(b_rs));
+            let b0 = _mm256_loadu_ps(brow);
+            let b1 = _mm256_loadu_ps(brow.add(8));
+            let acol = ap.add(p.wrapping_mul(a_cs));
+            for (r, accr) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*acol.add(r.wrapping_mul(a_rs)));
+                accr[0] = _mm256_fmadd_ps(av, b0, accr[0]);
+                accr[1] = _mm256_fmadd_ps(av, b1, accr[1]);
+            }
+        }
+    }
+    let alpha = _mm256_set1_ps(out.alpha);
+    let clamp = out
+        .clamp
+        .map(|(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi)));
+    for (r, (accr, &row)) in acc.iter().zip(&out.rows).enumerate() {
+        for (h, &t) in accr.iter().enumerate() {
+            // SAFETY: h < 2: floats 8h..8h + 8 of the row's NR = 16.
+            let at = unsafe { row.add(h.wrapping_mul(8)) };
+            let mut v = _mm256_mul_ps(alpha, t);
+            if !out.overwrite {
+                // SAFETY: as above; C's old value is read once, here.
+                v = _mm256_add_ps(unsafe { _mm256_loadu_ps(at) }, v);
+            } else if let Some(&bv) = out.bias.and_then(|b| b.get(r)) {
+                v = _mm256_add_ps(_mm256_set1_ps(bv), v);
+            }
+            if let Some((lo, hi)) = clamp {
+                // math::clip: max_ps(lo, v) is lo where lo > v, else v (NaN
+                // too); min_ps(hi, ·) likewise.
+                v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+            }
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(at, v) };
         }
     }
 }
