@@ -1029,11 +1029,42 @@ unsafe fn ukr_avx2<const R: usize>(
     tile: &mut [f32; MR * NR],
 ) {
     use core::arch::x86_64::*;
+    // SAFETY: the caller's contract is `sums_avx2`'s.
+    let acc = unsafe { sums_avx2::<R>(kc, a, a_rs, a_cs, b, b_rs) };
+    for (r, accr) in acc.iter().enumerate() {
+        // SAFETY: r < R <= MR, so both stores fall inside the MR × NR tile.
+        unsafe {
+            let t = tile.as_mut_ptr().add(r.wrapping_mul(NR));
+            _mm256_storeu_ps(t, accr[0]);
+            _mm256_storeu_ps(t.add(8), accr[1]);
+        }
+    }
+}
+
+/// The `R × NR` sums of `kc` steps of A·B in ymm registers (two per row),
+/// for [`ukr_avx2`] and [`ukr_avx2_out`].
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `a` holds A(r, p) at `r * a_rs + p * a_cs`
+/// for `r < R`, `p < kc`, and `b` holds `kc` rows of NR floats at stride
+/// `b_rs`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn sums_avx2<const R: usize>(
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+) -> [[core::arch::x86_64::__m256; 2]; R] {
+    use core::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let (ap, bp) = (a.as_ptr(), b.as_ptr());
     for p in 0..kc {
-        // SAFETY: p < kc and the driver checked that B holds kc rows of NR
-        // floats at stride b_rs and A holds R rows (stride a_rs) of kc
+        // SAFETY: p < kc, and the caller guarantees that B holds kc rows of
+        // NR floats at stride b_rs and A holds R rows (stride a_rs) of kc
         // columns (stride a_cs).
         unsafe {
             let brow = bp.add(p.wrapping_mul(b_rs));
@@ -1047,14 +1078,7 @@ unsafe fn ukr_avx2<const R: usize>(
             }
         }
     }
-    for (r, accr) in acc.iter().enumerate() {
-        // SAFETY: r < R <= MR, so both stores fall inside the MR × NR tile.
-        unsafe {
-            let t = tile.as_mut_ptr().add(r.wrapping_mul(NR));
-            _mm256_storeu_ps(t, accr[0]);
-            _mm256_storeu_ps(t.add(8), accr[1]);
-        }
-    }
+    acc
 }
 
 /// Where [`ukr_avx2_out`] writes a full MR × NR tile: a pointer to NR
@@ -1092,24 +1116,8 @@ unsafe fn ukr_avx2_out(
     out: &TileOut<'_>,
 ) {
     use core::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    let (ap, bp) = (a.as_ptr(), b.as_ptr());
-    for p in 0..kc {
-        // SAFETY: p < kc and the caller guarantees that B holds kc rows of
-        // NR floats at stride b_rs and A holds MR rows (stride a_rs) of kc
-        // columns (stride a_cs).
-        unsafe {
-            let brow = bp.add(p.wrapping_mul(b_rs));
-            let b0 = _mm256_loadu_ps(brow);
-            let b1 = _mm256_loadu_ps(brow.add(8));
-            let acol = ap.add(p.wrapping_mul(a_cs));
-            for (r, accr) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*acol.add(r.wrapping_mul(a_rs)));
-                accr[0] = _mm256_fmadd_ps(av, b0, accr[0]);
-                accr[1] = _mm256_fmadd_ps(av, b1, accr[1]);
-            }
-        }
-    }
+    // SAFETY: the caller guarantees `sums_avx2`'s contract for MR rows.
+    let acc = unsafe { sums_avx2::<MR>(kc, a, a_rs, a_cs, b, b_rs) };
     let alpha = _mm256_set1_ps(out.alpha);
     let clamp = out
         .clamp
