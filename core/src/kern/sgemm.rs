@@ -1290,6 +1290,56 @@ mod tests {
         assert_eq!(bits(got), bits(want), "{what}");
     }
 
+    /// A full MR × NR tile (written from the registers by
+    /// [`ukr_avx2_out`] with AVX2) gives the bits of the same rows as a
+    /// partial tile (written through the tile buffer by `Block::run`'s
+    /// loop): alpha, bias, beta and clamp in the same order, a NaN kept by
+    /// the clamp, within and across k blocks, on every kernel kind.
+    #[test]
+    fn full_tiles_give_the_bits_of_the_tile_buffer_write_back() {
+        let mut seed = 5;
+        for kind in kinds() {
+            for k in [1, 7, KC + 5] {
+                let (m, n) = (MR, NR);
+                let mut a = rand(m * k, &mut seed);
+                a[3] = f32::NAN;
+                let (b, bias, c0) = (
+                    rand(k * n, &mut seed),
+                    rand(m, &mut seed),
+                    rand(m * n, &mut seed),
+                );
+                let ma = |rows: usize| MatA {
+                    a: &a[..rows * k],
+                    rs: k,
+                    cs: 1,
+                };
+                let src = Dense { b: &b, ldb: n };
+                for (alpha, beta, with_bias, clamp) in [
+                    (1.0, 0.0, false, None),
+                    (0.7, 0.0, true, Some((-0.05, 0.1))),
+                    (1.3, 1.0, false, Some((-0.05, 0.1))),
+                    (0.9, 1.0, false, None),
+                ] {
+                    let run = |rows: usize, c: &mut [f32]| {
+                        let ep = Epilogue {
+                            bias: with_bias.then_some(&bias[..rows]),
+                            clamp,
+                        };
+                        sgemm_init(kind, 1, rows, n, k, ma(rows), &src, c, n, alpha, beta, ep)
+                    };
+                    let mut full = c0.clone();
+                    let mut part = c0[..(m - 1) * n].to_vec();
+                    assert!(run(m, &mut full) && run(m - 1, &mut part));
+                    same_bits(
+                        &full[..(m - 1) * n],
+                        &part,
+                        &alloc::format!("{kind:?} k{k} {alpha} {beta} {with_bias} {clamp:?}"),
+                    );
+                }
+            }
+        }
+    }
+
     /// An [`Epilogue`]: a row bias added as C is first written, a clamp as
     /// it is last written, each, both or neither, give the bits of C filled
     /// with the bias (or zeros) and `beta = 1`, then clamped value by value,
