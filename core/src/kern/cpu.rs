@@ -104,10 +104,12 @@ static VNNI: AtomicBool = AtomicBool::new(cfg!(all(
     target_feature = "avx512vnni"
 )));
 
-/// Whether the int8 kernels run their AVX-512 code (the GEMM's VNNI
-/// micro-kernel, depthwise loops compiled for AVX-512 BW): selected, and
-/// the f32 kernels are AVX2+FMA (forcing the reference or the portable
-/// kernels turns it off too).
+/// Whether the AVX-512 kernels run: the int8 ones (the GEMM's VNNI
+/// micro-kernel, depthwise loops compiled for AVX-512 BW) and the f32
+/// GEMM's 12 × 32 micro-kernel on B packed at prepare (`sgemm::ukr_avx512`,
+/// the same bits as the AVX2 one): selected, and the f32 kernels are
+/// AVX2+FMA (forcing the reference or the portable kernels turns it off
+/// too).
 pub fn avx512_vnni() -> bool {
     cfg!(target_arch = "x86_64") && VNNI.load(Ordering::Relaxed) && kernels() == Kernels::Avx2Fma
 }

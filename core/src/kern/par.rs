@@ -156,6 +156,12 @@ impl<'a, T> SharedMut<'a, T> {
         self.ptr
     }
 
+    /// The slice's length.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// `&mut s[start..start + len]`, or `None` when that is out of bounds.
     ///
     /// # Safety

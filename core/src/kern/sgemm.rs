@@ -16,11 +16,20 @@
 //!
 //! Loop order: k blocks, then panels of B (one packed panel is reused by
 //! every row tile of A while it sits in L1), then row tiles. The
-//! micro-kernels are `ukr_avx2` (x86_64 AVX2 + FMA, 12 ymm accumulators)
-//! and `ukr_portable` (plain Rust that LLVM vectorizes: NEON on aarch64,
-//! SSE2 on x86_64 without AVX2). Which one runs is [`super::cpu::kernels`];
-//! the reference loops stay in `ops::matmul::gemm`, and the tests below
-//! check every kernel against them on edge sizes.
+//! micro-kernels are `ukr_avx2` (x86_64 AVX2 + FMA, 12 ymm accumulators),
+//! `ukr_neon` and `ukr_portable` (plain Rust that LLVM vectorizes: SSE2 on
+//! x86_64 without AVX2). Which one runs is [`super::cpu::kernels`]; the
+//! reference loops stay in `ops::matmul::gemm`, and the tests below check
+//! every kernel against them on edge sizes.
+//!
+//! With AVX-512 ([`super::cpu::avx512_vnni`]) a B packed at prepare
+//! ([`Packed`]: MatMul's constant weights) is read two panels at a time by
+//! [`ukr_avx512`], 12 × 32 tiles in 24 zmm accumulators, with the same
+//! bits as the AVX2 kernel. Only there: on the Xeon of README's figures the
+//! transformer block ran about 7 % faster with it, while the same kernel on
+//! Conv's GEMMs (im2col or activations in place) made MobileNetV1,
+//! MobileNetV2 and KWS 13–24 % slower and ResNet-18 about 6 % faster
+//! (branch `wip-avx512-12x16`).
 
 // Integer arithmetic is checked, saturating or wrapping by name (issue 8):
 // the drivers check every extent the kernels reach once per call (A, B
@@ -39,6 +48,38 @@ pub(crate) const MR: usize = 6;
 pub(crate) const NR: usize = 16;
 /// Steps of k per block (a packed panel is `KC × NR` floats).
 pub(crate) const KC: usize = 256;
+/// Rows of the AVX-512 tile ([`ukr_avx512`]): two row tiles.
+#[cfg(target_arch = "x86_64")]
+const MR2: usize = 2 * MR;
+
+/// The micro-kernels one GEMM call runs ([`Kernels`] with AVX2 + FMA split
+/// by whether AVX-512 may run too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ukr {
+    /// `ukr_portable`: plain Rust.
+    Portable,
+    /// `ukr_avx2` / `ukr_avx2_out`: 6 × 16 tiles in 12 ymm accumulators.
+    Avx2,
+    /// [`Ukr::Avx2`], and [`ukr_avx512`] for 12 × 32 tiles in 24 zmm
+    /// accumulators where B was packed at prepare ([`Packed`]) and a task
+    /// has 12 rows and two panels left.
+    Avx512,
+    /// `ukr_neon`.
+    Neon,
+}
+
+impl Ukr {
+    /// The micro-kernels of `kind` on this CPU: AVX-512 where the int8
+    /// kernels may use it ([`cpu::avx512_vnni`], which implies AVX-512 F).
+    fn of(kind: Kernels) -> Self {
+        match kind {
+            Kernels::Avx2Fma if cpu::avx512_vnni() => Ukr::Avx512,
+            Kernels::Avx2Fma => Ukr::Avx2,
+            Kernels::Neon => Ukr::Neon,
+            _ => Ukr::Portable,
+        }
+    }
+}
 
 /// Where A(i, p) lives: `a[i * rs + p * cs]`.
 #[derive(Clone, Copy, Debug)]
@@ -388,7 +429,7 @@ pub(crate) fn sgemm<B: SrcB + Sync>(
     alpha: f32,
     beta: f32,
 ) -> bool {
-    let kind = kernels_now();
+    let kind = Ukr::of(kernels_now());
     sgemm_with(kind, par::workers(), m, n, k, a, b, c, ldc, alpha, beta)
 }
 
@@ -401,7 +442,7 @@ pub(crate) fn sgemm<B: SrcB + Sync>(
 /// bit-identical for any number of workers. k is never split.
 #[allow(clippy::too_many_arguments)]
 fn sgemm_with<B: SrcB + Sync>(
-    kind: Kernels,
+    kind: Ukr,
     workers: usize,
     m: usize,
     n: usize,
@@ -458,7 +499,8 @@ pub(crate) fn sgemm_out<B: SrcB + Sync>(
     ep: Epilogue<'_>,
 ) -> bool {
     let workers = if serial { 1 } else { par::workers() };
-    sgemm_init(kernels_now(), workers, m, n, k, a, b, c, ldc, 1.0, 0.0, ep)
+    let kind = Ukr::of(kernels_now());
+    sgemm_init(kind, workers, m, n, k, a, b, c, ldc, 1.0, 0.0, ep)
 }
 
 /// [`sgemm_with`], with an [`Epilogue`] ([`sgemm_out`]; a bias replaces
@@ -466,7 +508,7 @@ pub(crate) fn sgemm_out<B: SrcB + Sync>(
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn sgemm_init<B: SrcB + Sync>(
-    kind: Kernels,
+    kind: Ukr,
     workers: usize,
     m: usize,
     n: usize,
@@ -601,7 +643,7 @@ fn aliases(ldb: usize, k: usize) -> bool {
 
 /// One GEMM, shared by the tasks of [`sgemm_with`] (bounds already checked).
 struct Block<'s, 'a, B> {
-    kind: Kernels,
+    kind: Ukr,
     k: usize,
     a: MatA<'a>,
     b: &'s B,
@@ -616,7 +658,17 @@ struct Block<'s, 'a, B> {
     clamp: Option<(f32, f32)>,
 }
 
-impl<B: SrcB> Block<'_, '_, B> {
+/// One k block of [`Block::run`]: its first step `p0` and length `kc`,
+/// whether it overwrites C (the first block with `beta == 0` or a bias),
+/// and the clamp it applies (the last block's, else no-op bounds).
+struct Step {
+    p0: usize,
+    kc: usize,
+    overwrite: bool,
+    cl: (f32, f32),
+}
+
+impl<'s, B: SrcB> Block<'s, '_, B> {
     /// C over rows `[i_lo, i_hi)` and columns `[j_lo, j_hi)`, where `i_lo`
     /// is a multiple of `MR` and `i_hi` one too or `m` (the same for the
     /// columns and `NR`): exactly the tiles the full loops would compute
@@ -638,7 +690,7 @@ impl<B: SrcB> Block<'_, '_, B> {
         (i_lo, i_hi): (usize, usize),
         (j_lo, j_hi): (usize, usize),
     ) -> bool {
-        let (a, k, ldc, alpha) = (self.a, self.k, self.ldc, self.alpha);
+        let k = self.k;
         let mut panel = [0f32; KC * NR];
         let mut tile = [0f32; MR * NR];
         // Offsets wrap by name under the extents `sgemm_with` checked:
@@ -652,6 +704,12 @@ impl<B: SrcB> Block<'_, '_, B> {
             let cl = match self.clamp {
                 Some(cl) if k.wrapping_sub(p0) <= KC => cl,
                 _ => (f32::NEG_INFINITY, f32::INFINITY),
+            };
+            let step = Step {
+                p0,
+                kc,
+                overwrite,
+                cl,
             };
             let mut j0 = j_lo;
             while j0 < j_hi {
@@ -671,84 +729,201 @@ impl<B: SrcB> Block<'_, '_, B> {
                         (&panel[..], NR)
                     }
                 };
-                let mut i0 = i_lo;
-                while i0 < i_hi {
-                    let mr = MR.min(i_hi.wrapping_sub(i0));
-                    let at = i0.wrapping_mul(a.rs).wrapping_add(p0.wrapping_mul(a.cs));
-                    let Some(ap) = a.a.get(at..) else {
+                // With AVX-512, 12 × 32 tiles over this panel and the next
+                // ([`Self::wide`]); the rows after them panel by panel.
+                #[cfg(target_arch = "x86_64")]
+                let Some((i_from, next)) = self.wide::<CLAMP>((i_lo, i_hi), (j0, j_hi), bp, &step) else {
+                    return false;
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let (i_from, next) = (i_lo, None);
+                let panels = core::iter::once((j0, bp, b_rs)).chain(next);
+                for (j, bp, b_rs) in panels {
+                    if !self.tiles::<CLAMP>((i_from, i_hi), (j, nr), (bp, b_rs), &step, &mut tile) {
                         return false;
-                    };
-                    #[cfg(target_arch = "x86_64")]
-                    if self.kind == Kernels::Avx2Fma && mr == MR && nr == NR {
-                        let bias = match (overwrite, self.bias) {
-                            // i0 + MR <= m <= bias.len() (checked).
-                            (true, Some(b)) => match win(b, i0, MR) {
-                                Some(b) => Some(b),
-                                None => return false,
-                            },
-                            _ => None,
-                        };
-                        let mut rows = [core::ptr::null_mut(); MR];
-                        for (r, row) in rows.iter_mut().enumerate() {
-                            let at = i0.wrapping_add(r).wrapping_mul(ldc).wrapping_add(j0);
-                            // SAFETY: as for the rows of the write-back
-                            // below: row i0 + r, columns j0..j0 + NR, are
-                            // this task's, and no other live slice overlaps.
-                            let Some(crow) = (unsafe { self.c.slice(at, NR) }) else {
-                                return false;
-                            };
-                            *row = crow.as_mut_ptr();
-                        }
-                        let out = TileOut {
-                            rows,
-                            alpha,
-                            bias,
-                            overwrite,
-                            clamp: CLAMP.then_some(cl),
-                        };
-                        // SAFETY: `Avx2Fma` is selected only when the CPU
-                        // has AVX2 and FMA; the driver checked A's MR rows
-                        // of kc columns and B's kc rows of NR; each row
-                        // pointer holds NR floats of C.
-                        unsafe { ukr_avx2_out(kc, ap, a.rs, a.cs, bp, b_rs, &out) };
-                        i0 = i0.wrapping_add(MR);
-                        continue;
                     }
-                    ukr(self.kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, &mut tile);
-                    for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
-                        let at = i0.wrapping_add(r).wrapping_mul(ldc).wrapping_add(j0);
-                        // SAFETY: row i0 + r and columns j0..j0 + nr belong
-                        // to this task's rectangle; rectangles of the tasks
-                        // are disjoint and ldc >= n (checked), so no other
-                        // live slice overlaps this one.
-                        let Some(crow) = (unsafe { self.c.slice(at, nr) }) else {
-                            return false;
-                        };
-                        // Clamped in the same loop (a loop of its own per
-                        // row ran slower than Relu6 as a separate pass).
-                        if let (true, Some(bias)) = (overwrite, self.bias) {
-                            // i0 + r < m <= bias.len() (checked).
-                            let bv = bias.get(i0.wrapping_add(r)).copied().unwrap_or(0.0);
-                            for (cv, &t) in crow.iter_mut().zip(trow) {
-                                *cv = clamp_if::<CLAMP>(bv + alpha * t, cl);
-                            }
-                        } else if overwrite {
-                            for (cv, &t) in crow.iter_mut().zip(trow) {
-                                *cv = clamp_if::<CLAMP>(alpha * t, cl);
-                            }
-                        } else {
-                            for (cv, &t) in crow.iter_mut().zip(trow) {
-                                *cv = clamp_if::<CLAMP>(*cv + alpha * t, cl);
-                            }
-                        }
-                    }
-                    i0 = i0.wrapping_add(MR);
                 }
-                j0 = j0.wrapping_add(NR);
+                j0 = j0.wrapping_add(if next.is_some() { 2 * NR } else { NR });
             }
             p0 = p0.wrapping_add(KC);
         }
         true
+    }
+
+    /// Rows `[i_lo, i_hi)` of the `nr` columns of C at `j0` over one k
+    /// block (`step`), from the panel `bp` (row stride `b_rs`): tiles of MR
+    /// rows, full ones with AVX2 written from the registers
+    /// ([`ukr_avx2_out`]), the others through `tile`. `false` if a part of
+    /// A or C was out of bounds.
+    #[inline(always)]
+    fn tiles<const CLAMP: bool>(
+        &self,
+        (i_lo, i_hi): (usize, usize),
+        (j0, nr): (usize, usize),
+        (bp, b_rs): (&[f32], usize),
+        step: &Step,
+        tile: &mut [f32; MR * NR],
+    ) -> bool {
+        let (a, ldc, alpha) = (self.a, self.ldc, self.alpha);
+        let &Step {
+            p0,
+            kc,
+            overwrite,
+            cl,
+        } = step;
+        let mut i0 = i_lo;
+        while i0 < i_hi {
+            let mr = MR.min(i_hi.wrapping_sub(i0));
+            let at = i0.wrapping_mul(a.rs).wrapping_add(p0.wrapping_mul(a.cs));
+            let Some(ap) = a.a.get(at..) else {
+                return false;
+            };
+            #[cfg(target_arch = "x86_64")]
+            if mr == MR && nr == NR && matches!(self.kind, Ukr::Avx2 | Ukr::Avx512) {
+                let Some(out) = self.tile_out::<MR>((i0, j0), overwrite, CLAMP.then_some(cl))
+                else {
+                    return false;
+                };
+                // SAFETY: `Ukr::Avx2` and `Ukr::Avx512` come from
+                // `Kernels::Avx2Fma`, selected only when the CPU has AVX2 and
+                // FMA; the driver checked A's MR rows of kc columns and B's
+                // kc rows of NR; `out` holds MR rows of NR floats of C that
+                // are this task's.
+                unsafe { ukr_avx2_out(kc, ap, a.rs, a.cs, bp, b_rs, &out) };
+                i0 = i0.wrapping_add(MR);
+                continue;
+            }
+            ukr(self.kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, tile);
+            for (r, trow) in tile.chunks_exact(NR).take(mr).enumerate() {
+                let at = i0.wrapping_add(r).wrapping_mul(ldc).wrapping_add(j0);
+                // SAFETY: row i0 + r and columns j0..j0 + nr belong to this
+                // task's rectangle; rectangles of the tasks are disjoint and
+                // ldc >= n (checked), so no other live slice overlaps this
+                // one.
+                let Some(crow) = (unsafe { self.c.slice(at, nr) }) else {
+                    return false;
+                };
+                // Clamped in the same loop (a loop of its own per row ran
+                // slower than Relu6 as a separate pass).
+                if let (true, Some(bias)) = (overwrite, self.bias) {
+                    // i0 + r < m <= bias.len() (checked).
+                    let bv = bias.get(i0.wrapping_add(r)).copied().unwrap_or(0.0);
+                    for (cv, &t) in crow.iter_mut().zip(trow) {
+                        *cv = clamp_if::<CLAMP>(bv + alpha * t, cl);
+                    }
+                } else if overwrite {
+                    for (cv, &t) in crow.iter_mut().zip(trow) {
+                        *cv = clamp_if::<CLAMP>(alpha * t, cl);
+                    }
+                } else {
+                    for (cv, &t) in crow.iter_mut().zip(trow) {
+                        *cv = clamp_if::<CLAMP>(*cv + alpha * t, cl);
+                    }
+                }
+            }
+            i0 = i0.wrapping_add(MR);
+        }
+        true
+    }
+
+    /// With AVX-512 and B packed at prepare ([`Packed`]) with a second
+    /// whole panel after the one at `j0` (`bp`) before `j_hi`: [`Self::pairs`]
+    /// over rows `[i_lo, i_hi)` of both, and the first row it left with the
+    /// second panel (its column, its data, its row stride) for the AVX2
+    /// tiles; otherwise `(i_lo, None)`. `None` if a part of A or C was out
+    /// of bounds.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    fn wide<const CLAMP: bool>(
+        &self,
+        (i_lo, i_hi): (usize, usize),
+        (j0, j_hi): (usize, usize),
+        bp: &[f32],
+        step: &Step,
+    ) -> Option<(usize, Option<(usize, &'s [f32], usize)>)> {
+        let b: &'s B = self.b;
+        let j1 = j0.wrapping_add(NR);
+        if self.kind != Ukr::Avx512 || j_hi.wrapping_sub(j0) < 2 * NR {
+            return Some((i_lo, None));
+        }
+        let (Some(_), Some(bp1)) = (b.panel(step.p0, j0), b.panel(step.p0, j1)) else {
+            return Some((i_lo, None));
+        };
+        let i_from = self.pairs::<CLAMP>((i_lo, i_hi), (j0, j1), (bp, bp1), step)?;
+        Some((i_from, Some((j1, bp1, NR))))
+    }
+
+    /// [`ukr_avx512`] tiles (MR2 rows by the two prepacked panels `bp` at
+    /// columns `j0` and `j1`) from row `i_lo` while MR2 rows are left below
+    /// `i_hi`; the first row not done, or `None` if a part of A or C was
+    /// out of bounds.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn pairs<const CLAMP: bool>(
+        &self,
+        (i_lo, i_hi): (usize, usize),
+        (j0, j1): (usize, usize),
+        bp: (&[f32], &[f32]),
+        step: &Step,
+    ) -> Option<usize> {
+        let a = self.a;
+        let clamp = CLAMP.then_some(step.cl);
+        let mut i0 = i_lo;
+        while i_hi.wrapping_sub(i0) >= MR2 {
+            let at = i0
+                .wrapping_mul(a.rs)
+                .wrapping_add(step.p0.wrapping_mul(a.cs));
+            let ap = a.a.get(at..)?;
+            let out = (
+                self.tile_out::<MR2>((i0, j0), step.overwrite, clamp)?,
+                self.tile_out::<MR2>((i0, j1), step.overwrite, clamp)?,
+            );
+            // SAFETY: `Ukr::Avx512` comes from `cpu::avx512_vnni` (the CPU
+            // has AVX-512 F: `cpu::enable_avx512_vnni`'s contract) with
+            // `Kernels::Avx2Fma` (AVX2 and FMA); the driver checked A's rows
+            // (i0 + MR2 <= i_hi) of kc columns; each prepacked panel holds kc
+            // rows of NR; `out` holds MR2 rows of NR floats of C at j0 and
+            // at j1 that are this task's.
+            unsafe { ukr_avx512(step.kc, ap, a.rs, a.cs, bp, &out) };
+            i0 = i0.wrapping_add(MR2);
+        }
+        Some(i0)
+    }
+
+    /// Where a register tile of `R` rows at (`i0`, `j0`) goes
+    /// ([`TileOut`]): the rows' NR floats of C, the bias of those rows when
+    /// this is the first k block (`overwrite`) and there is one, alpha and
+    /// the clamp. `None` if C or the bias is short.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn tile_out<const R: usize>(
+        &self,
+        (i0, j0): (usize, usize),
+        overwrite: bool,
+        clamp: Option<(f32, f32)>,
+    ) -> Option<TileOut<'s, R>> {
+        let bias = match (overwrite, self.bias) {
+            // i0 + R <= m <= bias.len() (checked).
+            (true, Some(b)) => Some(win(b, i0, R)?),
+            _ => None,
+        };
+        // The tile's last element is below C's length: every row pointer
+        // formed from `c` below stays inside C.
+        let end = (i0.checked_add(R)?.checked_sub(1)?.checked_mul(self.ldc))
+            .and_then(|v| v.checked_add(j0)?.checked_add(NR))?;
+        if end > self.c.len() {
+            return None;
+        }
+        let at = i0.wrapping_mul(self.ldc).wrapping_add(j0);
+        Some(TileOut {
+            c: self.c.as_mut_ptr().wrapping_add(at),
+            ldc: self.ldc,
+            alpha: self.alpha,
+            bias,
+            overwrite,
+            clamp,
+        })
     }
 }
 
@@ -932,7 +1107,7 @@ unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn ukr(
-    kind: Kernels,
+    kind: Ukr,
     mr: usize,
     kc: usize,
     a: &[f32],
@@ -970,15 +1145,16 @@ fn ukr(
         };
     }
     #[cfg(target_arch = "x86_64")]
-    if kind == Kernels::Avx2Fma {
-        // SAFETY: `Avx2Fma` is selected only by `cpu::enable_avx2_fma`,
-        // whose caller guarantees the CPU has AVX2 and FMA, or by a build
-        // that targets them; the bounds were checked by the driver.
+    if matches!(kind, Ukr::Avx2 | Ukr::Avx512) {
+        // SAFETY: both come from `Kernels::Avx2Fma`, selected only by
+        // `cpu::enable_avx2_fma`, whose caller guarantees the CPU has AVX2
+        // and FMA, or by a build that targets them; the bounds were checked
+        // by the driver.
         unsafe { dispatch!(ukr_avx2) };
         return;
     }
     #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-    if kind == Kernels::Neon {
+    if kind == Ukr::Neon {
         // SAFETY: this build targets NEON (cfg above; baseline on aarch64
         // Linux), and the driver checked the bounds `ukr_neon` reads.
         unsafe { dispatch!(ukr_neon) };
@@ -1081,29 +1257,33 @@ unsafe fn sums_avx2<const R: usize>(
     acc
 }
 
-/// Where [`ukr_avx2_out`] writes a full MR × NR tile: a pointer to NR
-/// floats of C per row, and the write-back of [`Block::run`]: C = bias +
-/// alpha · sum (the first k block, with a bias), alpha · sum (the first,
-/// without), or C + alpha · sum, each clamped when `clamp` is set.
+/// Where [`ukr_avx2_out`] (R = MR) and [`ukr_avx512`] (R = MR2, one per
+/// panel) write a full R × NR tile of C, and the write-back of
+/// [`Block::tiles`]' loop: C = bias + alpha · sum (the first k block, with
+/// a bias), alpha · sum (the first, without), or C + alpha · sum, each
+/// clamped when `clamp` is set.
 #[cfg(target_arch = "x86_64")]
-struct TileOut<'a> {
-    rows: [*mut f32; MR],
+struct TileOut<'a, const R: usize> {
+    /// C(i0, j0); row r of the tile is the NR floats `r · ldc` further
+    /// ([`Block::tile_out`] checked that the last row's are inside C).
+    c: *mut f32,
+    ldc: usize,
     alpha: f32,
+    /// The R rows' bias (first k block only).
     bias: Option<&'a [f32]>,
     overwrite: bool,
     clamp: Option<(f32, f32)>,
 }
 
-/// [`ukr_avx2`] for a full tile, written into C as [`Block::run`]'s
-/// write-back would (the same operations in the same order: a multiply,
-/// then an add, then `math::clip`'s max and min), without the round trip
-/// through the tile buffer.
+/// [`ukr_avx2`] for a full tile, written into C as [`Block::tiles`]'
+/// write-back would, without the round trip through the tile buffer.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` holds A(r, p) at `r * a_rs + p * a_cs`
 /// for `r < MR`, `p < kc`; `b` holds `kc` rows of NR floats at stride
-/// `b_rs`; each of `out.rows` points to NR floats of C that nothing else
-/// reads or writes during the call; `out.bias` holds MR values.
+/// `b_rs`; `out` points to MR rows of NR floats of C (at stride
+/// `out.ldc`) that nothing else reads or writes during the call, and
+/// `out.bias`, if any, holds MR values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn ukr_avx2_out(
@@ -1113,7 +1293,7 @@ unsafe fn ukr_avx2_out(
     a_cs: usize,
     b: &[f32],
     b_rs: usize,
-    out: &TileOut<'_>,
+    out: &TileOut<'_, MR>,
 ) {
     use core::arch::x86_64::*;
     // SAFETY: the caller guarantees `sums_avx2`'s contract for MR rows.
@@ -1122,13 +1302,16 @@ unsafe fn ukr_avx2_out(
     let clamp = out
         .clamp
         .map(|(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi)));
-    for (r, (accr, &row)) in acc.iter().zip(&out.rows).enumerate() {
+    for (r, accr) in acc.iter().enumerate() {
+        // r < MR: row r of the tile, inside C (the caller's contract).
+        let row = out.c.wrapping_add(r.wrapping_mul(out.ldc));
         for (h, &t) in accr.iter().enumerate() {
-            // SAFETY: h < 2: floats 8h..8h + 8 of the row's NR = 16.
-            let at = unsafe { row.add(h.wrapping_mul(8)) };
+            // h < 2: floats 8h..8h + 8 of the row's NR = 16.
+            let at = row.wrapping_add(h.wrapping_mul(8));
             let mut v = _mm256_mul_ps(alpha, t);
             if !out.overwrite {
-                // SAFETY: as above; C's old value is read once, here.
+                // SAFETY: `at` holds 8 floats of this tile (above); C's old
+                // value is read once, here.
                 v = _mm256_add_ps(unsafe { _mm256_loadu_ps(at) }, v);
             } else if let Some(&bv) = out.bias.and_then(|b| b.get(r)) {
                 v = _mm256_add_ps(_mm256_set1_ps(bv), v);
@@ -1142,6 +1325,103 @@ unsafe fn ukr_avx2_out(
             unsafe { _mm256_storeu_ps(at, v) };
         }
     }
+}
+
+/// The AVX-512 micro-kernel: a full MR2 × 2NR tile (12 × 32) over `kc`
+/// steps of two prepacked panels of B, written into C as two MR2 × NR
+/// tiles (`out.0` at the first panel's columns, `out.1` at the second's).
+/// Each element gets the same chain of `fma` over p as in [`sums_avx2`] and
+/// the same write-back as in [`ukr_avx2_out`] (multiply, add, max, min on
+/// 16 lanes instead of 8), so the same bits as four 6 × 16 tiles of the
+/// AVX2 kernel.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `a` holds A(r, p) at `r * a_rs + p * a_cs` for
+/// `r < MR2`, `p < kc`; `b.0` and `b.1` hold `kc` rows of NR floats each
+/// (row stride NR); `out.0` and `out.1` each point to MR2 rows of NR floats
+/// of C (at stride `ldc`) that nothing else reads or writes during the
+/// call, with the same alpha, clamp and overwrite, and their `bias`, if
+/// any, holds MR2 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn ukr_avx512(
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: (&[f32], &[f32]),
+    out: &(TileOut<'_, MR2>, TileOut<'_, MR2>),
+) {
+    use core::arch::x86_64::*;
+    // SAFETY: the caller's contract is `sums_avx512`'s.
+    let acc = unsafe { sums_avx512(kc, a, a_rs, a_cs, b) };
+    let alpha = _mm512_set1_ps(out.0.alpha);
+    let clamp = out
+        .0
+        .clamp
+        .map(|(lo, hi)| (_mm512_set1_ps(lo), _mm512_set1_ps(hi)));
+    for (h, out) in [&out.0, &out.1].into_iter().enumerate() {
+        for (r, accr) in acc.iter().enumerate() {
+            // r < MR2: row r of this tile, NR floats inside C (the
+            // caller's contract).
+            let row = out.c.wrapping_add(r.wrapping_mul(out.ldc));
+            let t = accr.get(h).copied().unwrap_or(_mm512_setzero_ps());
+            let mut v = _mm512_mul_ps(alpha, t);
+            if !out.overwrite {
+                // SAFETY: `row` holds NR = 16 floats of this tile (above);
+                // C's old value is read once, here.
+                v = _mm512_add_ps(unsafe { _mm512_loadu_ps(row) }, v);
+            } else if let Some(&bv) = out.bias.and_then(|b| b.get(r)) {
+                v = _mm512_add_ps(_mm512_set1_ps(bv), v);
+            }
+            if let Some((lo, hi)) = clamp {
+                // As in `ukr_avx2_out` (math::clip).
+                v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+            }
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(row, v) };
+        }
+    }
+}
+
+/// The MR2 × 2NR sums of [`ukr_avx512`] in 24 zmm accumulators (two per
+/// row; with the two rows of B and the broadcast, 27 of the 32 registers).
+/// Kept out of line: inlined into its write-back, LLVM spilled the
+/// accumulators to the stack inside the k loop (the MobileNetV2 GEMMs'
+/// k loop took twice as long).
+///
+/// # Safety
+/// The CPU has AVX-512 F; `a` and `b` as for [`ukr_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline(never)]
+unsafe fn sums_avx512(
+    kc: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    (b0, b1): (&[f32], &[f32]),
+) -> [[core::arch::x86_64::__m512; 2]; MR2] {
+    use core::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR2];
+    let (ap, bp0, bp1) = (a.as_ptr(), b0.as_ptr(), b1.as_ptr());
+    for p in 0..kc {
+        // SAFETY: p < kc, and the caller guarantees that each panel holds
+        // kc rows of NR floats and A holds MR2 rows (stride a_rs) of kc
+        // columns (stride a_cs).
+        unsafe {
+            let at = p.wrapping_mul(NR);
+            let v0 = _mm512_loadu_ps(bp0.add(at));
+            let v1 = _mm512_loadu_ps(bp1.add(at));
+            let acol = ap.add(p.wrapping_mul(a_cs));
+            for (r, x) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*acol.add(r.wrapping_mul(a_rs)));
+                x[0] = _mm512_fmadd_ps(av, v0, x[0]);
+                x[1] = _mm512_fmadd_ps(av, v1, x[1]);
+            }
+        }
+    }
+    acc
 }
 
 /// The NEON micro-kernel: the contract of `ukr_avx2` (A read through its row
@@ -1220,18 +1500,21 @@ mod tests {
     }
 
     #[allow(unused_mut)] // only pushed to on x86_64 and aarch64
-    fn kinds() -> Vec<Kernels> {
-        let mut v = vec![Kernels::Blocked];
+    fn kinds() -> Vec<Ukr> {
+        let mut v = vec![Ukr::Portable];
         #[cfg(target_arch = "x86_64")]
         {
             extern crate std;
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(Kernels::Avx2Fma);
+                v.push(Ukr::Avx2);
+                if std::is_x86_feature_detected!("avx512f") {
+                    v.push(Ukr::Avx512);
+                }
             }
         }
         // NEON is baseline on aarch64: no detection.
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        v.push(Kernels::Neon);
+        v.push(Ukr::Neon);
         v
     }
 
@@ -1290,17 +1573,27 @@ mod tests {
         assert_eq!(bits(got), bits(want), "{what}");
     }
 
-    /// A full MR × NR tile (written from the registers by
-    /// [`ukr_avx2_out`] with AVX2) gives the bits of the same rows as a
-    /// partial tile (written through the tile buffer by `Block::run`'s
-    /// loop): alpha, bias, beta and clamp in the same order, a NaN kept by
-    /// the clamp, within and across k blocks, on every kernel kind.
+    /// Full tiles (written from the registers: MR × NR by [`ukr_avx2_out`]
+    /// with AVX2, MR2 × 2NR by [`ukr_avx512`] with AVX-512 and B packed at
+    /// prepare) give the bits of the same rows one row fewer (a partial
+    /// tile written through the tile buffer by `Block::tiles`; with MR2
+    /// rows, one MR tile from the registers and a partial one), with B in
+    /// place and packed: alpha, bias, beta and clamp in the same order, a
+    /// NaN kept by the clamp, within and across k blocks, on every kernel
+    /// kind.
     #[test]
     fn full_tiles_give_the_bits_of_the_tile_buffer_write_back() {
         let mut seed = 5;
         for kind in kinds() {
-            for k in [1, 7, KC + 5] {
-                let (m, n) = (MR, NR);
+            for (k, m) in [
+                (1, MR),
+                (7, MR),
+                (KC + 5, MR),
+                (1, 2 * MR),
+                (9, 2 * MR),
+                (KC + 5, 2 * MR),
+            ] {
+                let n = 2 * NR;
                 let mut a = rand(m * k, &mut seed);
                 a[3] = f32::NAN;
                 let (b, bias, c0) = (
@@ -1313,28 +1606,68 @@ mod tests {
                     rs: k,
                     cs: 1,
                 };
-                let src = Dense { b: &b, ldb: n };
+                let dense = Dense { b: &b, ldb: n };
+                let packed = Packed::new(&dense, k, n).unwrap();
                 for (alpha, beta, with_bias, clamp) in [
                     (1.0, 0.0, false, None),
                     (0.7, 0.0, true, Some((-0.05, 0.1))),
                     (1.3, 1.0, false, Some((-0.05, 0.1))),
                     (0.9, 1.0, false, None),
                 ] {
-                    let run = |rows: usize, c: &mut [f32]| {
-                        let ep = Epilogue {
-                            bias: with_bias.then_some(&bias[..rows]),
-                            clamp,
-                        };
-                        sgemm_init(kind, 1, rows, n, k, ma(rows), &src, c, n, alpha, beta, ep)
+                    let ep = |rows: usize| Epilogue {
+                        bias: with_bias.then_some(&bias[..rows]),
+                        clamp,
                     };
+                    let what =
+                        alloc::format!("{kind:?} m{m} k{k} {alpha} {beta} {with_bias} {clamp:?}");
+                    let mut want = c0[..(m - 1) * n].to_vec();
+                    let rows = m - 1;
+                    assert!(sgemm_init(
+                        kind,
+                        1,
+                        rows,
+                        n,
+                        k,
+                        ma(rows),
+                        &dense,
+                        &mut want,
+                        n,
+                        alpha,
+                        beta,
+                        ep(rows)
+                    ));
                     let mut full = c0.clone();
-                    let mut part = c0[..(m - 1) * n].to_vec();
-                    assert!(run(m, &mut full) && run(m - 1, &mut part));
-                    same_bits(
-                        &full[..(m - 1) * n],
-                        &part,
-                        &alloc::format!("{kind:?} k{k} {alpha} {beta} {with_bias} {clamp:?}"),
-                    );
+                    assert!(sgemm_init(
+                        kind,
+                        1,
+                        m,
+                        n,
+                        k,
+                        ma(m),
+                        &dense,
+                        &mut full,
+                        n,
+                        alpha,
+                        beta,
+                        ep(m)
+                    ));
+                    same_bits(&full[..rows * n], &want, &alloc::format!("{what} in place"));
+                    let mut full = c0.clone();
+                    assert!(sgemm_init(
+                        kind,
+                        1,
+                        m,
+                        n,
+                        k,
+                        ma(m),
+                        &packed,
+                        &mut full,
+                        n,
+                        alpha,
+                        beta,
+                        ep(m)
+                    ));
+                    same_bits(&full[..rows * n], &want, &alloc::format!("{what} packed"));
                 }
             }
         }
@@ -1471,7 +1804,7 @@ mod tests {
             cs: 1,
         };
         assert!(!sgemm_with(
-            Kernels::Blocked,
+            Ukr::Portable,
             1,
             m,
             32,
@@ -1628,7 +1961,7 @@ mod tests {
             cs: 1,
         };
         assert!(!sgemm_with(
-            Kernels::Blocked,
+            Ukr::Portable,
             1,
             2,
             2,
@@ -1716,7 +2049,7 @@ mod tests {
     /// C of one `sgemm_with` call with the provider of `par::testing`.
     #[allow(clippy::too_many_arguments)]
     fn par_gemm(
-        kind: Kernels,
+        kind: Ukr,
         (m, n, k): (usize, usize, usize),
         a: &[f32],
         b: &[f32],
