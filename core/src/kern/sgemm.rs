@@ -714,7 +714,8 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
             let mut j0 = j_lo;
             while j0 < j_hi {
                 let nr = NR.min(j_hi.wrapping_sub(j0));
-                let (bp, b_rs): (&[f32], usize) = match (self.b.panel(p0, j0), self.dense) {
+                let prepacked = self.b.panel(p0, j0);
+                let (bp, b_rs): (&[f32], usize) = match (prepacked, self.dense) {
                     (Some(bp), _) => (bp, NR),
                     (None, Some((bb, ldb))) if nr == NR => {
                         match bb.get(p0.wrapping_mul(ldb).wrapping_add(j0)..) {
@@ -732,7 +733,9 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
                 // With AVX-512, 12 × 32 tiles over this panel and the next
                 // ([`Self::wide`]); the rows after them panel by panel.
                 #[cfg(target_arch = "x86_64")]
-                let Some((i_from, next)) = self.wide::<CLAMP>((i_lo, i_hi), (j0, j_hi), bp, &step) else {
+                let Some((i_from, next)) =
+                    self.wide::<CLAMP>((i_lo, i_hi), (j0, j_hi), prepacked.is_some(), bp, &step)
+                else {
                     return false;
                 };
                 #[cfg(not(target_arch = "x86_64"))]
@@ -780,7 +783,7 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
             };
             #[cfg(target_arch = "x86_64")]
             if mr == MR && nr == NR && matches!(self.kind, Ukr::Avx2 | Ukr::Avx512) {
-                let Some(out) = self.tile_out::<MR>((i0, j0), overwrite, CLAMP.then_some(cl))
+                let Some(out) = self.tile_out::<MR, NR>((i0, j0), overwrite, CLAMP.then_some(cl))
                 else {
                     return false;
                 };
@@ -826,8 +829,9 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
         true
     }
 
-    /// With AVX-512 and B packed at prepare ([`Packed`]) with a second
-    /// whole panel after the one at `j0` (`bp`) before `j_hi`: [`Self::pairs`]
+    /// With AVX-512 and B packed at prepare ([`Packed`]: the panel at `j0`,
+    /// `bp`, came from [`SrcB::panel`], `prepacked`) with a second whole
+    /// panel after it before `j_hi`: [`Self::pairs`]
     /// over rows `[i_lo, i_hi)` of both, and the first row it left with the
     /// second panel (its column, its data, its row stride) for the AVX2
     /// tiles; otherwise `(i_lo, None)`. `None` if a part of A or C was out
@@ -839,23 +843,24 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
         &self,
         (i_lo, i_hi): (usize, usize),
         (j0, j_hi): (usize, usize),
+        prepacked: bool,
         bp: &[f32],
         step: &Step,
     ) -> Option<(usize, Option<(usize, &'s [f32], usize)>)> {
         let b: &'s B = self.b;
         let j1 = j0.wrapping_add(NR);
-        if self.kind != Ukr::Avx512 || j_hi.wrapping_sub(j0) < 2 * NR {
+        if self.kind != Ukr::Avx512 || !prepacked || j_hi.wrapping_sub(j0) < 2 * NR {
             return Some((i_lo, None));
         }
-        let (Some(_), Some(bp1)) = (b.panel(step.p0, j0), b.panel(step.p0, j1)) else {
+        let Some(bp1) = b.panel(step.p0, j1) else {
             return Some((i_lo, None));
         };
-        let i_from = self.pairs::<CLAMP>((i_lo, i_hi), (j0, j1), (bp, bp1), step)?;
+        let i_from = self.pairs::<CLAMP>((i_lo, i_hi), j0, (bp, bp1), step)?;
         Some((i_from, Some((j1, bp1, NR))))
     }
 
-    /// [`ukr_avx512`] tiles (MR2 rows by the two prepacked panels `bp` at
-    /// columns `j0` and `j1`) from row `i_lo` while MR2 rows are left below
+    /// [`ukr_avx512`] tiles (MR2 rows by the two prepacked panels `bp` of
+    /// the 2NR columns at `j0`) from row `i_lo` while MR2 rows are left below
     /// `i_hi`; the first row not done, or `None` if a part of A or C was
     /// out of bounds.
     #[cfg(target_arch = "x86_64")]
@@ -863,7 +868,7 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
     fn pairs<const CLAMP: bool>(
         &self,
         (i_lo, i_hi): (usize, usize),
-        (j0, j1): (usize, usize),
+        j0: usize,
         bp: (&[f32], &[f32]),
         step: &Step,
     ) -> Option<usize> {
@@ -875,34 +880,31 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
                 .wrapping_mul(a.rs)
                 .wrapping_add(step.p0.wrapping_mul(a.cs));
             let ap = a.a.get(at..)?;
-            let out = (
-                self.tile_out::<MR2>((i0, j0), step.overwrite, clamp)?,
-                self.tile_out::<MR2>((i0, j1), step.overwrite, clamp)?,
-            );
+            let out = self.tile_out::<MR2, { 2 * NR }>((i0, j0), step.overwrite, clamp)?;
             // SAFETY: `Ukr::Avx512` comes from `cpu::avx512_vnni` (the CPU
             // has AVX-512 F: `cpu::enable_avx512_vnni`'s contract) with
             // `Kernels::Avx2Fma` (AVX2 and FMA); the driver checked A's rows
             // (i0 + MR2 <= i_hi) of kc columns; each prepacked panel holds kc
-            // rows of NR; `out` holds MR2 rows of NR floats of C at j0 and
-            // at j1 that are this task's.
+            // rows of NR; `out` holds MR2 rows of 2NR floats of C that are
+            // this task's.
             unsafe { ukr_avx512(step.kc, ap, a.rs, a.cs, bp, &out) };
             i0 = i0.wrapping_add(MR2);
         }
         Some(i0)
     }
 
-    /// Where a register tile of `R` rows at (`i0`, `j0`) goes
-    /// ([`TileOut`]): the rows' NR floats of C, the bias of those rows when
+    /// Where a register tile of `R` rows and `W` columns at (`i0`, `j0`)
+    /// goes ([`TileOut`]): the rows' W floats of C, the bias of those rows when
     /// this is the first k block (`overwrite`) and there is one, alpha and
     /// the clamp. `None` if C or the bias is short.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn tile_out<const R: usize>(
+    fn tile_out<const R: usize, const W: usize>(
         &self,
         (i0, j0): (usize, usize),
         overwrite: bool,
         clamp: Option<(f32, f32)>,
-    ) -> Option<TileOut<'s, R>> {
+    ) -> Option<TileOut<'s, R, W>> {
         let bias = match (overwrite, self.bias) {
             // i0 + R <= m <= bias.len() (checked).
             (true, Some(b)) => Some(win(b, i0, R)?),
@@ -911,7 +913,7 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
         // The tile's last element is below C's length: every row pointer
         // formed from `c` below stays inside C.
         let end = (i0.checked_add(R)?.checked_sub(1)?.checked_mul(self.ldc))
-            .and_then(|v| v.checked_add(j0)?.checked_add(NR))?;
+            .and_then(|v| v.checked_add(j0)?.checked_add(W))?;
         if end > self.c.len() {
             return None;
         }
@@ -1257,14 +1259,14 @@ unsafe fn sums_avx2<const R: usize>(
     acc
 }
 
-/// Where [`ukr_avx2_out`] (R = MR) and [`ukr_avx512`] (R = MR2, one per
-/// panel) write a full R × NR tile of C, and the write-back of
-/// [`Block::tiles`]' loop: C = bias + alpha · sum (the first k block, with
-/// a bias), alpha · sum (the first, without), or C + alpha · sum, each
-/// clamped when `clamp` is set.
+/// Where [`ukr_avx2_out`] (MR × NR) and [`ukr_avx512`] (MR2 × 2NR) write
+/// a full R × W tile of C, and the write-back of [`Block::tiles`]' loop:
+/// C = bias + alpha · sum (the first k block, with a bias), alpha · sum
+/// (the first, without), or C + alpha · sum, each clamped when `clamp` is
+/// set.
 #[cfg(target_arch = "x86_64")]
-struct TileOut<'a, const R: usize> {
-    /// C(i0, j0); row r of the tile is the NR floats `r · ldc` further
+struct TileOut<'a, const R: usize, const W: usize> {
+    /// C(i0, j0); row r of the tile is the W floats `r · ldc` further
     /// ([`Block::tile_out`] checked that the last row's are inside C).
     c: *mut f32,
     ldc: usize,
@@ -1273,6 +1275,69 @@ struct TileOut<'a, const R: usize> {
     bias: Option<&'a [f32]>,
     overwrite: bool,
     clamp: Option<(f32, f32)>,
+}
+
+/// The AVX2 intrinsics of a [`write_back!`] on 8 lanes.
+#[cfg(target_arch = "x86_64")]
+mod lanes8 {
+    pub(super) use core::arch::x86_64::{
+        _mm256_add_ps as add, _mm256_loadu_ps as load, _mm256_max_ps as max, _mm256_min_ps as min,
+        _mm256_mul_ps as mul, _mm256_set1_ps as splat, _mm256_storeu_ps as store,
+    };
+    /// Floats per vector.
+    pub(super) const N: usize = 8;
+}
+
+/// The AVX-512 intrinsics of a [`write_back!`] on 16 lanes.
+#[cfg(target_arch = "x86_64")]
+mod lanes16 {
+    pub(super) use core::arch::x86_64::{
+        _mm512_add_ps as add, _mm512_loadu_ps as load, _mm512_max_ps as max, _mm512_min_ps as min,
+        _mm512_mul_ps as mul, _mm512_set1_ps as splat, _mm512_storeu_ps as store,
+    };
+    /// Floats per vector.
+    pub(super) const N: usize = 16;
+}
+
+/// Writes the register tile `acc` (R rows of vectors of `$lanes`' width)
+/// into C through `out` ([`TileOut`]): per vector, multiply by alpha, add
+/// C's old value (or the row's bias on the first k block), clamp with
+/// `math::clip`'s max then min, store: the scalar loop of
+/// [`Block::tiles`] on every lane, so the same bits. One copy for both
+/// vector widths; it runs inside the caller's `#[target_feature]`
+/// function, whose contract makes every vector of the tile C's.
+#[cfg(target_arch = "x86_64")]
+macro_rules! write_back {
+    ($lanes:ident, $acc:expr, $out:expr) => {{
+        use $lanes as l;
+        let out = $out;
+        let alpha = l::splat(out.alpha);
+        let clamp = out.clamp.map(|(lo, hi)| (l::splat(lo), l::splat(hi)));
+        for (r, accr) in $acc.iter().enumerate() {
+            // r < R: row r of the tile, inside C (the caller's contract).
+            let row = out.c.wrapping_add(r.wrapping_mul(out.ldc));
+            let bias = out.bias.and_then(|b| b.get(r)).map(|&bv| l::splat(bv));
+            for (h, &t) in accr.iter().enumerate() {
+                // The h-th vector of the row's floats.
+                let at = row.wrapping_add(h.wrapping_mul(l::N));
+                let mut v = l::mul(alpha, t);
+                if !out.overwrite {
+                    // SAFETY: `at` holds one vector of this tile (above);
+                    // C's old value is read once, here.
+                    v = l::add(unsafe { l::load(at) }, v);
+                } else if let Some(bv) = bias {
+                    v = l::add(bv, v);
+                }
+                if let Some((lo, hi)) = clamp {
+                    // math::clip: max_ps(lo, v) is lo where lo > v, else v
+                    // (NaN too); min_ps(hi, ·) likewise.
+                    v = l::min(hi, l::max(lo, v));
+                }
+                // SAFETY: as above.
+                unsafe { l::store(at, v) };
+            }
+        }
+    }};
 }
 
 /// [`ukr_avx2`] for a full tile, written into C as [`Block::tiles`]'
@@ -1293,55 +1358,26 @@ unsafe fn ukr_avx2_out(
     a_cs: usize,
     b: &[f32],
     b_rs: usize,
-    out: &TileOut<'_, MR>,
+    out: &TileOut<'_, MR, NR>,
 ) {
-    use core::arch::x86_64::*;
     // SAFETY: the caller guarantees `sums_avx2`'s contract for MR rows.
     let acc = unsafe { sums_avx2::<MR>(kc, a, a_rs, a_cs, b, b_rs) };
-    let alpha = _mm256_set1_ps(out.alpha);
-    let clamp = out
-        .clamp
-        .map(|(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi)));
-    for (r, accr) in acc.iter().enumerate() {
-        // r < MR: row r of the tile, inside C (the caller's contract).
-        let row = out.c.wrapping_add(r.wrapping_mul(out.ldc));
-        for (h, &t) in accr.iter().enumerate() {
-            // h < 2: floats 8h..8h + 8 of the row's NR = 16.
-            let at = row.wrapping_add(h.wrapping_mul(8));
-            let mut v = _mm256_mul_ps(alpha, t);
-            if !out.overwrite {
-                // SAFETY: `at` holds 8 floats of this tile (above); C's old
-                // value is read once, here.
-                v = _mm256_add_ps(unsafe { _mm256_loadu_ps(at) }, v);
-            } else if let Some(&bv) = out.bias.and_then(|b| b.get(r)) {
-                v = _mm256_add_ps(_mm256_set1_ps(bv), v);
-            }
-            if let Some((lo, hi)) = clamp {
-                // math::clip: max_ps(lo, v) is lo where lo > v, else v (NaN
-                // too); min_ps(hi, ·) likewise.
-                v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
-            }
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_ps(at, v) };
-        }
-    }
+    write_back!(lanes8, acc, out);
 }
 
 /// The AVX-512 micro-kernel: a full MR2 × 2NR tile (12 × 32) over `kc`
-/// steps of two prepacked panels of B, written into C as two MR2 × NR
-/// tiles (`out.0` at the first panel's columns, `out.1` at the second's).
-/// Each element gets the same chain of `fma` over p as in [`sums_avx2`] and
-/// the same write-back as in [`ukr_avx2_out`] (multiply, add, max, min on
-/// 16 lanes instead of 8), so the same bits as four 6 × 16 tiles of the
-/// AVX2 kernel.
+/// steps of two prepacked panels of B (the first NR columns and the next
+/// NR), written into C. Each element gets the same chain of `fma` over p
+/// as in [`sums_avx2`] and the same write-back as in [`ukr_avx2_out`]
+/// ([`write_back!`] on 16 lanes instead of 8), so the same bits as four
+/// 6 × 16 tiles of the AVX2 kernel.
 ///
 /// # Safety
 /// The CPU has AVX-512 F; `a` holds A(r, p) at `r * a_rs + p * a_cs` for
 /// `r < MR2`, `p < kc`; `b.0` and `b.1` hold `kc` rows of NR floats each
-/// (row stride NR); `out.0` and `out.1` each point to MR2 rows of NR floats
-/// of C (at stride `ldc`) that nothing else reads or writes during the
-/// call, with the same alpha, clamp and overwrite, and their `bias`, if
-/// any, holds MR2 values.
+/// (row stride NR); `out` points to MR2 rows of 2NR floats of C (at stride
+/// `out.ldc`) that nothing else reads or writes during the call, and
+/// `out.bias`, if any, holds MR2 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn ukr_avx512(
@@ -1350,38 +1386,11 @@ unsafe fn ukr_avx512(
     a_rs: usize,
     a_cs: usize,
     b: (&[f32], &[f32]),
-    out: &(TileOut<'_, MR2>, TileOut<'_, MR2>),
+    out: &TileOut<'_, MR2, { 2 * NR }>,
 ) {
-    use core::arch::x86_64::*;
     // SAFETY: the caller's contract is `sums_avx512`'s.
     let acc = unsafe { sums_avx512(kc, a, a_rs, a_cs, b) };
-    let alpha = _mm512_set1_ps(out.0.alpha);
-    let clamp = out
-        .0
-        .clamp
-        .map(|(lo, hi)| (_mm512_set1_ps(lo), _mm512_set1_ps(hi)));
-    for (h, out) in [&out.0, &out.1].into_iter().enumerate() {
-        for (r, accr) in acc.iter().enumerate() {
-            // r < MR2: row r of this tile, NR floats inside C (the
-            // caller's contract).
-            let row = out.c.wrapping_add(r.wrapping_mul(out.ldc));
-            let t = accr.get(h).copied().unwrap_or(_mm512_setzero_ps());
-            let mut v = _mm512_mul_ps(alpha, t);
-            if !out.overwrite {
-                // SAFETY: `row` holds NR = 16 floats of this tile (above);
-                // C's old value is read once, here.
-                v = _mm512_add_ps(unsafe { _mm512_loadu_ps(row) }, v);
-            } else if let Some(&bv) = out.bias.and_then(|b| b.get(r)) {
-                v = _mm512_add_ps(_mm512_set1_ps(bv), v);
-            }
-            if let Some((lo, hi)) = clamp {
-                // As in `ukr_avx2_out` (math::clip).
-                v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-            }
-            // SAFETY: as above.
-            unsafe { _mm512_storeu_ps(row, v) };
-        }
-    }
+    write_back!(lanes16, acc, out);
 }
 
 /// The MR2 × 2NR sums of [`ukr_avx512`] in 24 zmm accumulators (two per
