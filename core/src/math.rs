@@ -179,6 +179,8 @@ pub(crate) fn erf_vec(x: f32) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
+// Only ops (feature `alloc`) use it.
+#[cfg_attr(not(feature = "alloc"), allow(dead_code))]
 pub(crate) fn erf8_avx2(x: core::arch::x86_64::__m256) -> core::arch::x86_64::__m256 {
     use core::arch::x86_64::*;
     const T: f32 = core::f32::consts::FRAC_2_SQRT_PI;
