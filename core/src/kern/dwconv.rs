@@ -685,12 +685,12 @@ pub(crate) fn plane(y: &mut [f32], x: &[f32], w: &[f32], bias: f32, g: &Geom) ->
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     extern crate std;
     use std::vec::Vec;
 
-    fn naive(x: &[f32], w: &[f32], bias: f32, g: &Geom) -> Vec<f32> {
+    pub(in crate::kern) fn naive(x: &[f32], w: &[f32], bias: f32, g: &Geom) -> Vec<f32> {
         let [_, o1, o2] = g.out;
         let [_, i1, i2] = g.inp;
         let [_, k1, k2] = g.k;

@@ -13,8 +13,9 @@
 pub mod cpu;
 #[cfg(feature = "alloc")]
 #[cfg(target_arch = "x86_64")]
-#[cfg(target_arch = "x86_64")]
 pub(crate) mod dconv;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod dw512;
 pub(crate) mod dwconv;
 pub mod par;
 pub(crate) mod qbin;

@@ -900,6 +900,16 @@ impl DepthwiseJob<'_, '_> {
         let mut act_from = lo;
         #[cfg(target_arch = "x86_64")]
         let avx2 = crate::kern::cpu::kernels() == crate::kern::cpu::Kernels::Avx2Fma;
+        // With AVX-512, stride-1 planes with rows as wide as the input's,
+        // up to 1024 floats, 16 outputs a vector (masks made once here).
+        #[cfg(target_arch = "x86_64")]
+        let grid = if crate::kern::cpu::avx512_vnni() {
+            // SAFETY: `avx512_vnni` holds only where the CPU has AVX-512 F
+            // (`cpu::enable_avx512_vnni`'s contract).
+            unsafe { crate::kern::dw512::Grid16::new(g) }
+        } else {
+            None
+        };
         // A Relu / Clip goes into the narrow and flat paths' stores.
         let bounds = p.act.and_then(Act::bounds);
         for i in lo..hi {
@@ -919,10 +929,14 @@ impl DepthwiseJob<'_, '_> {
                 return false;
             };
             let bias = b.and_then(|b| b.get(c)).copied().unwrap_or(0.0);
-            // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2 and
-            // FMA.
             #[cfg(target_arch = "x86_64")]
-            let done = avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g, bounds) };
+            let done = match &grid {
+                // SAFETY: as for `Grid16::new` above.
+                Some(grid) => unsafe { grid.plane(yp, xp, wk, bias, bounds) },
+                // SAFETY: `Avx2Fma` is selected only when the CPU has AVX2
+                // and FMA.
+                None => avx2 && unsafe { dwconv::narrow_avx2(yp, xp, wk, bias, g, bounds) },
+            };
             #[cfg(not(target_arch = "x86_64"))]
             let done = false;
             // The narrow and flat paths apply a clamp as they store; the
