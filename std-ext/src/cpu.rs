@@ -6,8 +6,8 @@
 //! `MOTE_KERNELS=blocked` keeps the portable blocked kernels even on an
 //! AVX2 CPU or on aarch64 (whose default is the NEON micro-kernel: NEON is
 //! baseline there, nothing to detect); `MOTE_KERNELS=avx2` keeps the int8
-//! kernels, the f32 GEMM and the f32 depthwise planes on AVX2 on a CPU that
-//! has AVX-512 VNNI.
+//! kernels and the f32 GEMM, direct Conv and depthwise planes on AVX2 on a
+//! CPU that has AVX-512 VNNI.
 
 use std::sync::Once;
 

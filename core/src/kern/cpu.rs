@@ -107,8 +107,9 @@ static VNNI: AtomicBool = AtomicBool::new(cfg!(all(
 /// Whether the AVX-512 kernels run: the int8 ones (the GEMM's VNNI
 /// micro-kernel, depthwise loops compiled for AVX-512 BW), the f32
 /// GEMM's 12 × 32 micro-kernel on B packed at prepare (`sgemm::ukr_avx512`,
-/// the same bits as the AVX2 one) and the f32 depthwise planes of
-/// `dw512` (AVX-512 F): selected, and the f32 kernels are
+/// the same bits as the AVX2 one), the f32 direct Conv's 16-lane tiles
+/// (`dconv`) and the f32 depthwise planes of `dw512` (AVX-512 F):
+/// selected, and the f32 kernels are
 /// AVX2+FMA (forcing the reference or the portable kernels turns it off
 /// too).
 pub fn avx512_vnni() -> bool {
