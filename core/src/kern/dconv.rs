@@ -19,8 +19,8 @@
 //! a row is masked when the row width is not a multiple of 8. With AVX-512
 //! ([`super::cpu::avx512_vnni`]) and rows wider than 8 columns, the vectors
 //! are of 16 columns and a tile holds up to 24 accumulators (of the 32 zmm
-//! registers: 12 channels × 2 vectors or 24 × 1; ResNet-8 0.457 → 0.357
-//! ms). Rows are split among the workers of [`par`].
+//! registers: 12 channels × 2 vectors or 24 × 1; ResNet-8 0.455 → 0.345
+//! ms, README). Rows are split among the workers of [`par`].
 //!
 //! Every output is `bias + Σ w·x` over the taps in the same order as the
 //! reference loops (input channel, kernel row, kernel column), with fused
