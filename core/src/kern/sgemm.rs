@@ -782,18 +782,31 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
                 return false;
             };
             #[cfg(target_arch = "x86_64")]
-            if mr == MR && nr == NR && matches!(self.kind, Ukr::Avx2 | Ukr::Avx512) {
-                let Some(out) = self.tile_out::<MR, NR>((i0, j0), overwrite, CLAMP.then_some(cl))
-                else {
-                    return false;
-                };
+            if nr == NR && matches!(self.kind, Ukr::Avx2 | Ukr::Avx512) && matches!(mr, MR | 4 | 2)
+            {
+                let cl = CLAMP.then_some(cl);
                 // SAFETY: `Ukr::Avx2` and `Ukr::Avx512` come from
                 // `Kernels::Avx2Fma`, selected only when the CPU has AVX2 and
-                // FMA; the driver checked A's MR rows of kc columns and B's
-                // kc rows of NR; `out` holds MR rows of NR floats of C that
+                // FMA; the driver checked A's mr rows of kc columns and B's
+                // kc rows of NR; `out` holds mr rows of NR floats of C that
                 // are this task's.
-                unsafe { ukr_avx2_out(kc, ap, a.rs, a.cs, bp, b_rs, &out) };
-                i0 = i0.wrapping_add(MR);
+                let done = unsafe {
+                    match mr {
+                        MR => self
+                            .tile_out::<MR, NR>((i0, j0), overwrite, cl)
+                            .map(|out| ukr_avx2_out(kc, ap, a.rs, a.cs, bp, b_rs, &out)),
+                        4 => self
+                            .tile_out::<4, NR>((i0, j0), overwrite, cl)
+                            .map(|out| ukr_avx2_out(kc, ap, a.rs, a.cs, bp, b_rs, &out)),
+                        _ => self
+                            .tile_out::<2, NR>((i0, j0), overwrite, cl)
+                            .map(|out| ukr_avx2_out(kc, ap, a.rs, a.cs, bp, b_rs, &out)),
+                    }
+                };
+                if done.is_none() {
+                    return false;
+                }
+                i0 = i0.wrapping_add(mr);
                 continue;
             }
             ukr(self.kind, mr, kc, ap, a.rs, a.cs, bp, b_rs, tile);
@@ -1340,28 +1353,29 @@ macro_rules! write_back {
     }};
 }
 
-/// [`ukr_avx2`] for a full tile, written into C as [`Block::tiles`]'
+/// [`ukr_avx2`] for a full-width tile of `R` rows (MR, or the 4 and 2 rows
+/// left by power-of-two row counts), written into C as [`Block::tiles`]'
 /// write-back would, without the round trip through the tile buffer.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` holds A(r, p) at `r * a_rs + p * a_cs`
-/// for `r < MR`, `p < kc`; `b` holds `kc` rows of NR floats at stride
-/// `b_rs`; `out` points to MR rows of NR floats of C (at stride
+/// for `r < R`, `p < kc`; `b` holds `kc` rows of NR floats at stride
+/// `b_rs`; `out` points to R rows of NR floats of C (at stride
 /// `out.ldc`) that nothing else reads or writes during the call, and
-/// `out.bias`, if any, holds MR values.
+/// `out.bias`, if any, holds R values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn ukr_avx2_out(
+unsafe fn ukr_avx2_out<const R: usize>(
     kc: usize,
     a: &[f32],
     a_rs: usize,
     a_cs: usize,
     b: &[f32],
     b_rs: usize,
-    out: &TileOut<'_, MR, NR>,
+    out: &TileOut<'_, R, NR>,
 ) {
-    // SAFETY: the caller guarantees `sums_avx2`'s contract for MR rows.
-    let acc = unsafe { sums_avx2::<MR>(kc, a, a_rs, a_cs, b, b_rs) };
+    // SAFETY: the caller guarantees `sums_avx2`'s contract for R rows.
+    let acc = unsafe { sums_avx2::<R>(kc, a, a_rs, a_cs, b, b_rs) };
     write_back!(lanes8, acc, out);
 }
 
@@ -1601,6 +1615,13 @@ mod tests {
                 (1, 2 * MR),
                 (9, 2 * MR),
                 (KC + 5, 2 * MR),
+                // 4- and 2-row tiles from the registers against 3 and 1
+                // rows through the buffer, alone and after a 6-row tile.
+                (7, 4),
+                (KC + 5, 4),
+                (7, 2),
+                (9, MR + 4),
+                (9, MR + 2),
             ] {
                 let n = 2 * NR;
                 let mut a = rand(m * k, &mut seed);
