@@ -263,12 +263,12 @@ struct Tile {
     /// The tile's first channel's bias, or null (no bias: 0).
     bias: *const f32,
     /// Lanes of the tile's last vector that are outputs (1..=8, 1..=16 for
-    /// [`tile512`]).
+    /// [`Zmm`]).
     last: usize,
 }
 
 /// Output rows `oy0 .. oy1` of every output channel of `plan`, in tiles of
-/// 8-lane vectors ([`tile`]).
+/// 8-lane vectors ([`tile`] on [`Ymm`]).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; [`Plan::fits`] holds for X, W, B and the
@@ -287,7 +287,7 @@ unsafe fn rows_avx2(
     unsafe { rows_body::<8>(plan, x, w, b, y, rows) }
 }
 
-/// [`rows_avx2`] in tiles of 16-lane vectors ([`tile512`]).
+/// [`rows_avx2`] in tiles of 16-lane vectors ([`tile`] on [`Zmm`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F; otherwise as [`rows_avx2`].
@@ -390,139 +390,86 @@ unsafe fn rows_body<const L: usize>(
     }
 }
 
-/// `tile512::<MB, NX>` for the run-time `mb`, `nx`.
+/// `tile::<Zmm, MB, NX>` for the run-time `mb`, `nx`.
 ///
 /// # Safety
-/// As [`tile512`].
+/// As [`tile`] on [`Zmm`].
 #[inline(always)]
 unsafe fn dispatch512(mb: usize, nx: usize, t: &Tile) {
     // SAFETY: forwarded.
     unsafe {
         match (mb, nx) {
-            (1, 1) => tile512::<1, 1>(t),
-            (2, 1) => tile512::<2, 1>(t),
-            (3, 1) => tile512::<3, 1>(t),
-            (4, 1) => tile512::<4, 1>(t),
-            (5, 1) => tile512::<5, 1>(t),
-            (6, 1) => tile512::<6, 1>(t),
-            (7, 1) => tile512::<7, 1>(t),
-            (8, 1) => tile512::<8, 1>(t),
-            (9, 1) => tile512::<9, 1>(t),
-            (10, 1) => tile512::<10, 1>(t),
-            (11, 1) => tile512::<11, 1>(t),
-            (12, 1) => tile512::<12, 1>(t),
-            (13, 1) => tile512::<13, 1>(t),
-            (14, 1) => tile512::<14, 1>(t),
-            (15, 1) => tile512::<15, 1>(t),
-            (16, 1) => tile512::<16, 1>(t),
-            (17, 1) => tile512::<17, 1>(t),
-            (18, 1) => tile512::<18, 1>(t),
-            (19, 1) => tile512::<19, 1>(t),
-            (20, 1) => tile512::<20, 1>(t),
-            (21, 1) => tile512::<21, 1>(t),
-            (22, 1) => tile512::<22, 1>(t),
-            (23, 1) => tile512::<23, 1>(t),
-            (_, 1) => tile512::<24, 1>(t),
-            (1, _) => tile512::<1, 2>(t),
-            (2, _) => tile512::<2, 2>(t),
-            (3, _) => tile512::<3, 2>(t),
-            (4, _) => tile512::<4, 2>(t),
-            (5, _) => tile512::<5, 2>(t),
-            (6, _) => tile512::<6, 2>(t),
-            (7, _) => tile512::<7, 2>(t),
-            (8, _) => tile512::<8, 2>(t),
-            (9, _) => tile512::<9, 2>(t),
-            (10, _) => tile512::<10, 2>(t),
-            (11, _) => tile512::<11, 2>(t),
-            _ => tile512::<12, 2>(t),
+            (1, 1) => tile::<Zmm, 1, 1>(t),
+            (2, 1) => tile::<Zmm, 2, 1>(t),
+            (3, 1) => tile::<Zmm, 3, 1>(t),
+            (4, 1) => tile::<Zmm, 4, 1>(t),
+            (5, 1) => tile::<Zmm, 5, 1>(t),
+            (6, 1) => tile::<Zmm, 6, 1>(t),
+            (7, 1) => tile::<Zmm, 7, 1>(t),
+            (8, 1) => tile::<Zmm, 8, 1>(t),
+            (9, 1) => tile::<Zmm, 9, 1>(t),
+            (10, 1) => tile::<Zmm, 10, 1>(t),
+            (11, 1) => tile::<Zmm, 11, 1>(t),
+            (12, 1) => tile::<Zmm, 12, 1>(t),
+            (13, 1) => tile::<Zmm, 13, 1>(t),
+            (14, 1) => tile::<Zmm, 14, 1>(t),
+            (15, 1) => tile::<Zmm, 15, 1>(t),
+            (16, 1) => tile::<Zmm, 16, 1>(t),
+            (17, 1) => tile::<Zmm, 17, 1>(t),
+            (18, 1) => tile::<Zmm, 18, 1>(t),
+            (19, 1) => tile::<Zmm, 19, 1>(t),
+            (20, 1) => tile::<Zmm, 20, 1>(t),
+            (21, 1) => tile::<Zmm, 21, 1>(t),
+            (22, 1) => tile::<Zmm, 22, 1>(t),
+            (23, 1) => tile::<Zmm, 23, 1>(t),
+            (_, 1) => tile::<Zmm, 24, 1>(t),
+            (1, _) => tile::<Zmm, 1, 2>(t),
+            (2, _) => tile::<Zmm, 2, 2>(t),
+            (3, _) => tile::<Zmm, 3, 2>(t),
+            (4, _) => tile::<Zmm, 4, 2>(t),
+            (5, _) => tile::<Zmm, 5, 2>(t),
+            (6, _) => tile::<Zmm, 6, 2>(t),
+            (7, _) => tile::<Zmm, 7, 2>(t),
+            (8, _) => tile::<Zmm, 8, 2>(t),
+            (9, _) => tile::<Zmm, 9, 2>(t),
+            (10, _) => tile::<Zmm, 10, 2>(t),
+            (11, _) => tile::<Zmm, 11, 2>(t),
+            _ => tile::<Zmm, 12, 2>(t),
         }
     }
 }
 
-/// [`tile`] on 16 lanes: `MB` output channels × `NX` vectors of 16 output
-/// columns, the last vector's loads and stores masked to `t.last` lanes
-/// (1..=16), so nothing past the row is read.
+/// `tile::<Ymm, MB, NX>` for the run-time `mb`, `nx`.
 ///
 /// # Safety
-/// AVX-512 F; otherwise as [`tile`] with 16-lane vectors.
-#[inline(always)]
-unsafe fn tile512<const MB: usize, const NX: usize>(t: &Tile) {
-    use core::arch::x86_64::*;
-    // SAFETY: the caller's contract bounds every pointer below; `last` is
-    // 1..=16.
-    unsafe {
-        let mask: __mmask16 = (1u32.wrapping_shl(t.last as u32).wrapping_sub(1)) as u16;
-        let mut acc = [[_mm512_setzero_ps(); NX]; MB];
-        if !t.bias.is_null() {
-            for (i, accr) in acc.iter_mut().enumerate() {
-                *accr = [_mm512_set1_ps(*t.bias.add(i)); NX];
-            }
-        }
-        for r in 0..t.rows {
-            let brow = t.buf.add(r.wrapping_mul(t.rs));
-            let wrow = t.w.add(r.wrapping_mul(t.kw));
-            for kx in 0..t.kw {
-                let bp = brow.add(*t.taps.get_unchecked(kx));
-                let mut v = [_mm512_setzero_ps(); NX];
-                for (j, vj) in v.iter_mut().enumerate() {
-                    *vj = if j.wrapping_add(1) == NX {
-                        _mm512_maskz_loadu_ps(mask, bp.add(j.wrapping_mul(16)))
-                    } else {
-                        _mm512_loadu_ps(bp.add(j.wrapping_mul(16)))
-                    };
-                }
-                for (i, accr) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*wrow.add(i.wrapping_mul(t.wk).wrapping_add(kx)));
-                    for (a, &vj) in accr.iter_mut().zip(&v) {
-                        *a = _mm512_fmadd_ps(wv, vj, *a);
-                    }
-                }
-            }
-        }
-        for (i, accr) in acc.iter().enumerate() {
-            let yp = t.y.add(i.wrapping_mul(t.out_sz));
-            for (j, &a) in accr.iter().enumerate() {
-                if j.wrapping_add(1) == NX {
-                    _mm512_mask_storeu_ps(yp.add(j.wrapping_mul(16)), mask, a);
-                } else {
-                    _mm512_storeu_ps(yp.add(j.wrapping_mul(16)), a);
-                }
-            }
-        }
-    }
-}
-
-/// `tile::<MB, NX>` for the run-time `mb`, `nx`.
-///
-/// # Safety
-/// As [`tile`].
+/// As [`tile`] on [`Ymm`].
 #[inline(always)]
 unsafe fn dispatch(mb: usize, nx: usize, t: &Tile) {
     // SAFETY: forwarded.
     unsafe {
         match (mb, nx) {
-            (1, 1) => tile::<1, 1>(t),
-            (2, 1) => tile::<2, 1>(t),
-            (3, 1) => tile::<3, 1>(t),
-            (4, 1) => tile::<4, 1>(t),
-            (5, 1) => tile::<5, 1>(t),
-            (6, 1) => tile::<6, 1>(t),
-            (7, 1) => tile::<7, 1>(t),
-            (8, 1) => tile::<8, 1>(t),
-            (9, 1) => tile::<9, 1>(t),
-            (10, 1) => tile::<10, 1>(t),
-            (11, 1) => tile::<11, 1>(t),
-            (_, 1) => tile::<12, 1>(t),
-            (1, 2) => tile::<1, 2>(t),
-            (2, 2) => tile::<2, 2>(t),
-            (3, 2) => tile::<3, 2>(t),
-            (4, 2) => tile::<4, 2>(t),
-            (5, 2) => tile::<5, 2>(t),
-            (_, 2) => tile::<6, 2>(t),
-            (1, _) => tile::<1, 3>(t),
-            (2, _) => tile::<2, 3>(t),
-            (3, _) => tile::<3, 3>(t),
-            _ => tile::<4, 3>(t),
+            (1, 1) => tile::<Ymm, 1, 1>(t),
+            (2, 1) => tile::<Ymm, 2, 1>(t),
+            (3, 1) => tile::<Ymm, 3, 1>(t),
+            (4, 1) => tile::<Ymm, 4, 1>(t),
+            (5, 1) => tile::<Ymm, 5, 1>(t),
+            (6, 1) => tile::<Ymm, 6, 1>(t),
+            (7, 1) => tile::<Ymm, 7, 1>(t),
+            (8, 1) => tile::<Ymm, 8, 1>(t),
+            (9, 1) => tile::<Ymm, 9, 1>(t),
+            (10, 1) => tile::<Ymm, 10, 1>(t),
+            (11, 1) => tile::<Ymm, 11, 1>(t),
+            (_, 1) => tile::<Ymm, 12, 1>(t),
+            (1, 2) => tile::<Ymm, 1, 2>(t),
+            (2, 2) => tile::<Ymm, 2, 2>(t),
+            (3, 2) => tile::<Ymm, 3, 2>(t),
+            (4, 2) => tile::<Ymm, 4, 2>(t),
+            (5, 2) => tile::<Ymm, 5, 2>(t),
+            (_, 2) => tile::<Ymm, 6, 2>(t),
+            (1, _) => tile::<Ymm, 1, 3>(t),
+            (2, _) => tile::<Ymm, 2, 3>(t),
+            (3, _) => tile::<Ymm, 3, 3>(t),
+            _ => tile::<Ymm, 4, 3>(t),
         }
     }
 }
@@ -571,34 +518,165 @@ fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize) {
     }
 }
 
-/// One register tile: `MB` output channels × `NX` vectors of 8 output
-/// columns of one output row.
+/// The vector operations of [`tile`] on one lane width: [`Ymm`] (AVX2,
+/// 8 lanes) and [`Zmm`] (AVX-512 F, 16 lanes). They differ only in the
+/// last vector of a row: AVX2 loads it whole (the lanes past the row read
+/// the next buffered row or [`SLACK`], and are discarded) and stores it
+/// with a vector mask; AVX-512 loads and stores it under a k-mask.
 ///
 /// # Safety
-/// AVX2 + FMA; `t.buf` has `t.rows` buffered rows at stride `t.rs` plus
+/// Every method is an intrinsic of the type's instruction set, so it may
+/// run only inside a function compiled for it (`rows_avx2`,
+/// `rows_avx512`), on pointers that hold the vector it reads or writes.
+trait Lanes {
+    /// Floats per vector.
+    const N: usize;
+    type V: Copy;
+    /// The lanes of the last vector that are outputs.
+    type Mask: Copy;
+    /// The first `last` (1..=N) lanes.
+    unsafe fn mask(last: usize) -> Self::Mask;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(p: *const f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn load_last(m: Self::Mask, p: *const f32) -> Self::V;
+    /// `a · b + c`, fused.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    unsafe fn store_last(m: Self::Mask, p: *mut f32, v: Self::V);
+}
+
+/// AVX2 + FMA: 8 lanes.
+struct Ymm;
+
+/// AVX-512 F: 16 lanes.
+struct Zmm;
+
+// SAFETY (every method of both impls): the trait's contract: the caller
+// runs in a function compiled for the instruction set, on pointers that
+// hold the vector.
+impl Lanes for Ymm {
+    const N: usize = 8;
+    type V = core::arch::x86_64::__m256;
+    type Mask = core::arch::x86_64::__m256i;
+    #[inline(always)]
+    unsafe fn mask(last: usize) -> Self::Mask {
+        const MASK: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
+        // SAFETY: `last` is 1..=8, so the 8-lane window lies inside MASK.
+        unsafe {
+            core::arch::x86_64::_mm256_loadu_si256(
+                MASK.as_ptr().add(8usize.wrapping_sub(last)).cast(),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm256_broadcast_ss(&*p) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_last(_: Self::Mask, p: *const f32) -> Self::V {
+        // SAFETY: the trait's contract; [`tile`]'s caller makes the whole
+        // vector readable (the next row or the slack).
+        unsafe { core::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn store_last(m: Self::Mask, p: *mut f32, v: Self::V) {
+        // SAFETY: the trait's contract (the masked lanes).
+        unsafe { core::arch::x86_64::_mm256_maskstore_ps(p, m, v) }
+    }
+}
+
+impl Lanes for Zmm {
+    const N: usize = 16;
+    type V = core::arch::x86_64::__m512;
+    type Mask = core::arch::x86_64::__mmask16;
+    #[inline(always)]
+    unsafe fn mask(last: usize) -> Self::Mask {
+        // `last` is 1..=16: its low bits.
+        (1u32.wrapping_shl(last as u32).wrapping_sub(1)) as u16
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm512_set1_ps(*p) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_last(m: Self::Mask, p: *const f32) -> Self::V {
+        // SAFETY: the trait's contract (the masked lanes; the others read
+        // nothing and are zero).
+        unsafe { core::arch::x86_64::_mm512_maskz_loadu_ps(m, p) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: the trait's contract.
+        unsafe { core::arch::x86_64::_mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn store_last(m: Self::Mask, p: *mut f32, v: Self::V) {
+        // SAFETY: the trait's contract (the masked lanes).
+        unsafe { core::arch::x86_64::_mm512_mask_storeu_ps(p, m, v) }
+    }
+}
+
+/// One register tile: `MB` output channels × `NX` vectors of `L::N`
+/// output columns of one output row, the last vector's stores masked to
+/// `t.last` lanes.
+///
+/// # Safety
+/// The CPU has `L`'s instruction set (AVX2 + FMA for [`Ymm`], AVX-512 F
+/// for [`Zmm`]); `t.buf` has `t.rows` buffered rows at stride `t.rs` plus
 /// [`SLACK`] floats after them, and a row's tap `kx` reads its floats
-/// `taps[kx] + 8·NX` onward only where the output lane is below `t.last`
-/// in the last vector (the other lanes may read the next row or the
-/// slack); `t.w` reaches `(MB - 1)·wk + rows·kw` floats, and `t.y` the
-/// `NX` vectors (the last masked) of `MB` planes at stride `out_sz`; `t.bias`
-/// is null or holds `MB` floats.
+/// `taps[kx] + L::N·NX` onward only where the output lane is below
+/// `t.last` (1..=L::N) in the last vector (with [`Ymm`] the other lanes
+/// may read the next row or the slack; [`Zmm`] does not read them); `t.w`
+/// reaches `(MB - 1)·wk + rows·kw` floats, and `t.y` the `NX` vectors
+/// (the last masked) of `MB` planes at stride `out_sz`; `t.bias` is null
+/// or holds `MB` floats.
 #[inline(always)]
-unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
-    use core::arch::x86_64::*;
-    // The first `last` lanes of the last vector.
-    const MASK: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
-    // SAFETY: the caller's contract (above) bounds every pointer below;
-    // `last` is 1..=8, so the mask window lies inside MASK.
+unsafe fn tile<L: Lanes, const MB: usize, const NX: usize>(t: &Tile) {
+    // SAFETY: the caller's contract (above) bounds every pointer below.
     unsafe {
-        let mask = _mm256_loadu_si256(
-            MASK.as_ptr()
-                .add(8usize.wrapping_sub(t.last))
-                .cast::<__m256i>(),
-        );
-        let mut acc = [[_mm256_setzero_ps(); NX]; MB];
+        let mask = L::mask(t.last);
+        let mut acc = [[L::zero(); NX]; MB];
         if !t.bias.is_null() {
             for (i, accr) in acc.iter_mut().enumerate() {
-                *accr = [_mm256_set1_ps(*t.bias.add(i)); NX];
+                *accr = [L::splat(t.bias.add(i)); NX];
             }
         }
         for r in 0..t.rows {
@@ -606,14 +684,19 @@ unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
             let wrow = t.w.add(r.wrapping_mul(t.kw));
             for kx in 0..t.kw {
                 let bp = brow.add(*t.taps.get_unchecked(kx));
-                let mut v = [_mm256_setzero_ps(); NX];
+                let mut v = [L::zero(); NX];
                 for (j, vj) in v.iter_mut().enumerate() {
-                    *vj = _mm256_loadu_ps(bp.add(j.wrapping_mul(8)));
+                    let at = bp.add(j.wrapping_mul(L::N));
+                    *vj = if j.wrapping_add(1) == NX {
+                        L::load_last(mask, at)
+                    } else {
+                        L::load(at)
+                    };
                 }
                 for (i, accr) in acc.iter_mut().enumerate() {
-                    let wv = _mm256_broadcast_ss(&*wrow.add(i.wrapping_mul(t.wk).wrapping_add(kx)));
+                    let wv = L::splat(wrow.add(i.wrapping_mul(t.wk).wrapping_add(kx)));
                     for (a, &vj) in accr.iter_mut().zip(&v) {
-                        *a = _mm256_fmadd_ps(wv, vj, *a);
+                        *a = L::fma(wv, vj, *a);
                     }
                 }
             }
@@ -621,10 +704,11 @@ unsafe fn tile<const MB: usize, const NX: usize>(t: &Tile) {
         for (i, accr) in acc.iter().enumerate() {
             let yp = t.y.add(i.wrapping_mul(t.out_sz));
             for (j, &a) in accr.iter().enumerate() {
+                let at = yp.add(j.wrapping_mul(L::N));
                 if j.wrapping_add(1) == NX {
-                    _mm256_maskstore_ps(yp.add(j.wrapping_mul(8)), mask, a);
+                    L::store_last(mask, at, a);
                 } else {
-                    _mm256_storeu_ps(yp.add(j.wrapping_mul(8)), a);
+                    L::store(at, a);
                 }
             }
         }
@@ -695,14 +779,12 @@ mod tests {
         }
     }
 
+    /// c, m, h, w, and the window's k, s, d, pb, pe.
+    type Case = (usize, usize, usize, usize, [[usize; 2]; 5]);
+
     #[test]
     fn matches_reference_on_edge_geometries() {
-        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
-            return;
-        }
-        let mut seed = 7u64;
-        type Case = (usize, usize, usize, usize, [[usize; 2]; 5]);
-        let cases: &[Case] = &[
+        check(&[
             // c, m, h, w, k, s, d, pb, pe
             (3, 16, 32, 32, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
             (16, 32, 16, 16, [[3, 3], [2, 2], [1, 1], [1, 1], [1, 1]]),
@@ -723,7 +805,33 @@ mod tests {
             (3, 40, 6, 20, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
             (2, 24, 5, 12, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
             (3, 50, 4, 40, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
-        ];
+        ]);
+    }
+
+    /// Geometries small enough for Miri (CI runs this under it with AVX2,
+    /// and with AVX-512): a row of 11 columns (8 + a last vector of 3
+    /// lanes; one 16-lane vector masked to 11), 20 columns by 13 channels
+    /// (8 + 8 + 4 in one tile; 16 + 4), column stride 2 with padding, and a
+    /// 1-column row (one lane of one vector).
+    #[test]
+    fn matches_reference_on_small_geometries() {
+        check(&[
+            (2, 3, 3, 11, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
+            (1, 13, 2, 20, [[1, 3], [1, 1], [1, 1], [0, 1], [0, 1]]),
+            (2, 2, 3, 9, [[2, 3], [1, 2], [1, 1], [0, 1], [1, 1]]),
+            (3, 2, 2, 1, [[1, 1], [1, 1], [1, 1], [0, 0], [0, 0]]),
+        ]);
+    }
+
+    /// Runs every case with and without bias, on one worker and split among
+    /// 3, with 8-lane tiles and (where the CPU has AVX-512 F) 16-lane ones,
+    /// against [`reference`].
+    fn check(cases: &[Case]) {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            std::eprintln!("skipped: no AVX2 + FMA");
+            return;
+        }
+        let mut seed = 7u64;
         for &(c, m, h, wd, [k, s, d, pb, pe]) in cases {
             let g = geom(h, wd, k, s, d, pb, pe);
             seed += 3;
