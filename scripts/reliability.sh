@@ -79,11 +79,14 @@ for step in "${STEPS[@]}"; do
       # the direct Conv's 16-lane tiles on small geometries (kern/dconv.rs,
       # its last vector loaded and stored masked; a planted unmasked store
       # fails it as a write past Y; with AVX2 above it runs the 8-lane
-      # tiles: 11 + 16 s).
+      # tiles: 11 + 16 s), and the f32 GEMM's 12 x 32 tiles on every source
+      # of B (in place at its row stride, packed by the task, prepacked;
+      # 22 s).
       RUSTFLAGS="-C target-feature=+avx2,+fma,+avx512f,+avx512bw,+avx512vnni" \
         CARGO_TARGET_DIR=target/miri-vnni \
         cargo +nightly miri test -q -p mote-core --lib -- kern::qconv::tests::qgemm_ kern::qdw::tests:: \
-        kern::dw512::tests:: kern::dconv::tests::matches_reference_on_small_geometries
+        kern::dw512::tests:: kern::dconv::tests::matches_reference_on_small_geometries \
+        kern::sgemm::tests::avx512_tiles_give_the_avx2_bits_from_every_source
       ;;
     fuzz)
       bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

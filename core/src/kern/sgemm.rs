@@ -22,14 +22,17 @@
 //! reference loops stay in `ops::matmul::gemm`, and the tests below check
 //! every kernel against them on edge sizes.
 //!
-//! With AVX-512 ([`super::cpu::avx512_vnni`]) a B packed at prepare
-//! ([`Packed`]: MatMul's constant weights) is read two panels at a time by
-//! [`ukr_avx512`], 12 × 32 tiles in 24 zmm accumulators, with the same
-//! bits as the AVX2 kernel. Only there: on the Xeon of README's figures the
-//! transformer block ran about 7 % faster with it, while the same kernel on
-//! Conv's GEMMs (im2col or activations in place) made MobileNetV1,
-//! MobileNetV2 and KWS 13–24 % slower and ResNet-18 about 6 % faster
-//! (branch `wip-avx512-12x16`).
+//! With AVX-512 ([`super::cpu::avx512_vnni`]) B is read two panels at a
+//! time by [`ukr_avx512`], 12 × 32 tiles in 24 zmm accumulators, with the
+//! same bits as the AVX2 kernel, whatever B's source ([`Src`]): packed at
+//! prepare ([`Packed`]: MatMul's constant weights), read in place, or
+//! packed by the task (the second panel into a second stack panel); the
+//! rows and the panel left over run the AVX2 tiles. On Conv's GEMMs it took
+//! ResNet-18 64.8 → 46.4 ms, MobileNetV2 11.8 → 9.6, MobileNetV1 0.369 →
+//! 0.328, KWS 0.092 → 0.075 on the Xeon VM of README's figures. The same
+//! trial on another Xeon VM (that of the 94ba204 run) had made the
+//! MobileNets and KWS 13–24 % slower and ResNet-18 6 % faster; there
+//! `MOTE_KERNELS=avx2` keeps every f32 GEMM on AVX2.
 
 // Integer arithmetic is checked, saturating or wrapping by name (issue 8):
 // the drivers check every extent the kernels reach once per call (A, B
@@ -61,8 +64,7 @@ enum Ukr {
     /// `ukr_avx2` / `ukr_avx2_out`: 6 × 16 tiles in 12 ymm accumulators.
     Avx2,
     /// [`Ukr::Avx2`], and [`ukr_avx512`] for 12 × 32 tiles in 24 zmm
-    /// accumulators where B was packed at prepare ([`Packed`]) and a task
-    /// has 12 rows and two panels left.
+    /// accumulators where a task has 12 rows and two whole panels left.
     Avx512,
     /// `ukr_neon`.
     Neon,
@@ -658,6 +660,17 @@ struct Block<'s, 'a, B> {
     clamp: Option<(f32, f32)>,
 }
 
+/// Where [`Block::run`] found a panel of B.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Src {
+    /// Packed at prepare ([`SrcB::panel`]), row stride NR.
+    Prepacked,
+    /// B itself ([`SrcB::dense`]), row stride `ldb`.
+    Dense,
+    /// Packed by this task into a stack panel, row stride NR.
+    Packed,
+}
+
 /// One k block of [`Block::run`]: its first step `p0` and length `kc`,
 /// whether it overwrites C (the first block with `beta == 0` or a bias),
 /// and the clamp it applies (the last block's, else no-op bounds).
@@ -692,6 +705,9 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
     ) -> bool {
         let k = self.k;
         let mut panel = [0f32; KC * NR];
+        // The second panel of a 12 × 32 AVX-512 tile, packed ([`Self::wide`]).
+        #[cfg(target_arch = "x86_64")]
+        let mut panel1 = [0f32; KC * NR];
         let mut tile = [0f32; MR * NR];
         // Offsets wrap by name under the extents `sgemm_with` checked:
         // p0 < k, j0 < n, i0 + r < m.
@@ -715,11 +731,11 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
             while j0 < j_hi {
                 let nr = NR.min(j_hi.wrapping_sub(j0));
                 let prepacked = self.b.panel(p0, j0);
-                let (bp, b_rs): (&[f32], usize) = match (prepacked, self.dense) {
-                    (Some(bp), _) => (bp, NR),
+                let (bp, b_rs, src): (&[f32], usize, Src) = match (prepacked, self.dense) {
+                    (Some(bp), _) => (bp, NR, Src::Prepacked),
                     (None, Some((bb, ldb))) if nr == NR => {
                         match bb.get(p0.wrapping_mul(ldb).wrapping_add(j0)..) {
-                            Some(bp) => (bp, ldb),
+                            Some(bp) => (bp, ldb, Src::Dense),
                             None => return false,
                         }
                     }
@@ -727,19 +743,26 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
                         if !self.b.pack(p0, kc, j0, nr, &mut panel) {
                             return false;
                         }
-                        (&panel[..], NR)
+                        (&panel[..], NR, Src::Packed)
                     }
                 };
                 // With AVX-512, 12 × 32 tiles over this panel and the next
                 // ([`Self::wide`]); the rows after them panel by panel.
                 #[cfg(target_arch = "x86_64")]
-                let Some((i_from, next)) =
-                    self.wide::<CLAMP>((i_lo, i_hi), (j0, j_hi), prepacked.is_some(), bp, &step)
-                else {
+                let Some((i_from, next)) = self.wide::<CLAMP>(
+                    (i_lo, i_hi),
+                    (j0, j_hi),
+                    (bp, b_rs, src),
+                    &step,
+                    &mut panel1,
+                ) else {
                     return false;
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                let (i_from, next) = (i_lo, None);
+                let (i_from, next) = {
+                    let _ = src;
+                    (i_lo, None)
+                };
                 let panels = core::iter::once((j0, bp, b_rs)).chain(next);
                 for (j, bp, b_rs) in panels {
                     if !self.tiles::<CLAMP>((i_from, i_hi), (j, nr), (bp, b_rs), &step, &mut tile) {
@@ -842,47 +865,63 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
         true
     }
 
-    /// With AVX-512 and B packed at prepare ([`Packed`]: the panel at `j0`,
-    /// `bp`, came from [`SrcB::panel`], `prepacked`) with a second whole
-    /// panel after it before `j_hi`: [`Self::pairs`]
-    /// over rows `[i_lo, i_hi)` of both, and the first row it left with the
-    /// second panel (its column, its data, its row stride) for the AVX2
-    /// tiles; otherwise `(i_lo, None)`. `None` if a part of A or C was out
-    /// of bounds.
+    /// With AVX-512 and a second whole panel after the one at `j0` before
+    /// `j_hi`: [`Self::pairs`] over rows `[i_lo, i_hi)` of both, and the
+    /// first row it left with the second panel (its column, its data, its
+    /// row stride) for the AVX2 tiles; otherwise `(i_lo, None)`. The first
+    /// panel is `bp` at row stride `b_rs`, from `src`; the second comes
+    /// from the same source: [`SrcB::panel`], B read in place, or packed
+    /// into `spare`. `None` if a part of A, B or C was out of bounds.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     #[allow(clippy::type_complexity)]
-    fn wide<const CLAMP: bool>(
+    fn wide<'p, const CLAMP: bool>(
         &self,
         (i_lo, i_hi): (usize, usize),
         (j0, j_hi): (usize, usize),
-        prepacked: bool,
-        bp: &[f32],
+        (bp, b_rs, src): (&[f32], usize, Src),
         step: &Step,
-    ) -> Option<(usize, Option<(usize, &'s [f32], usize)>)> {
+        spare: &'p mut [f32; KC * NR],
+    ) -> Option<(usize, Option<(usize, &'p [f32], usize)>)>
+    where
+        's: 'p,
+    {
         let b: &'s B = self.b;
         let j1 = j0.wrapping_add(NR);
-        if self.kind != Ukr::Avx512 || !prepacked || j_hi.wrapping_sub(j0) < 2 * NR {
+        if self.kind != Ukr::Avx512 || j_hi.wrapping_sub(j0) < 2 * NR {
             return Some((i_lo, None));
         }
-        let Some(bp1) = b.panel(step.p0, j1) else {
-            return Some((i_lo, None));
+        let bp1: &'p [f32] = match (src, self.dense) {
+            (Src::Prepacked, _) => match b.panel(step.p0, j1) {
+                Some(bp1) => bp1,
+                None => return Some((i_lo, None)),
+            },
+            (Src::Dense, Some((bb, ldb))) => {
+                bb.get(step.p0.wrapping_mul(ldb).wrapping_add(j1)..)?
+            }
+            (Src::Dense, None) => return None,
+            (Src::Packed, _) => {
+                if !b.pack(step.p0, step.kc, j1, NR, spare) {
+                    return None;
+                }
+                &spare[..]
+            }
         };
-        let i_from = self.pairs::<CLAMP>((i_lo, i_hi), j0, (bp, bp1), step)?;
-        Some((i_from, Some((j1, bp1, NR))))
+        let i_from = self.pairs::<CLAMP>((i_lo, i_hi), j0, ((bp, bp1), b_rs), step)?;
+        Some((i_from, Some((j1, bp1, b_rs))))
     }
 
-    /// [`ukr_avx512`] tiles (MR2 rows by the two prepacked panels `bp` of
-    /// the 2NR columns at `j0`) from row `i_lo` while MR2 rows are left below
-    /// `i_hi`; the first row not done, or `None` if a part of A or C was
-    /// out of bounds.
+    /// [`ukr_avx512`] tiles (MR2 rows by the two panels `bp` of the 2NR
+    /// columns at `j0`, at row stride `b_rs`) from row `i_lo` while MR2
+    /// rows are left below `i_hi`; the first row not done, or `None` if a
+    /// part of A or C was out of bounds.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn pairs<const CLAMP: bool>(
         &self,
         (i_lo, i_hi): (usize, usize),
         j0: usize,
-        bp: (&[f32], &[f32]),
+        (bp, b_rs): ((&[f32], &[f32]), usize),
         step: &Step,
     ) -> Option<usize> {
         let a = self.a;
@@ -897,10 +936,10 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
             // SAFETY: `Ukr::Avx512` comes from `cpu::avx512_vnni` (the CPU
             // has AVX-512 F: `cpu::enable_avx512_vnni`'s contract) with
             // `Kernels::Avx2Fma` (AVX2 and FMA); the driver checked A's rows
-            // (i0 + MR2 <= i_hi) of kc columns; each prepacked panel holds kc
-            // rows of NR; `out` holds MR2 rows of 2NR floats of C that are
-            // this task's.
-            unsafe { ukr_avx512(step.kc, ap, a.rs, a.cs, bp, &out) };
+            // (i0 + MR2 <= i_hi) of kc columns and B's kc rows of NR at
+            // stride b_rs in each panel (`run`; for the second, `wide`);
+            // `out` holds MR2 rows of 2NR floats of C that are this task's.
+            unsafe { ukr_avx512(step.kc, ap, a.rs, a.cs, bp, b_rs, &out) };
             i0 = i0.wrapping_add(MR2);
         }
         Some(i0)
@@ -1380,8 +1419,8 @@ unsafe fn ukr_avx2_out<const R: usize>(
 }
 
 /// The AVX-512 micro-kernel: a full MR2 × 2NR tile (12 × 32) over `kc`
-/// steps of two prepacked panels of B (the first NR columns and the next
-/// NR), written into C. Each element gets the same chain of `fma` over p
+/// steps of two panels of B (the first NR columns and the next NR), written
+/// into C. Each element gets the same chain of `fma` over p
 /// as in [`sums_avx2`] and the same write-back as in [`ukr_avx2_out`]
 /// ([`write_back!`] on 16 lanes instead of 8), so the same bits as four
 /// 6 × 16 tiles of the AVX2 kernel.
@@ -1389,7 +1428,7 @@ unsafe fn ukr_avx2_out<const R: usize>(
 /// # Safety
 /// The CPU has AVX-512 F; `a` holds A(r, p) at `r * a_rs + p * a_cs` for
 /// `r < MR2`, `p < kc`; `b.0` and `b.1` hold `kc` rows of NR floats each
-/// (row stride NR); `out` points to MR2 rows of 2NR floats of C (at stride
+/// at row stride `b_rs`; `out` points to MR2 rows of 2NR floats of C (at stride
 /// `out.ldc`) that nothing else reads or writes during the call, and
 /// `out.bias`, if any, holds MR2 values.
 #[cfg(target_arch = "x86_64")]
@@ -1400,10 +1439,11 @@ unsafe fn ukr_avx512(
     a_rs: usize,
     a_cs: usize,
     b: (&[f32], &[f32]),
+    b_rs: usize,
     out: &TileOut<'_, MR2, { 2 * NR }>,
 ) {
     // SAFETY: the caller's contract is `sums_avx512`'s.
-    let acc = unsafe { sums_avx512(kc, a, a_rs, a_cs, b) };
+    let acc = unsafe { sums_avx512(kc, a, a_rs, a_cs, b, b_rs) };
     write_back!(lanes16, acc, out);
 }
 
@@ -1424,16 +1464,17 @@ unsafe fn sums_avx512(
     a_rs: usize,
     a_cs: usize,
     (b0, b1): (&[f32], &[f32]),
+    b_rs: usize,
 ) -> [[core::arch::x86_64::__m512; 2]; MR2] {
     use core::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); 2]; MR2];
     let (ap, bp0, bp1) = (a.as_ptr(), b0.as_ptr(), b1.as_ptr());
     for p in 0..kc {
         // SAFETY: p < kc, and the caller guarantees that each panel holds
-        // kc rows of NR floats and A holds MR2 rows (stride a_rs) of kc
-        // columns (stride a_cs).
+        // kc rows of NR floats at stride b_rs and A holds MR2 rows (stride
+        // a_rs) of kc columns (stride a_cs).
         unsafe {
-            let at = p.wrapping_mul(NR);
+            let at = p.wrapping_mul(b_rs);
             let v0 = _mm512_loadu_ps(bp0.add(at));
             let v1 = _mm512_loadu_ps(bp1.add(at));
             let acol = ap.add(p.wrapping_mul(a_cs));
@@ -1846,6 +1887,182 @@ mod tests {
             1.0,
             0.0
         ));
+    }
+
+    /// The 12 × 32 AVX-512 tiles give the bits of the AVX2 ones whatever
+    /// B's source: read in place ([`Dense`]), packed by the task (a
+    /// [`Dense`] whose row stride would alias in L1, and [`Im2col`]), or
+    /// packed at prepare ([`Packed`]); with tiles of 12 rows and rows left
+    /// after them, pairs of panels and a panel (full or partial) left,
+    /// k over several blocks, bias, clamp and beta, on 1 and 2–3 workers.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_tiles_give_the_avx2_bits_from_every_source() {
+        extern crate std;
+        if !(std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma"))
+        {
+            std::eprintln!("skipped: this CPU has no AVX-512 F");
+            return;
+        }
+        // One GEMM of a kernel kind into C; `false` if refused.
+        type GemmInto<'a> = dyn Fn(Ukr, &mut [f32]) -> bool + 'a;
+        let mut seed = 21;
+        // (m, n, k): one 12 × 32 tile; two pairs of panels, 6 rows and a
+        // panel left, k over two blocks; a partial panel after a pair and
+        // 1 row left; m at PACK_ROWS for the aliasing Dense (packed).
+        // Under Miri: a partial panel after a pair, and the aliasing Dense.
+        let shapes = [
+            (12, 32, 7),
+            (30, 80, KC + 9),
+            (13, 47, 300),
+            (PACK_ROWS + 2, 64, 40),
+        ];
+        let few = [(13, 47, 3), (PACK_ROWS + 2, 64, 3)];
+        for &(m, n, k) in crate::kern::pick(&shapes, &few) {
+            let a = rand(m * k, &mut seed);
+            let ma = MatA {
+                a: &a,
+                rs: k,
+                cs: 1,
+            };
+            // B at row stride n (read in place) and at 1024 (aliasing: packed
+            // by the task where m >= PACK_ROWS).
+            let b = rand(k * 1024, &mut seed);
+            let bias = rand(m, &mut seed);
+            let c0 = rand(m * n, &mut seed);
+            let inplace = Dense {
+                b: &b[..k * n],
+                ldb: n,
+            };
+            let strided = Dense { b: &b, ldb: 1024 };
+            let packed = Packed::new(&inplace, k, n).unwrap();
+            let eps = [(1.0, 0.0, false), (0.7, 0.0, true), (1.3, 1.0, false)];
+            for &(alpha, beta, with_ep) in crate::kern::pick(&eps, &eps[1..2]) {
+                let ep = || Epilogue {
+                    bias: with_ep.then_some(&bias[..]),
+                    // Miri lacks the 512-bit max and min of the clamp.
+                    clamp: (with_ep && !cfg!(miri)).then_some((-0.2, 0.3)),
+                };
+                // On 1, 2 and 3 workers; under Miri on 1 (the split is
+                // checked there with Im2col below).
+                let gemm = |kind: Ukr, src: &GemmInto| {
+                    let one = || {
+                        let mut c = c0.clone();
+                        assert!(src(kind, &mut c), "{kind:?} m{m} n{n} k{k}");
+                        c
+                    };
+                    if cfg!(miri) {
+                        alloc::vec![one()]
+                    } else {
+                        par::testing::each(one).into()
+                    }
+                };
+                let what = alloc::format!("m{m} n{n} k{k} alpha{alpha} beta{beta} ep{with_ep}");
+                let sources: [(&str, &GemmInto); 3] = [
+                    ("in place", &|kind, c| {
+                        sgemm_init(
+                            kind,
+                            par::workers(),
+                            m,
+                            n,
+                            k,
+                            ma,
+                            &inplace,
+                            c,
+                            n,
+                            alpha,
+                            beta,
+                            ep(),
+                        )
+                    }),
+                    ("strided", &|kind, c| {
+                        sgemm_init(
+                            kind,
+                            par::workers(),
+                            m,
+                            n,
+                            k,
+                            ma,
+                            &strided,
+                            c,
+                            n,
+                            alpha,
+                            beta,
+                            ep(),
+                        )
+                    }),
+                    ("prepacked", &|kind, c| {
+                        sgemm_init(
+                            kind,
+                            par::workers(),
+                            m,
+                            n,
+                            k,
+                            ma,
+                            &packed,
+                            c,
+                            n,
+                            alpha,
+                            beta,
+                            ep(),
+                        )
+                    }),
+                ];
+                for (name, src) in sources {
+                    let want = gemm(Ukr::Avx2, src);
+                    let got = gemm(Ukr::Avx512, src);
+                    for (w, g) in want.iter().zip(&got) {
+                        same_bits(g, w, &alloc::format!("{name} {what}"));
+                    }
+                }
+            }
+        }
+        // Im2col: 20 channels of 9 × 40, 3 × 3, pad 1 (k = 180, n = 360),
+        // 26 output channels (two 12-row tiles and 2 rows); under Miri 1
+        // channel of 2 rows (n = 80, k = 9).
+        let (c, h) = *crate::kern::pick(&[(20, 9)], &[(1, 2)]).first().unwrap();
+        let g = Geom {
+            inp: [1, h, 40],
+            out: [1, h, 40],
+            k: [1, 3, 3],
+            s: [1, 1, 1],
+            d: [1, 1, 1],
+            pb: [0, 1, 1],
+            pe: [0, 1, 1],
+        };
+        let (m, n, k) = (26, h * 40, c * 9);
+        let x = rand(c * n, &mut seed);
+        let w = rand(m * k, &mut seed);
+        let conv = |kind: Ukr| {
+            par::testing::each(|| {
+                let mut y = vec![f32::NAN; m * n];
+                let src = Im2col::new(&x, &g).unwrap();
+                let ma = MatA {
+                    a: &w,
+                    rs: k,
+                    cs: 1,
+                };
+                assert!(sgemm_with(
+                    kind,
+                    par::workers(),
+                    m,
+                    n,
+                    k,
+                    ma,
+                    &src,
+                    &mut y,
+                    n,
+                    1.0,
+                    0.0
+                ));
+                y
+            })
+        };
+        for (w, g) in conv(Ukr::Avx2).iter().zip(&conv(Ukr::Avx512)) {
+            same_bits(g, w, "im2col");
+        }
     }
 
     #[test]
