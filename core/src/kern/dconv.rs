@@ -20,7 +20,9 @@
 //! ([`super::cpu::avx512_vnni`]) and rows wider than 8 columns, the vectors
 //! are of 16 columns and a tile holds up to 24 accumulators (of the 32 zmm
 //! registers: 12 channels × 2 vectors or 24 × 1; ResNet-8 0.455 → 0.345
-//! ms, README). Rows are split among the workers of [`par`].
+//! ms, README); rows of 8 columns run two at a time, one per half of a
+//! 16-lane vector ([`Pair`], [`rows_pairs`]). Rows are split among the
+//! workers of [`par`].
 //!
 //! Every output is `bias + Σ w·x` over the taps in the same order as the
 //! reference loops (input channel, kernel row, kernel column), with fused
@@ -217,14 +219,10 @@ impl Conv<'_> {
         let wk = plan.c.wrapping_mul(plan.kh).wrapping_mul(plan.kw);
         let macs = out_sz.saturating_mul(wk).saturating_mul(m);
         let t = par::tasks(workers, macs, plan.oh);
-        // With AVX-512 (the caller's `avx512`), rows wider than 8 columns
-        // run 16-lane tiles (rows of 8 or fewer would fill half the lanes).
+        // With AVX-512 (the caller's `avx512`), 16-lane tiles: of columns
+        // for rows wider than 8, else of row pairs.
         type Rows = unsafe fn(&Plan, &[f32], &[f32], Option<&[f32]>, *mut f32, (usize, usize));
-        let rows: Rows = if avx512 && plan.ow > 8 {
-            rows_avx512
-        } else {
-            rows_avx2
-        };
+        let rows: Rows = if avx512 { rows_avx512 } else { rows_avx2 };
         if t <= 1 {
             // SAFETY: AVX2 and FMA, and AVX-512 F where `avx512` (the
             // caller's contract): forwarded; `fits` checked X, W, B and Y,
@@ -263,8 +261,11 @@ struct Tile {
     /// The tile's first channel's bias, or null (no bias: 0).
     bias: *const f32,
     /// Lanes of the tile's last vector that are outputs (1..=8, 1..=16 for
-    /// [`Zmm`]).
+    /// [`Zmm`]; for [`Pair`], `ow`, per row).
     last: usize,
+    /// [`Pair`]: the row after this one is computed too (false for the
+    /// last row of a task's odd count).
+    pair: bool,
 }
 
 /// Output rows `oy0 .. oy1` of every output channel of `plan`, in tiles of
@@ -287,7 +288,8 @@ unsafe fn rows_avx2(
     unsafe { rows_body::<8>(plan, x, w, b, y, rows) }
 }
 
-/// [`rows_avx2`] in tiles of 16-lane vectors ([`tile`] on [`Zmm`]).
+/// [`rows_avx2`] in tiles of 16-lane vectors: of 16 columns ([`tile`] on
+/// [`Zmm`]) for rows wider than 8, else of two rows ([`rows_pairs`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F; otherwise as [`rows_avx2`].
@@ -301,7 +303,79 @@ unsafe fn rows_avx512(
     rows: (usize, usize),
 ) {
     // SAFETY: forwarded.
-    unsafe { rows_body::<16>(plan, x, w, b, y, rows) }
+    unsafe {
+        if plan.ow > 8 {
+            rows_body::<16>(plan, x, w, b, y, rows)
+        } else {
+            rows_pairs(plan, x, w, b, y, rows)
+        }
+    }
+}
+
+/// Output rows `oy0 .. oy1` of rows of at most 8 columns two at a time, one
+/// 16-lane vector per row pair ([`Pair`]; ResNet-8's 8 × 8 planes filled
+/// half the lanes of a 16-lane vector, and took 39 % of its time in 8-lane
+/// tiles): the input rows of both buffered [`BUF`] floats apart, then tiles
+/// of up to 24 output channels.
+///
+/// Its own function (not inlined into [`rows_avx512`]): with its 32 KiB of
+/// buffers in the same frame as the 16-column path's 16 KiB, MobileNetV1,
+/// whose first Conv takes that path, ran 3.5 % slower.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `plan.ow <= 8`; otherwise as [`rows_avx2`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline(never)]
+unsafe fn rows_pairs(
+    plan: &Plan,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: *mut f32,
+    (oy0, oy1): (usize, usize),
+) {
+    let mut buf = [[0f32; BUF]; 2];
+    let p = plan;
+    // Sizes checked by `Plan::new` and `fits`.
+    let wk = p.c.wrapping_mul(p.kh).wrapping_mul(p.kw);
+    let out_sz = p.oh.wrapping_mul(p.ow);
+    let rows = p.c.wrapping_mul(p.kh);
+    let oy1 = oy1.min(p.oh);
+    let tiles = p.m.div_ceil(24);
+    let mut oy = oy0;
+    while oy < oy1 {
+        let pair = oy1.wrapping_sub(oy) >= 2;
+        let [b0, b1] = &mut buf;
+        fill(b0, p, x, oy);
+        if pair {
+            fill(b1, p, x, oy.wrapping_add(1));
+        }
+        for ti in 0..tiles {
+            let (co, co_end) = par::chunk(p.m, tiles, ti);
+            let t = Tile {
+                buf: buf.as_ptr().cast::<f32>(),
+                rows,
+                rs: p.rs,
+                kw: p.kw,
+                taps: p.taps,
+                w: w.as_ptr().wrapping_add(co.wrapping_mul(wk)),
+                wk,
+                y: y.wrapping_add(co.wrapping_mul(out_sz).wrapping_add(oy.wrapping_mul(p.ow))),
+                out_sz,
+                bias: b.map_or(core::ptr::null(), |b| b.as_ptr().wrapping_add(co)),
+                last: p.ow,
+                pair,
+            };
+            // SAFETY: the tile's channels co..co_end <= m (at most 24: tiles
+            // = ceil(m / 24) near-equal runs); rows oy and, where `pair`,
+            // oy + 1 < oy1 are this task's and inside each plane (ow <= 8
+            // floats each, contiguous); `fill` wrote the rows·rs floats of
+            // each buffer that the masked lanes read (`Plan::fits`: rows·rs
+            // + SLACK <= BUF); the CPU has AVX-512 F (the caller's contract).
+            unsafe { dispatch512::<Pair>(co_end.wrapping_sub(co), 1, &t) };
+        }
+        oy = oy.wrapping_add(if pair { 2 } else { 1 });
+    }
 }
 
 /// [`rows_avx2`] (L = 8) and [`rows_avx512`] (L = 16): per output row, the
@@ -370,6 +444,7 @@ unsafe fn rows_body<const L: usize>(
                     out_sz,
                     bias: b.map_or(core::ptr::null(), |b| b.as_ptr().wrapping_add(co)),
                     last: if end == nvec { tail } else { L },
+                    pair: false,
                 };
                 // SAFETY: the tile's channels co..co + mb <= m (mb <=
                 // mb_max: tiles = ceil(m / mb_max) near-equal runs), its
@@ -379,7 +454,7 @@ unsafe fn rows_body<const L: usize>(
                 // L = 16 the CPU has AVX-512 F (`rows_avx512`).
                 unsafe {
                     if L == 16 {
-                        dispatch512(mb, nx, &t);
+                        dispatch512::<Zmm>(mb, nx, &t);
                     } else {
                         dispatch(mb, nx, &t);
                     }
@@ -390,51 +465,52 @@ unsafe fn rows_body<const L: usize>(
     }
 }
 
-/// `tile::<Zmm, MB, NX>` for the run-time `mb`, `nx`.
+/// `tile::<L, MB, NX>` for the run-time `mb`, `nx`, with `L` [`Zmm`] or
+/// [`Pair`] (then `nx` is 1).
 ///
 /// # Safety
-/// As [`tile`] on [`Zmm`].
+/// As [`tile`] on `L`.
 #[inline(always)]
-unsafe fn dispatch512(mb: usize, nx: usize, t: &Tile) {
+unsafe fn dispatch512<L: Lanes>(mb: usize, nx: usize, t: &Tile) {
     // SAFETY: forwarded.
     unsafe {
         match (mb, nx) {
-            (1, 1) => tile::<Zmm, 1, 1>(t),
-            (2, 1) => tile::<Zmm, 2, 1>(t),
-            (3, 1) => tile::<Zmm, 3, 1>(t),
-            (4, 1) => tile::<Zmm, 4, 1>(t),
-            (5, 1) => tile::<Zmm, 5, 1>(t),
-            (6, 1) => tile::<Zmm, 6, 1>(t),
-            (7, 1) => tile::<Zmm, 7, 1>(t),
-            (8, 1) => tile::<Zmm, 8, 1>(t),
-            (9, 1) => tile::<Zmm, 9, 1>(t),
-            (10, 1) => tile::<Zmm, 10, 1>(t),
-            (11, 1) => tile::<Zmm, 11, 1>(t),
-            (12, 1) => tile::<Zmm, 12, 1>(t),
-            (13, 1) => tile::<Zmm, 13, 1>(t),
-            (14, 1) => tile::<Zmm, 14, 1>(t),
-            (15, 1) => tile::<Zmm, 15, 1>(t),
-            (16, 1) => tile::<Zmm, 16, 1>(t),
-            (17, 1) => tile::<Zmm, 17, 1>(t),
-            (18, 1) => tile::<Zmm, 18, 1>(t),
-            (19, 1) => tile::<Zmm, 19, 1>(t),
-            (20, 1) => tile::<Zmm, 20, 1>(t),
-            (21, 1) => tile::<Zmm, 21, 1>(t),
-            (22, 1) => tile::<Zmm, 22, 1>(t),
-            (23, 1) => tile::<Zmm, 23, 1>(t),
-            (_, 1) => tile::<Zmm, 24, 1>(t),
-            (1, _) => tile::<Zmm, 1, 2>(t),
-            (2, _) => tile::<Zmm, 2, 2>(t),
-            (3, _) => tile::<Zmm, 3, 2>(t),
-            (4, _) => tile::<Zmm, 4, 2>(t),
-            (5, _) => tile::<Zmm, 5, 2>(t),
-            (6, _) => tile::<Zmm, 6, 2>(t),
-            (7, _) => tile::<Zmm, 7, 2>(t),
-            (8, _) => tile::<Zmm, 8, 2>(t),
-            (9, _) => tile::<Zmm, 9, 2>(t),
-            (10, _) => tile::<Zmm, 10, 2>(t),
-            (11, _) => tile::<Zmm, 11, 2>(t),
-            _ => tile::<Zmm, 12, 2>(t),
+            (1, 1) => tile::<L, 1, 1>(t),
+            (2, 1) => tile::<L, 2, 1>(t),
+            (3, 1) => tile::<L, 3, 1>(t),
+            (4, 1) => tile::<L, 4, 1>(t),
+            (5, 1) => tile::<L, 5, 1>(t),
+            (6, 1) => tile::<L, 6, 1>(t),
+            (7, 1) => tile::<L, 7, 1>(t),
+            (8, 1) => tile::<L, 8, 1>(t),
+            (9, 1) => tile::<L, 9, 1>(t),
+            (10, 1) => tile::<L, 10, 1>(t),
+            (11, 1) => tile::<L, 11, 1>(t),
+            (12, 1) => tile::<L, 12, 1>(t),
+            (13, 1) => tile::<L, 13, 1>(t),
+            (14, 1) => tile::<L, 14, 1>(t),
+            (15, 1) => tile::<L, 15, 1>(t),
+            (16, 1) => tile::<L, 16, 1>(t),
+            (17, 1) => tile::<L, 17, 1>(t),
+            (18, 1) => tile::<L, 18, 1>(t),
+            (19, 1) => tile::<L, 19, 1>(t),
+            (20, 1) => tile::<L, 20, 1>(t),
+            (21, 1) => tile::<L, 21, 1>(t),
+            (22, 1) => tile::<L, 22, 1>(t),
+            (23, 1) => tile::<L, 23, 1>(t),
+            (_, 1) => tile::<L, 24, 1>(t),
+            (1, _) => tile::<L, 1, 2>(t),
+            (2, _) => tile::<L, 2, 2>(t),
+            (3, _) => tile::<L, 3, 2>(t),
+            (4, _) => tile::<L, 4, 2>(t),
+            (5, _) => tile::<L, 5, 2>(t),
+            (6, _) => tile::<L, 6, 2>(t),
+            (7, _) => tile::<L, 7, 2>(t),
+            (8, _) => tile::<L, 8, 2>(t),
+            (9, _) => tile::<L, 9, 2>(t),
+            (10, _) => tile::<L, 10, 2>(t),
+            (11, _) => tile::<L, 11, 2>(t),
+            _ => tile::<L, 12, 2>(t),
         }
     }
 }
@@ -529,21 +605,22 @@ fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize) {
 /// run only inside a function compiled for it (`rows_avx2`,
 /// `rows_avx512`), on pointers that hold the vector it reads or writes.
 trait Lanes {
-    /// Floats per vector.
+    /// Output columns per vector.
     const N: usize;
     type V: Copy;
-    /// The lanes of the last vector that are outputs.
-    type Mask: Copy;
-    /// The first `last` (1..=N) lanes.
-    unsafe fn mask(last: usize) -> Self::Mask;
+    /// What the loads and stores of one tile need besides the pointer: the
+    /// lanes of the last vector that are outputs.
+    type Ctx: Copy;
+    /// The tile's context: the first `t.last` (1..=N) columns.
+    unsafe fn ctx(t: &Tile) -> Self::Ctx;
     unsafe fn zero() -> Self::V;
     unsafe fn splat(p: *const f32) -> Self::V;
-    unsafe fn load(p: *const f32) -> Self::V;
-    unsafe fn load_last(m: Self::Mask, p: *const f32) -> Self::V;
+    unsafe fn load(c: Self::Ctx, p: *const f32) -> Self::V;
+    unsafe fn load_last(c: Self::Ctx, p: *const f32) -> Self::V;
     /// `a · b + c`, fused.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    unsafe fn store(p: *mut f32, v: Self::V);
-    unsafe fn store_last(m: Self::Mask, p: *mut f32, v: Self::V);
+    unsafe fn store(c: Self::Ctx, p: *mut f32, v: Self::V);
+    unsafe fn store_last(c: Self::Ctx, p: *mut f32, v: Self::V);
 }
 
 /// AVX2 + FMA: 8 lanes.
@@ -558,14 +635,14 @@ struct Zmm;
 impl Lanes for Ymm {
     const N: usize = 8;
     type V = core::arch::x86_64::__m256;
-    type Mask = core::arch::x86_64::__m256i;
+    type Ctx = core::arch::x86_64::__m256i;
     #[inline(always)]
-    unsafe fn mask(last: usize) -> Self::Mask {
+    unsafe fn ctx(t: &Tile) -> Self::Ctx {
         const MASK: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
         // SAFETY: `last` is 1..=8, so the 8-lane window lies inside MASK.
         unsafe {
             core::arch::x86_64::_mm256_loadu_si256(
-                MASK.as_ptr().add(8usize.wrapping_sub(last)).cast(),
+                MASK.as_ptr().add(8usize.wrapping_sub(t.last)).cast(),
             )
         }
     }
@@ -580,12 +657,12 @@ impl Lanes for Ymm {
         unsafe { core::arch::x86_64::_mm256_broadcast_ss(&*p) }
     }
     #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self::V {
+    unsafe fn load(_: Self::Ctx, p: *const f32) -> Self::V {
         // SAFETY: the trait's contract.
         unsafe { core::arch::x86_64::_mm256_loadu_ps(p) }
     }
     #[inline(always)]
-    unsafe fn load_last(_: Self::Mask, p: *const f32) -> Self::V {
+    unsafe fn load_last(_: Self::Ctx, p: *const f32) -> Self::V {
         // SAFETY: the trait's contract; [`tile`]'s caller makes the whole
         // vector readable (the next row or the slack).
         unsafe { core::arch::x86_64::_mm256_loadu_ps(p) }
@@ -596,12 +673,12 @@ impl Lanes for Ymm {
         unsafe { core::arch::x86_64::_mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
-    unsafe fn store(p: *mut f32, v: Self::V) {
+    unsafe fn store(_: Self::Ctx, p: *mut f32, v: Self::V) {
         // SAFETY: the trait's contract.
         unsafe { core::arch::x86_64::_mm256_storeu_ps(p, v) }
     }
     #[inline(always)]
-    unsafe fn store_last(m: Self::Mask, p: *mut f32, v: Self::V) {
+    unsafe fn store_last(m: Self::Ctx, p: *mut f32, v: Self::V) {
         // SAFETY: the trait's contract (the masked lanes).
         unsafe { core::arch::x86_64::_mm256_maskstore_ps(p, m, v) }
     }
@@ -610,11 +687,11 @@ impl Lanes for Ymm {
 impl Lanes for Zmm {
     const N: usize = 16;
     type V = core::arch::x86_64::__m512;
-    type Mask = core::arch::x86_64::__mmask16;
+    type Ctx = core::arch::x86_64::__mmask16;
     #[inline(always)]
-    unsafe fn mask(last: usize) -> Self::Mask {
+    unsafe fn ctx(t: &Tile) -> Self::Ctx {
         // `last` is 1..=16: its low bits.
-        (1u32.wrapping_shl(last as u32).wrapping_sub(1)) as u16
+        low_lanes(t.last)
     }
     #[inline(always)]
     unsafe fn zero() -> Self::V {
@@ -627,12 +704,12 @@ impl Lanes for Zmm {
         unsafe { core::arch::x86_64::_mm512_set1_ps(*p) }
     }
     #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self::V {
+    unsafe fn load(_: Self::Ctx, p: *const f32) -> Self::V {
         // SAFETY: the trait's contract.
         unsafe { core::arch::x86_64::_mm512_loadu_ps(p) }
     }
     #[inline(always)]
-    unsafe fn load_last(m: Self::Mask, p: *const f32) -> Self::V {
+    unsafe fn load_last(m: Self::Ctx, p: *const f32) -> Self::V {
         // SAFETY: the trait's contract (the masked lanes; the others read
         // nothing and are zero).
         unsafe { core::arch::x86_64::_mm512_maskz_loadu_ps(m, p) }
@@ -643,14 +720,96 @@ impl Lanes for Zmm {
         unsafe { core::arch::x86_64::_mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
-    unsafe fn store(p: *mut f32, v: Self::V) {
+    unsafe fn store(_: Self::Ctx, p: *mut f32, v: Self::V) {
         // SAFETY: the trait's contract.
         unsafe { core::arch::x86_64::_mm512_storeu_ps(p, v) }
     }
     #[inline(always)]
-    unsafe fn store_last(m: Self::Mask, p: *mut f32, v: Self::V) {
+    unsafe fn store_last(m: Self::Ctx, p: *mut f32, v: Self::V) {
         // SAFETY: the trait's contract (the masked lanes).
         unsafe { core::arch::x86_64::_mm512_mask_storeu_ps(p, m, v) }
+    }
+}
+
+/// The lane mask of the first `n` (0..=16) lanes.
+#[inline(always)]
+fn low_lanes(n: usize) -> u16 {
+    (1u32.wrapping_shl(n as u32).wrapping_sub(1)) as u16
+}
+
+/// AVX-512 F on rows of at most 8 columns: one 16-lane vector holds a row
+/// pair, output row `oy` in its first `ow` lanes and `oy + 1` in the next
+/// `ow` ([`rows_pairs`]): the two rows' buffers lie [`BUF`] floats apart,
+/// and the two rows of Y are contiguous (`ow` floats each), so each is
+/// one masked load and the pair one masked store. A row pair is a single
+/// vector (`nx` = 1): `load` and `store` are the last vector's.
+struct Pair;
+
+/// [`Pair`]'s lanes: the first row's, the second's (none for a row left
+/// alone at the end), and `ow`.
+#[derive(Clone, Copy)]
+struct PairCtx {
+    lo: u16,
+    hi: u16,
+    ow: usize,
+}
+
+impl Lanes for Pair {
+    const N: usize = 8;
+    type V = core::arch::x86_64::__m512;
+    type Ctx = PairCtx;
+    #[inline(always)]
+    unsafe fn ctx(t: &Tile) -> Self::Ctx {
+        // `last` (ow) is 1..=8: both rows fit the 16 lanes.
+        let lo = low_lanes(t.last);
+        let hi = if t.pair {
+            lo.wrapping_shl(t.last as u32)
+        } else {
+            0
+        };
+        PairCtx { lo, hi, ow: t.last }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { Zmm::zero() }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { Zmm::splat(p) }
+    }
+    #[inline(always)]
+    unsafe fn load(c: Self::Ctx, p: *const f32) -> Self::V {
+        // SAFETY: as `load_last`.
+        unsafe { Self::load_last(c, p) }
+    }
+    #[inline(always)]
+    unsafe fn load_last(c: Self::Ctx, p: *const f32) -> Self::V {
+        use core::arch::x86_64::*;
+        // SAFETY: the trait's contract: `p` is in the first row's buffer,
+        // and the second's is BUF floats on; lane `ow + l` of the second
+        // load reads its float `l` (the unmasked lanes read nothing).
+        unsafe {
+            let v = _mm512_maskz_loadu_ps(c.lo, p);
+            _mm512_mask_loadu_ps(v, c.hi, p.wrapping_add(BUF).wrapping_sub(c.ow))
+        }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: the trait's contract.
+        unsafe { Zmm::fma(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn store(c: Self::Ctx, p: *mut f32, v: Self::V) {
+        // SAFETY: as `store_last`.
+        unsafe { Self::store_last(c, p, v) }
+    }
+    #[inline(always)]
+    unsafe fn store_last(c: Self::Ctx, p: *mut f32, v: Self::V) {
+        // SAFETY: the trait's contract: row `oy` at `p`, row `oy + 1` right
+        // after it (ow floats on), only the lanes of `c`.
+        unsafe { core::arch::x86_64::_mm512_mask_storeu_ps(p, c.lo | c.hi, v) }
     }
 }
 
@@ -672,7 +831,7 @@ impl Lanes for Zmm {
 unsafe fn tile<L: Lanes, const MB: usize, const NX: usize>(t: &Tile) {
     // SAFETY: the caller's contract (above) bounds every pointer below.
     unsafe {
-        let mask = L::mask(t.last);
+        let ctx = L::ctx(t);
         let mut acc = [[L::zero(); NX]; MB];
         if !t.bias.is_null() {
             for (i, accr) in acc.iter_mut().enumerate() {
@@ -688,9 +847,9 @@ unsafe fn tile<L: Lanes, const MB: usize, const NX: usize>(t: &Tile) {
                 for (j, vj) in v.iter_mut().enumerate() {
                     let at = bp.add(j.wrapping_mul(L::N));
                     *vj = if j.wrapping_add(1) == NX {
-                        L::load_last(mask, at)
+                        L::load_last(ctx, at)
                     } else {
-                        L::load(at)
+                        L::load(ctx, at)
                     };
                 }
                 for (i, accr) in acc.iter_mut().enumerate() {
@@ -706,9 +865,9 @@ unsafe fn tile<L: Lanes, const MB: usize, const NX: usize>(t: &Tile) {
             for (j, &a) in accr.iter().enumerate() {
                 let at = yp.add(j.wrapping_mul(L::N));
                 if j.wrapping_add(1) == NX {
-                    L::store_last(mask, at, a);
+                    L::store_last(ctx, at, a);
                 } else {
-                    L::store(at, a);
+                    L::store(ctx, at, a);
                 }
             }
         }
@@ -805,6 +964,10 @@ mod tests {
             (3, 40, 6, 20, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
             (2, 24, 5, 12, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
             (3, 50, 4, 40, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
+            // 16-lane row pairs (rows of 8 columns): 7 rows (three pairs and
+            // one alone; split in 3, pairs and single rows in each task) by
+            // 50 channels (tiles of 17, 17 and 16).
+            (5, 50, 7, 8, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
         ]);
     }
 
