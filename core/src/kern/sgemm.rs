@@ -660,13 +660,15 @@ struct Block<'s, 'a, B> {
     clamp: Option<(f32, f32)>,
 }
 
-/// Where [`Block::run`] found a panel of B.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Src {
+/// Where [`Block::run`] found a panel of B (read by [`Block::wide`], on
+/// x86_64 only).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Src<'b> {
     /// Packed at prepare ([`SrcB::panel`]), row stride NR.
     Prepacked,
-    /// B itself ([`SrcB::dense`]), row stride `ldb`.
-    Dense,
+    /// B itself ([`SrcB::dense`]: B and its row stride `ldb`).
+    Dense(&'b [f32], usize),
     /// Packed by this task into a stack panel, row stride NR.
     Packed,
 }
@@ -705,9 +707,17 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
     ) -> bool {
         let k = self.k;
         let mut panel = [0f32; KC * NR];
-        // The second panel of a 12 × 32 AVX-512 tile, packed ([`Self::wide`]).
+        // The second panel of a 12 × 32 AVX-512 tile, packed ([`Self::wide`]):
+        // on the stack (and cleared) only where the AVX-512 kernel runs.
         #[cfg(target_arch = "x86_64")]
-        let mut panel1 = [0f32; KC * NR];
+        let mut panel1;
+        #[cfg(target_arch = "x86_64")]
+        let spare: &mut [f32] = if self.kind == Ukr::Avx512 {
+            panel1 = [0f32; KC * NR];
+            &mut panel1
+        } else {
+            &mut []
+        };
         let mut tile = [0f32; MR * NR];
         // Offsets wrap by name under the extents `sgemm_with` checked:
         // p0 < k, j0 < n, i0 + r < m.
@@ -735,7 +745,7 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
                     (Some(bp), _) => (bp, NR, Src::Prepacked),
                     (None, Some((bb, ldb))) if nr == NR => {
                         match bb.get(p0.wrapping_mul(ldb).wrapping_add(j0)..) {
-                            Some(bp) => (bp, ldb, Src::Dense),
+                            Some(bp) => (bp, ldb, Src::Dense(bb, ldb)),
                             None => return false,
                         }
                     }
@@ -749,13 +759,9 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
                 // With AVX-512, 12 × 32 tiles over this panel and the next
                 // ([`Self::wide`]); the rows after them panel by panel.
                 #[cfg(target_arch = "x86_64")]
-                let Some((i_from, next)) = self.wide::<CLAMP>(
-                    (i_lo, i_hi),
-                    (j0, j_hi),
-                    (bp, b_rs, src),
-                    &step,
-                    &mut panel1,
-                ) else {
+                let Some((i_from, next)) =
+                    self.wide::<CLAMP>((i_lo, i_hi), (j0, j_hi), (bp, b_rs, src), &step, spare)
+                else {
                     return false;
                 };
                 #[cfg(not(target_arch = "x86_64"))]
@@ -871,7 +877,8 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
     /// row stride) for the AVX2 tiles; otherwise `(i_lo, None)`. The first
     /// panel is `bp` at row stride `b_rs`, from `src`; the second comes
     /// from the same source: [`SrcB::panel`], B read in place, or packed
-    /// into `spare`. `None` if a part of A, B or C was out of bounds.
+    /// into `spare` (KC × NR floats where the kernel is AVX-512). `None` if
+    /// a part of A, B or C was out of bounds.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     #[allow(clippy::type_complexity)]
@@ -879,9 +886,9 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
         &self,
         (i_lo, i_hi): (usize, usize),
         (j0, j_hi): (usize, usize),
-        (bp, b_rs, src): (&[f32], usize, Src),
+        (bp, b_rs, src): (&[f32], usize, Src<'s>),
         step: &Step,
-        spare: &'p mut [f32; KC * NR],
+        spare: &'p mut [f32],
     ) -> Option<(usize, Option<(usize, &'p [f32], usize)>)>
     where
         's: 'p,
@@ -891,20 +898,17 @@ impl<'s, B: SrcB> Block<'s, '_, B> {
         if self.kind != Ukr::Avx512 || j_hi.wrapping_sub(j0) < 2 * NR {
             return Some((i_lo, None));
         }
-        let bp1: &'p [f32] = match (src, self.dense) {
-            (Src::Prepacked, _) => match b.panel(step.p0, j1) {
+        let bp1: &'p [f32] = match src {
+            Src::Prepacked => match b.panel(step.p0, j1) {
                 Some(bp1) => bp1,
                 None => return Some((i_lo, None)),
             },
-            (Src::Dense, Some((bb, ldb))) => {
-                bb.get(step.p0.wrapping_mul(ldb).wrapping_add(j1)..)?
-            }
-            (Src::Dense, None) => return None,
-            (Src::Packed, _) => {
+            Src::Dense(bb, ldb) => bb.get(step.p0.wrapping_mul(ldb).wrapping_add(j1)..)?,
+            Src::Packed => {
                 if !b.pack(step.p0, step.kc, j1, NR, spare) {
                     return None;
                 }
-                &spare[..]
+                spare
             }
         };
         let i_from = self.pairs::<CLAMP>((i_lo, i_hi), j0, ((bp, bp1), b_rs), step)?;
