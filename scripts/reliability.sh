@@ -81,12 +81,16 @@ for step in "${STEPS[@]}"; do
       # fails it as a write past Y; with AVX2 above it runs the 8-lane
       # tiles: 11 + 16 s), and the f32 GEMM's 12 x 32 tiles on every source
       # of B (in place at its row stride, packed by the task, prepacked;
-      # 22 s).
+      # 22 s). The int8 requantization's AVX-512 rows (kern/requant.rs:
+      # masked loads and byte stores of row tails; a planted unmasked load
+      # fails it as a read past the sums; 14 s), which the VNNI GEMM and
+      # depthwise tests above reach too, with the GEMM's AVX-512 B packing.
       RUSTFLAGS="-C target-feature=+avx2,+fma,+avx512f,+avx512bw,+avx512vnni" \
         CARGO_TARGET_DIR=target/miri-vnni \
         cargo +nightly miri test -q -p mote-core --lib -- kern::qconv::tests::qgemm_ kern::qdw::tests:: \
         kern::dw512::tests:: kern::dconv::tests::matches_reference_on_small_geometries \
-        kern::sgemm::tests::avx512_tiles_give_the_avx2_bits_from_every_source
+        kern::sgemm::tests::avx512_tiles_give_the_avx2_bits_from_every_source \
+        kern::requant::tests::avx512_row_is_the_loop
       ;;
     fuzz)
       bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

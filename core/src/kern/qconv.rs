@@ -313,17 +313,23 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
             }
             return;
         }
+        // The columns of a whole output row whose tap lands inside the
+        // input row (the same for every row), and the output position of
+        // column 0: divisions once per call, not per run of a row (KWS's
+        // first convolution packs 25 runs of 5 columns per B row).
+        let tap = kw.wrapping_mul(d2);
+        let (clo, chi) = valid_range(o2, s2, tap, pb2, i2);
+        let ow0 = j0 % o2_nz;
+        let (mut od, mut oh) = (j0 / o12, (j0 / o2_nz) % o1_nz);
+        let mut ow = ow0;
         let mut j = 0usize;
         while j < out.len() {
-            let o = j0.wrapping_add(j);
-            let ow = o % o2_nz;
             let len = o2.wrapping_sub(ow).min(out.len().wrapping_sub(j));
-            let (od, oh) = (o / o12, (o / o2_nz) % o1_nz);
             // in = out * stride + k * dilation - pad, in [0, inp).
             let (id, ih) = (tap_in(od, s0, kd, d0, pb0), tap_in(oh, s1, kh, d1, pb1));
-            if id < i0 && ih < i1 {
-                let tap = kw.wrapping_mul(d2);
-                let (lo, hi) = valid_range(len, s2, ow.wrapping_mul(s2).wrapping_add(tap), pb2, i2);
+            // Columns lo..hi of this run (ow + t in clo..chi, t < len).
+            let (lo, hi) = (clo.saturating_sub(ow), chi.saturating_sub(ow).min(len));
+            if id < i0 && ih < i1 && lo < hi {
                 // Columns lo..hi of this run read inside the input row
                 // (`valid_range`); the row lies in the plane (`id`, `ih`
                 // in range), so a miss leaves the zeros (never happens).
@@ -331,7 +337,7 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
                 let row = id.wrapping_mul(i1).wrapping_add(ih).wrapping_mul(i2);
                 if let (Some(line), Some(dst)) = (
                     win(plane, row, i2),
-                    win_mut(out, j.wrapping_add(lo), hi.saturating_sub(lo)),
+                    win_mut(out, j.wrapping_add(lo), hi.wrapping_sub(lo)),
                 ) {
                     let cols = line.get(first.wrapping_sub(pb2)..).unwrap_or(&[]);
                     if s2 == 1 {
@@ -347,6 +353,14 @@ impl<X: QInt, Y: QInt> QIo for ConvIo<'_, X, Y> {
                 }
             }
             j = j.wrapping_add(len);
+            // The next run starts a row: oh + 1 <= o1, od + 1 <= batch of
+            // output volumes (positions stay below out_sz).
+            ow = 0;
+            oh = oh.wrapping_add(1);
+            if oh == o1 {
+                oh = 0;
+                od = od.wrapping_add(1);
+            }
         }
     }
 
@@ -1426,6 +1440,70 @@ mod tests {
         // the convolution refuses it up front (`Geom::reach_ok`).
         let err = qconv_dw(&x, &w, &mut y, &cs.view()).expect_err("refused");
         assert!(matches!(err.kind, crate::ErrorKind::Shape(_)), "{err:?}");
+    }
+
+    /// One depthwise scratch across planes of two geometries, back and
+    /// forth: the flat path keeps its padded buffer's zeros and its tap
+    /// layout only while the geometry stays (the first plane of another
+    /// clears and lays out again), so each plane matches the reference.
+    #[test]
+    fn depthwise_scratch_reused_across_geometries() {
+        let geom = |i: [usize; 2], pad: usize, s: usize| {
+            let mut g = Geom::unit();
+            g.inp[1..].copy_from_slice(&i);
+            g.k[1..].copy_from_slice(&[3, 3]);
+            g.s[1..].copy_from_slice(&[s, s]);
+            g.pb[1..].copy_from_slice(&[pad, pad]);
+            g.pe[1..].copy_from_slice(&[pad, pad]);
+            for a in 1..3 {
+                g.out[a] = (g.inp[a] + 2 * pad - 3) / s + 1;
+            }
+            g
+        };
+        // 9 x 9 unpadded, then 5 x 7 padded by 1 and by 2 with stride 2:
+        // the later planes' padding lies where the first planes' rows were.
+        let geoms = [geom([9, 9], 0, 1), geom([5, 7], 1, 1), geom([6, 4], 2, 2)];
+        let mut rng = Rng(5);
+        for sel in qgemm::testing::selections() {
+            let mut sc = qdw::DwScratch::<{ qdw::SMALL }>::with(sel);
+            let mut flat_planes = 0;
+            for (n, g) in [0, 1, 1, 2, 0, 2, 1]
+                .map(|i| geoms[i])
+                .into_iter()
+                .enumerate()
+            {
+                let p = IntConv {
+                    batch: 1,
+                    c: 1,
+                    m: 1,
+                    group: 1,
+                    g,
+                };
+                let cs = Case {
+                    p,
+                    zx: 3,
+                    zw: vec![-2],
+                    bias: vec![17],
+                    mult: vec![Requant::new(0.01).unwrap()],
+                    out: OutQ {
+                        zy: -5,
+                        lo: -128,
+                        hi: 127,
+                    },
+                    packed: Vec::new(),
+                };
+                let x: Vec<i8> = (0..g.in_size()).map(|_| rng.next() as i8).collect();
+                let w: Vec<i8> = (0..9).map(|_| rng.next() as i8).collect();
+                let mut want = vec![0i8; g.out_size()];
+                dw_plane(&x, &w, &mut want, 0, &cs.view()).unwrap();
+                let mut got = vec![i8::MIN; g.out_size()];
+                if sc.flat(&x, &w, &mut got, 0, &cs.view()) {
+                    flat_planes += 1;
+                    assert_eq!(got, want, "plane {n}, {sel:?}: {g:?}");
+                }
+            }
+            assert_eq!(flat_planes, 7, "{sel:?}: the flat path declined a plane");
+        }
     }
 
     /// The banded depthwise kernel of 32-bit targets on its 3×3 fast path

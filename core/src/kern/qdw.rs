@@ -31,7 +31,7 @@ use super::cpu::Kernels;
 use super::par::{self, SharedMut};
 use super::qconv::{dw_plane, finish_row, tap_range, QConvView};
 use super::requant::Requant;
-use super::{valid_range, win, win_mut, QInt};
+use super::{valid_range, win, win_mut, Geom, QInt};
 
 /// Most values of a padded plane (and of its output grid).
 pub(crate) const FLAT: usize = 16384;
@@ -62,6 +62,16 @@ pub(crate) struct DwScratch<const N: usize = FLAT> {
     /// fewer sums than these arrays have bytes).
     taps: [(i32, usize); MAX_TAPS],
     pairs: [(i32, usize); MAX_TAPS],
+    /// The geometry the flat path last laid out: while planes keep it (all
+    /// the planes of one call do), `xp`'s padding is still zero (a plane
+    /// writes only its rows' places, and zeros) and `bases` and `plan`
+    /// hold; the first plane clears and computes them.
+    laid_out: Option<Geom>,
+    /// Per tap: where grid point 0 reads it.
+    bases: [usize; MAX_TAPS],
+    /// Taps paired for `vpmaddwd` ([`pair_plan`]), and their count.
+    plan: [(usize, usize, usize); MAX_TAPS],
+    n_pairs: usize,
     /// The flat path sums pairs of taps with AVX-512 BW `vpmaddwd`.
     avx512: bool,
 }
@@ -75,6 +85,10 @@ impl<const N: usize> DwScratch<N> {
             acc: [0; N],
             taps: [(0, 0); MAX_TAPS],
             pairs: [(0, 0); MAX_TAPS],
+            laid_out: None,
+            bases: [0; MAX_TAPS],
+            plan: [(0, NO_TAP, 0); MAX_TAPS],
+            n_pairs: 0,
             avx512: cfg!(target_arch = "x86_64") && sel == (Kernels::Avx2Fma, true),
         }
     }
@@ -167,15 +181,47 @@ impl<const N: usize> DwScratch<N> {
             acc,
             taps,
             pairs,
+            laid_out,
+            bases,
+            plan,
+            n_pairs,
             avx512,
         } = self;
+        let n_taps = k1.wrapping_mul(k2);
         // len < N, plen · s < N, grid <= N and k1 · k2 <= MAX_TAPS (checked
         // above) bound every offset below; each tap's offset is under
         // `reach` <= len.
         let Some(buf) = win_mut(buf, 0, len.wrapping_add(1)) else {
             return false;
         };
-        buf.fill(0);
+        let (Some(bases), Some(wk)) = (win_mut(bases, 0, n_taps), win(wp, 0, n_taps)) else {
+            return false;
+        };
+        if *laid_out != Some(*g) {
+            *laid_out = None;
+            buf.fill(0);
+            // No division per tap: on the small planes of late layers
+            // (7 × 7) this set-up once per channel cost as much as the sums.
+            let mut slots = bases.iter_mut();
+            for kh in 0..k1 {
+                let row = kh.wrapping_mul(d1).wrapping_mul(wpd);
+                for kw in 0..k2 {
+                    let off = row.wrapping_add(kw.wrapping_mul(d2));
+                    let Some(t) = slots.next() else {
+                        return false;
+                    };
+                    let (phase, at) = match s {
+                        1 => (0, off),
+                        2 => (off & 1, off >> 1),
+                        _ => (off % s_nz, off / s_nz),
+                    };
+                    // phase < s and at < plen: phase · plen + at < plen · s < N.
+                    *t = phase.wrapping_mul(plen).wrapping_add(at);
+                }
+            }
+            *n_pairs = pair_plan(bases, plan);
+            *laid_out = Some(*g);
+        }
         let pad = PadRows {
             i1,
             i2,
@@ -215,39 +261,29 @@ impl<const N: usize> DwScratch<N> {
             ph
         };
         // Each tap: its weight and where grid point 0 reads it.
-        let n_taps = k1.wrapping_mul(k2);
-        let (Some(taps), Some(wk)) = (win_mut(taps, 0, n_taps), win(wp, 0, n_taps)) else {
+        let Some(taps) = win_mut(taps, 0, n_taps) else {
             return false;
         };
-        // No division per tap: on the small planes of late layers (7 × 7)
-        // this set-up, once per channel, costs as much as the sums.
-        let mut slots = taps.iter_mut().zip(wk);
-        for kh in 0..k1 {
-            let row = kh.wrapping_mul(d1).wrapping_mul(wpd);
-            for kw in 0..k2 {
-                let off = row.wrapping_add(kw.wrapping_mul(d2));
-                let Some((t, wv)) = slots.next() else {
-                    return false;
-                };
-                let (phase, at) = match s {
-                    1 => (0, off),
-                    2 => (off & 1, off >> 1),
-                    _ => (off % s_nz, off / s_nz),
-                };
-                // phase < s and at < plen: phase · plen + at < plen · s < N.
-                *t = (
-                    wv.get().wrapping_sub(zw),
-                    phase.wrapping_mul(plen).wrapping_add(at),
-                );
-            }
+        for ((t, wv), &base) in taps.iter_mut().zip(wk).zip(&*bases) {
+            *t = (wv.get().wrapping_sub(zw), base);
         }
         let taps: &[(i32, usize)] = taps;
         #[cfg(target_arch = "x86_64")]
         if *avx512 {
-            let n = pair_taps(taps, pairs);
-            let Some(pairs) = pairs.get(..n) else {
+            let Some(pairs) = pairs.get_mut(..*n_pairs) else {
                 return false;
             };
+            for (p, &(a, b, base)) in pairs.iter_mut().zip(&*plan) {
+                // The weights are differences of 8-bit values and zero
+                // points, within i16.
+                let wa = taps.get(a).map_or(0, |t| t.0);
+                let wb = taps.get(b).map_or(0, |t| t.0);
+                *p = (
+                    ((wa as u16 as u32) | ((wb as u16 as u32) << 16)) as i32,
+                    base,
+                );
+            }
+            let pairs: &[(i32, usize)] = pairs;
             // SAFETY: `avx512` is set only for the VNNI selection, made
             // where the CPU has AVX-512 F, BW and VNNI.
             if !unsafe { grid_pairs_avx512(src, pairs, b, grid, acc) } {
@@ -260,7 +296,7 @@ impl<const N: usize> DwScratch<N> {
             return finish_grid(acc, yo, o1, o2, o2, r, q);
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (avx512, pairs);
+        let _ = (avx512, pairs, n_pairs);
         // A chunk of sums stays in registers across the taps.
         for (t0, out) in (0..grid).step_by(CHUNK).zip(acc.chunks_exact_mut(CHUNK)) {
             let mut a = [b; CHUNK];
@@ -458,37 +494,34 @@ unsafe fn compact_rows_avx2(acc: &mut [i32], o1: usize, o2: usize, wpd: usize) -
     true
 }
 
-/// Taps `(weight, base)` as pairs `(wa | wb << 16, base)` for `vpmaddwd`:
-/// a tap whose base is one past another's joins it as `wb`, the others
-/// get `wb = 0` (reading one value past their reach, times 0). Returns the
-/// number of pairs written. The weights are differences of 8-bit values
-/// and zero points, within i16.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn pair_taps(taps: &[(i32, usize)], pairs: &mut [(i32, usize); MAX_TAPS]) -> usize {
+/// No second tap in a [`pair_plan`] entry.
+const NO_TAP: usize = usize::MAX;
+
+/// Taps by their bases as pairs `(a, b, base)` for `vpmaddwd`: a tap whose
+/// base is one past tap `a`'s joins it as `b`, the others get `b =`
+/// [`NO_TAP`] (weight 0, reading one value past their reach, times 0).
+/// Returns the number of pairs written.
+fn pair_plan(bases: &[usize], plan: &mut [(usize, usize, usize); MAX_TAPS]) -> usize {
     let mut used = [false; MAX_TAPS];
     let mut n = 0;
-    for (i, &(wa, base)) in taps.iter().enumerate() {
+    for (i, &base) in bases.iter().enumerate() {
         if used.get(i).copied().unwrap_or(true) {
             continue;
         }
-        let mut wb = 0;
-        // i < taps.len().
-        for (j, &(w, b)) in taps.iter().enumerate().skip(i.wrapping_add(1)) {
+        let mut second = NO_TAP;
+        // i < bases.len().
+        for (j, &b) in bases.iter().enumerate().skip(i.wrapping_add(1)) {
             if b == base.wrapping_add(1) {
                 if let Some(u @ false) = used.get_mut(j) {
                     *u = true;
-                    wb = w;
+                    second = j;
                     break;
                 }
             }
         }
-        if let Some(p) = pairs.get_mut(n) {
-            *p = (
-                ((wa as u16 as u32) | ((wb as u16 as u32) << 16)) as i32,
-                base,
-            );
-            // n < MAX_TAPS (pairs[n] exists).
+        if let Some(p) = plan.get_mut(n) {
+            *p = (i, second, base);
+            // n < MAX_TAPS (plan[n] exists).
             n = n.wrapping_add(1);
         }
     }

@@ -276,7 +276,10 @@ mod x86 {
                                 }
                             }
                         }
-                        pack_quad(&rows, zb, panels, q, kq, bb, &mut colsum);
+                        // SAFETY: this function's CPU features.
+                        if !unsafe { pack_quad_avx512(&rows, zb, panels, q, kq, bb, &mut colsum) } {
+                            pack_quad(&rows, zb, panels, q, kq, bb, &mut colsum);
+                        }
                     }
                     let tile = kq.wrapping_mul(MRV);
                     let mut i0 = 0usize;
@@ -378,6 +381,74 @@ mod x86 {
                 }
             }
         }
+    }
+
+    /// [`pack_quad`] 16 columns at a time: the four rows' values widened to
+    /// i32 lanes, `+ zb`, their low bytes shifted into place and or-ed into
+    /// one word per column (the `[j][4]` bytes), the untruncated values
+    /// added to `colsum`, as the loop does. `false` (nothing written) if
+    /// the panels do not lie in `bb`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F and BW.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pack_quad_avx512(
+        rows: &[i16; 4 * NC],
+        zb: i32,
+        panels: usize,
+        q: usize,
+        kq: usize,
+        bb: &mut [u8],
+        colsum: &mut [i32; NC],
+    ) -> bool {
+        const _: () = assert!(NRV == 32 && NC.is_multiple_of(NRV));
+        // The last panel's quad ends at ((panels - 1) · kq + q + 1) · 128.
+        let end = panels
+            .checked_sub(1)
+            .and_then(|p| p.checked_mul(kq))
+            .and_then(|v| v.checked_add(q))
+            .and_then(|v| v.checked_add(1))
+            .and_then(|v| v.checked_mul(NRV * 4));
+        if panels > NC / NRV || end.is_none_or(|e| e > bb.len()) {
+            return false;
+        }
+        let zv = _mm512_set1_epi32(zb);
+        let low = _mm512_set1_epi32(0xff);
+        let (rp, bp, cp) = (rows.as_ptr(), bb.as_mut_ptr(), colsum.as_mut_ptr());
+        for pn in 0..panels {
+            // pn < panels <= NC / NRV, q < kq: the offsets are small.
+            let at = pn.wrapping_mul(kq).wrapping_add(q).wrapping_mul(NRV * 4);
+            for h in 0..2usize {
+                let j = pn.wrapping_mul(NRV).wrapping_add(h.wrapping_mul(16));
+                // SAFETY: j + 16 <= panels · NRV <= NC: row t's 16 values
+                // at t · NC + j lie in `rows`, the sums in `colsum`; the 64
+                // bytes at at + 64h lie in the panel's quad, inside `bb`
+                // (its end checked above).
+                unsafe {
+                    let v = |t: usize| {
+                        let r =
+                            _mm256_loadu_si256(rp.add(t.wrapping_mul(NC).wrapping_add(j)).cast());
+                        _mm512_add_epi32(_mm512_cvtepi16_epi32(r), zv)
+                    };
+                    let (v0, v1, v2, v3) = (v(0), v(1), v(2), v(3));
+                    let b = |x: __m512i| _mm512_and_si512(x, low);
+                    let word = _mm512_or_si512(
+                        _mm512_or_si512(b(v0), _mm512_slli_epi32::<8>(b(v1))),
+                        _mm512_or_si512(
+                            _mm512_slli_epi32::<16>(b(v2)),
+                            _mm512_slli_epi32::<24>(v3),
+                        ),
+                    );
+                    _mm512_storeu_si512(bp.add(at.wrapping_add(h.wrapping_mul(64))).cast(), word);
+                    let sum = _mm512_add_epi32(_mm512_add_epi32(v0, v1), _mm512_add_epi32(v2, v3));
+                    let c = cp.add(j).cast::<__m512i>();
+                    _mm512_storeu_si512(c, _mm512_add_epi32(_mm512_loadu_si512(c), sum));
+                }
+            }
+        }
+        true
     }
 
     /// `c[r * ldc + j] += Σ_q Σ_t A'(q, r, t) · B'(q, j, t)` for `r < MRV`,

@@ -190,6 +190,28 @@ impl Requant {
         if self.is_f32() {
             return self.apply_row_f32(bias, acc, out, zy, lo, hi);
         }
+        #[cfg(target_arch = "x86_64")]
+        if crate::kern::cpu::avx512_vnni()
+            // SAFETY: `avx512_vnni` holds only where the CPU has AVX-512 F
+            // and BW (`cpu::enable_avx512_vnni`'s contract).
+            && unsafe { self.apply_row_avx512(bias, acc, out, zy, lo, hi) }
+        {
+            return;
+        }
+        self.apply_row_loop(bias, acc, out, zy, lo, hi);
+    }
+
+    /// [`Requant::apply_row`]'s portable loop (fixed-point form).
+    #[inline(always)]
+    fn apply_row_loop<Y: crate::kern::QInt>(
+        &self,
+        bias: i32,
+        acc: &[i32],
+        out: &mut [Y],
+        zy: i32,
+        lo: i32,
+        hi: i32,
+    ) {
         let (mult, shift) = (self.mult as i64, self.shift as u32);
         if shift == 0 || shift > 62 {
             for (y, &a) in out.iter_mut().zip(acc) {
@@ -211,6 +233,106 @@ impl Requant {
             let v = v.wrapping_sub(off).wrapping_add(zy);
             *y = Y::from_sat(v.max(lo).min(hi) as i32);
         }
+    }
+
+    /// [`Requant::apply_row`] with AVX-512 for 8-bit outputs and shifts of
+    /// 32 to 62 (every usual multiplier), 16 outputs per step: the 64-bit
+    /// products of the even and of the odd lanes (`vpmuldq`), rounded half
+    /// to even as the loop of `apply_row` does but with arithmetic shifts
+    /// (`floor((p + half - 1 + q_odd) / 2^shift)`, `q_odd` the low bit of
+    /// `p >> shift`), and the rounded values (within ±2^30 for these
+    /// shifts, so their low 32 bits are them) merged back into 16 i32
+    /// lanes to be offset, clamped and narrowed there (the loop's 64-bit
+    /// lanes take 8 outputs per step). `false` (nothing written) for other
+    /// shifts, outputs or bounds.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F and BW.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn apply_row_avx512<Y: crate::kern::QInt>(
+        &self,
+        bias: i32,
+        acc: &[i32],
+        out: &mut [Y],
+        zy: i32,
+        lo: i32,
+        hi: i32,
+    ) -> bool {
+        use core::arch::x86_64::*;
+        let shift = self.shift as u32;
+        // Bounds inside Y's range: clamping to them is `from_sat` too.
+        if size_of::<Y>() != 1
+            || !(32..=62).contains(&shift)
+            || lo < Y::LO
+            || hi > Y::HI
+            || lo > hi
+            || !(-(1 << 29)..=1 << 29).contains(&zy)
+        {
+            return false;
+        }
+        let n = acc.len().min(out.len());
+        // |p| < 2^62 (an i32 times a multiplier below 2^31): the sums
+        // below do not overflow, the quotient lies within ±2^30, and so
+        // does its sum with zy (|zy| <= 2^29, checked above).
+        let half_m1 = _mm512_set1_epi64((1i64 << shift.wrapping_sub(1)).wrapping_sub(1));
+        let one = _mm512_set1_epi64(1);
+        let sh = _mm_cvtsi32_si128(shift as i32);
+        let (bv, mv, zv) = (
+            _mm512_set1_epi32(bias),
+            _mm512_set1_epi32(self.mult),
+            _mm512_set1_epi32(zy),
+        );
+        let (lov, hiv) = (_mm512_set1_epi32(lo), _mm512_set1_epi32(hi));
+        // p >> shift in each 64-bit lane (Miri lacks `vpsraq`: there, the
+        // same shifts lane by lane).
+        let sra = |p: __m512i| {
+            #[cfg(miri)]
+            {
+                let _ = sh;
+                // SAFETY: both types are 64 bytes of plain integers.
+                let l: [i64; 8] = unsafe { core::mem::transmute(p) };
+                // SAFETY: as above.
+                unsafe { core::mem::transmute::<[i64; 8], __m512i>(l.map(|v| v >> shift)) }
+            }
+            #[cfg(not(miri))]
+            _mm512_sra_epi64(p, sh)
+        };
+        // The rounded quotient of each 64-bit lane's product.
+        let round = |p: __m512i| {
+            let odd = _mm512_and_si512(sra(p), one);
+            sra(_mm512_add_epi64(_mm512_add_epi64(p, half_m1), odd))
+        };
+        let (ap, yp) = (acc.as_ptr(), out.as_mut_ptr().cast::<i8>());
+        let mut i = 0usize;
+        while i < n {
+            let left = n.wrapping_sub(i);
+            let k: u16 = if left >= 16 {
+                u16::MAX
+            } else {
+                (1u16 << left).wrapping_sub(1)
+            };
+            // SAFETY: the lanes of `k` lie below n <= acc.len(), out.len()
+            // (masked-off lanes are neither read nor written); Y is one byte.
+            unsafe {
+                let a = _mm512_add_epi32(_mm512_maskz_loadu_epi32(k, ap.add(i)), bv);
+                let even = round(_mm512_mul_epi32(a, mv));
+                let odd = round(_mm512_mul_epi32(_mm512_srli_epi64::<32>(a), mv));
+                // Odd lanes take the low dword of odd's 64-bit lanes.
+                let v = _mm512_mask_shuffle_epi32::<0xA0>(even, 0xAAAA, odd);
+                let v = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(v, zv), lov), hiv);
+                let bytes = _mm512_cvtepi32_epi8(v);
+                if left >= 16 {
+                    _mm_storeu_si128(yp.add(i).cast(), bytes);
+                } else {
+                    // The masked store of 64 bytes: `k` keeps the row's.
+                    let wide = _mm512_castsi128_si512(bytes);
+                    _mm512_mask_storeu_epi8(yp.add(i), u64::from(k), wide);
+                }
+            }
+            i = i.wrapping_add(16);
+        }
+        true
     }
 
     /// [`Requant::apply`] of the f32 form, out of line: the fixed-point
@@ -531,6 +653,82 @@ mod tests {
                 "{p} >> {shift}"
             );
         }
+    }
+
+    /// The AVX-512 row (16 lanes, masked tails) against the portable loop:
+    /// rows of 0 to 40 sums (full i32 range, the extremes included),
+    /// biases, shifts from 32 to 62, zero points and bounds of both output
+    /// types, fused-activation bounds among them.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_row_is_the_loop() {
+        if !(std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw"))
+        {
+            std::eprintln!("skipped: no AVX-512 F/BW on this CPU");
+            return;
+        }
+        extern crate std;
+        fn check<Y: crate::kern::QInt + PartialEq + core::fmt::Debug>(
+            r: &Requant,
+            bias: i32,
+            acc: &[i32],
+            zy: i32,
+            lo: i32,
+            hi: i32,
+        ) -> bool {
+            let mut want = vec![Y::default(); acc.len() + 3];
+            let mut got = want.clone();
+            r.apply_row_loop(bias, acc, &mut want, zy, lo, hi);
+            // SAFETY: the CPU has AVX-512 F and BW (checked above).
+            let taken = unsafe { r.apply_row_avx512(bias, acc, &mut got, zy, lo, hi) };
+            if taken {
+                assert_eq!(got, want, "{r:?} bias {bias} zy {zy} [{lo}, {hi}] {acc:?}");
+            }
+            taken
+        }
+        let cases = crate::kern::count(3000, 40);
+        let (ms, vals) = (rnd(cases, 31), rnd(cases * 40, 32));
+        let mut taken = 0;
+        for (i, &u) in ms.iter().enumerate() {
+            // Multipliers 2^-31 .. 2^-1: shifts 32 .. 62.
+            let r = Requant::new(libm::exp2(-1.0 - u.abs() as f64 * 30.0)).unwrap();
+            let len = i % 41;
+            let acc: Vec<i32> = vals[i * 40..i * 40 + len]
+                .iter()
+                .enumerate()
+                .map(|(j, &v)| match (i + j) % 7 {
+                    0 => i32::MAX,
+                    1 => i32::MIN,
+                    2 => (v * 2.0e4) as i32,
+                    _ => (v * 2.1e9) as i32,
+                })
+                .collect();
+            let bias = [0, 1, -7, 123_456, i32::MAX][i % 5];
+            let zy = [0, -128, 127, 255, 3][i % 5];
+            let (zi, zu) = (zy.min(127), zy.max(0));
+            taken += usize::from(check::<i8>(&r, bias, &acc, zi, -128, 127));
+            taken += usize::from(check::<i8>(&r, bias, &acc, zi, zi, 127));
+            taken += usize::from(check::<u8>(&r, bias, &acc, zu, 0, 255));
+            taken += usize::from(check::<u8>(&r, bias, &acc, zu, zu.min(200), 200));
+        }
+        // Exact ties: m = 2^-k makes odd multiples of 2^(k-1) halves, the
+        // even and the odd quotients among them (rounded to even).
+        for k in 2..=32u32 {
+            let r = Requant::new(libm::exp2(-f64::from(k))).unwrap();
+            let acc: Vec<i32> = (-20..20).map(|j| (2 * j + 1) << (k - 1).min(26)).collect();
+            taken += usize::from(check::<i8>(&r, 0, &acc, 0, -128, 127));
+            taken += usize::from(check::<u8>(&r, 1 << (k - 1).min(26), &acc, 128, 0, 255));
+        }
+        assert_eq!(
+            taken,
+            4 * cases + 62,
+            "the AVX-512 row refused a case it takes"
+        );
+        // Bounds outside the type, or small shifts: the loop's.
+        let r = Requant::new(0.75).unwrap();
+        assert!(!check::<i8>(&r, 0, &[1, 2], 0, -128, 127));
+        let r = Requant::new(0.01).unwrap();
+        assert!(!check::<u8>(&r, 0, &[1, 2], 0, -1, 255));
     }
 
     #[test]
