@@ -1350,8 +1350,14 @@ mod tests {
                 let (in_sz, out_sz) = (p.g.in_size(), p.g.out_size());
                 for (si, sel) in qgemm::testing::selections().into_iter().enumerate() {
                     let mut sc = qdw::DwScratch::<{ qdw::FLAT }>::with(sel);
-                    let (mut rows, mut flat) =
-                        (vec![i8::MIN; want.len()], vec![i8::MIN; want.len()]);
+                    // The tiny scratch (8 KiB) takes what fits it, either
+                    // path; the row path declines only stride 4.
+                    let mut tiny = qdw::DwScratch::<{ qdw::TINY }>::with(sel);
+                    let (mut rows, mut flat, mut small) = (
+                        vec![i8::MIN; want.len()],
+                        vec![i8::MIN; want.len()],
+                        vec![i8::MIN; want.len()],
+                    );
                     let mut flat_ok = true;
                     for pl in 0..p.batch * p.c {
                         let ch = pl % p.c;
@@ -1359,8 +1365,17 @@ mod tests {
                         let wc = &w[ch * k_sz..][..k_sz];
                         assert!(sc.rows(xp, wc, &mut rows[pl * out_sz..][..out_sz], ch, &q));
                         flat_ok &= sc.flat(xp, wc, &mut flat[pl * out_sz..][..out_sz], ch, &q);
+                        let yt = &mut small[pl * out_sz..][..out_sz];
+                        if !tiny.plane(xp, wc, yt, ch, &q) {
+                            assert_eq!(p.g.s[2], 4, "tiny scratch declined, case {n}: {p:?}");
+                            dw_plane(xp, wc, yt, ch, &q).unwrap();
+                        }
                     }
                     assert_eq!(rows, want, "depthwise rows {sel:?}, case {n}: {p:?}");
+                    assert_eq!(
+                        small, want,
+                        "depthwise, tiny scratch {sel:?}, case {n}: {p:?}"
+                    );
                     if flat_ok && out_sz > 0 {
                         flat_cases += usize::from(si == 0);
                         assert_eq!(flat, want, "depthwise flat {sel:?}, case {n}: {p:?}");
@@ -1462,12 +1477,21 @@ mod tests {
         };
         // 9 x 9 unpadded, then 5 x 7 padded by 1 and by 2 with stride 2:
         // the later planes' padding lies where the first planes' rows were.
-        let geoms = [geom([9, 9], 0, 1), geom([5, 7], 1, 1), geom([6, 4], 2, 2)];
+        // And stride 4 with 5 taps a row, which reads all four phases.
+        let mut wide = geom([13, 14], 1, 4);
+        wide.k[2] = 5;
+        wide.out[2] = (14 + 2 - 5) / 4 + 1;
+        let geoms = [
+            geom([9, 9], 0, 1),
+            geom([5, 7], 1, 1),
+            geom([6, 4], 2, 2),
+            wide,
+        ];
         let mut rng = Rng(5);
         for sel in qgemm::testing::selections() {
-            let mut sc = qdw::DwScratch::<{ qdw::SMALL }>::with(sel);
+            let mut sc = qdw::DwScratch::<{ qdw::TINY }>::with(sel);
             let mut flat_planes = 0;
-            for (n, g) in [0, 1, 1, 2, 0, 2, 1]
+            for (n, g) in [0, 1, 1, 2, 0, 3, 2, 1]
                 .map(|i| geoms[i])
                 .into_iter()
                 .enumerate()
@@ -1493,7 +1517,7 @@ mod tests {
                     packed: Vec::new(),
                 };
                 let x: Vec<i8> = (0..g.in_size()).map(|_| rng.next() as i8).collect();
-                let w: Vec<i8> = (0..9).map(|_| rng.next() as i8).collect();
+                let w: Vec<i8> = (0..g.k_size()).map(|_| rng.next() as i8).collect();
                 let mut want = vec![0i8; g.out_size()];
                 dw_plane(&x, &w, &mut want, 0, &cs.view()).unwrap();
                 let mut got = vec![i8::MIN; g.out_size()];
@@ -1501,8 +1525,16 @@ mod tests {
                     flat_planes += 1;
                     assert_eq!(got, want, "plane {n}, {sel:?}: {g:?}");
                 }
+                // The row path on the same scratch: its 4 stride phases do
+                // not fit the tiny scratch, which it then declines.
+                let mut got = vec![i8::MIN; g.out_size()];
+                if sc.rows(&x, &w, &mut got, 0, &cs.view()) {
+                    assert_eq!(got, want, "rows, plane {n}, {sel:?}: {g:?}");
+                } else {
+                    assert_eq!(g.s[2], 4, "rows declined plane {n}, {sel:?}: {g:?}");
+                }
             }
-            assert_eq!(flat_planes, 7, "{sel:?}: the flat path declined a plane");
+            assert_eq!(flat_planes, 8, "{sel:?}: the flat path declined a plane");
         }
     }
 

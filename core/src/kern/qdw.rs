@@ -38,6 +38,13 @@ pub(crate) const FLAT: usize = 16384;
 /// Values of the small scratch, for planes that fit it: the big one costs
 /// its clearing (128 KiB) on every call, as much as a small model's sums.
 pub(crate) const SMALL: usize = 4096;
+/// Values of the tiny scratch (8 KiB), for in-place planes of a few
+/// hundred values (KWS's 25 × 5): clearing the small one on every call
+/// cost KWS int8 1.4 % of its time (min 0.0935 -> 0.0909 ms with it). The
+/// out-of-place planes keep [`SMALL`]: on MobileNetV2 int8's 14 × 14 and
+/// 7 × 7 planes the tiny one made `grid_pairs_avx512` slower (MobileNetV2
+/// int8 min 7.90 -> 8.05 ms, 4 alternating rounds; not understood).
+pub(crate) const TINY: usize = 1024;
 /// Outputs of one row strip.
 const STRIP: usize = 256;
 /// Most strides.
@@ -62,11 +69,11 @@ pub(crate) struct DwScratch<const N: usize = FLAT> {
     /// fewer sums than these arrays have bytes).
     taps: [(i32, usize); MAX_TAPS],
     pairs: [(i32, usize); MAX_TAPS],
-    /// The geometry the flat path last laid out: while planes keep it (all
-    /// the planes of one call do), `xp`'s padding is still zero (a plane
-    /// writes only its rows' places, and zeros) and `bases` and `plan`
-    /// hold; the first plane clears and computes them.
-    laid_out: Option<Geom>,
+    /// The layout the flat path last set up ([`Layout`]): while planes keep
+    /// it (all the planes of one call do), `xp`'s padding is still zero (a
+    /// plane writes only its rows' places, and zeros) and `bases` and
+    /// `plan` hold; the first plane clears and computes them.
+    laid_out: Option<Layout>,
     /// Per tap: where grid point 0 reads it.
     bases: [usize; MAX_TAPS],
     /// Taps paired for `vpmaddwd` ([`pair_plan`]), and their count.
@@ -197,7 +204,8 @@ impl<const N: usize> DwScratch<N> {
         let (Some(bases), Some(wk)) = (win_mut(bases, 0, n_taps), win(wp, 0, n_taps)) else {
             return false;
         };
-        if *laid_out != Some(*g) {
+        let layout = [wpd, len, plen, s, k1, k2, d1, d2, p1, p2, i1, i2];
+        if *laid_out != Some(layout) {
             *laid_out = None;
             buf.fill(0);
             // No division per tap: on the small planes of late layers
@@ -220,7 +228,7 @@ impl<const N: usize> DwScratch<N> {
                 }
             }
             *n_pairs = pair_plan(bases, plan);
-            *laid_out = Some(*g);
+            *laid_out = Some(layout);
         }
         let pad = PadRows {
             i1,
@@ -337,6 +345,11 @@ impl<const N: usize> DwScratch<N> {
         let Some(s_nz) = NonZeroUsize::new(s) else {
             return false;
         };
+        // The phases of a strip fit the scratch (not the tiny one at
+        // stride 4).
+        if PHASE.saturating_mul(s) > N {
+            return false;
+        }
         let Some((zw, b, r)) = channel(q, c) else {
             return false;
         };
@@ -493,6 +506,11 @@ unsafe fn compact_rows_avx2(acc: &mut [i32], o1: usize, o2: usize, wpd: usize) -
     }
     true
 }
+
+/// What the flat path's padded buffer and tap bases depend on: padded row
+/// width, buffer and phase lengths, stride, kernel, dilations, leading
+/// padding and input plane.
+type Layout = [usize; 12];
 
 /// No second tap in a [`pair_plan`] entry.
 const NO_TAP: usize = usize::MAX;
@@ -839,9 +857,9 @@ impl<X: QInt, W: QInt, Y: QInt> Planes<'_, '_, X, W, Y> {
 
     #[inline(always)]
     fn run_body(&self, (lo, hi): (usize, usize)) {
-        let p = &self.q.p;
-        let [_, i1, i2] = p.g.inp;
-        let [_, k1, k2] = p.g.k;
+        let g = &self.q.p.g;
+        let [_, i1, i2] = g.inp;
+        let [_, k1, k2] = g.k;
         // About the padded plane's size: the small scratch when it fits.
         if i1.saturating_add(k1).saturating_mul(i2.saturating_add(k2)) <= SMALL {
             self.planes_with(DwScratch::<SMALL>::with(self.sel), (lo, hi));
@@ -924,10 +942,45 @@ unsafe fn in_place_avx2<T: QInt, W: QInt>(
 
 #[inline(always)]
 fn in_place_body<T: QInt, W: QInt>(w: &[W], y: &mut [T], q: &QConvView<'_>, sel: (Kernels, bool)) {
+    // Planes of at most `INPLACE_PLANE` (1024) values: the small scratch,
+    // or the tiny one.
+    if fits_tiny(&q.p.g) {
+        in_place_with(DwScratch::<TINY>::with(sel), w, y, q);
+    } else {
+        in_place_with(DwScratch::<SMALL>::with(sel), w, y, q);
+    }
+}
+
+/// Whether a plane's padded layout takes at most half of [`TINY`] (the
+/// flat path rounds its grid up to whole chunks and reads one row of
+/// slack), and a stride the row path's phases fit in it. Either way the
+/// planes are right: a layout that misses the scratch takes the row path,
+/// or the reference loop.
+#[inline(always)]
+fn fits_tiny(g: &Geom) -> bool {
+    let side = |[i, k, d, pb, pe]: [usize; 5]| {
+        i.saturating_add(pb)
+            .saturating_add(pe)
+            .saturating_add(k.saturating_mul(d))
+    };
+    let [_, i1, i2] = g.inp;
+    let ([_, k1, k2], [_, d1, d2], [_, b1, b2], [_, e1, e2]) = (g.k, g.d, g.pb, g.pe);
+    side([i1, k1, d1, b1, e1])
+        .saturating_mul(side([i2, k2, d2, b2, e2]))
+        .saturating_mul(2)
+        <= TINY
+        && PHASE.saturating_mul(g.s[2]) <= TINY
+}
+
+#[inline(always)]
+fn in_place_with<const N: usize, T: QInt, W: QInt>(
+    mut sc: DwScratch<N>,
+    w: &[W],
+    y: &mut [T],
+    q: &QConvView<'_>,
+) {
     let p = &q.p;
     let (sz, k_sz) = (p.g.in_size(), p.g.k_size());
-    // Planes of at most `INPLACE_PLANE` (1024) values: the small scratch.
-    let mut sc = DwScratch::<SMALL>::with(sel);
     let mut saved = [T::default(); super::qconv::INPLACE_PLANE];
     let Some(saved) = saved.get_mut(..sz) else {
         return;
