@@ -227,7 +227,8 @@ impl<const N: usize> DwScratch<N> {
                     *t = phase.wrapping_mul(plen).wrapping_add(at);
                 }
             }
-            *n_pairs = pair_plan(bases, plan);
+            // Pairs only for the AVX-512 sums.
+            *n_pairs = if *avx512 { pair_plan(bases, plan) } else { 0 };
             *laid_out = Some(layout);
         }
         let pad = PadRows {

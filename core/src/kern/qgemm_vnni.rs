@@ -277,8 +277,8 @@ mod x86 {
                             }
                         }
                         // SAFETY: this function's CPU features.
-                        if !unsafe { pack_quad_avx512(&rows, zb, panels, q, kq, bb, &mut colsum) } {
-                            pack_quad(&rows, zb, panels, q, kq, bb, &mut colsum);
+                        if !unsafe { pack_quad(&rows, zb, panels, q, kq, bb, &mut colsum) } {
+                            return false;
                         }
                     }
                     let tile = kq.wrapping_mul(MRV);
@@ -348,53 +348,18 @@ mod x86 {
     }
 
     /// Quad `q` of a B block: `rows` holds four rows of `NC` values
-    /// `B - zb`; writes `B' = value + zb` as bytes `[j][4]` into each
-    /// panel and adds them to `colsum`.
-    #[inline(always)]
-    fn pack_quad(
-        rows: &[i16; 4 * NC],
-        zb: i32,
-        panels: usize,
-        q: usize,
-        kq: usize,
-        bb: &mut [u8],
-        colsum: &mut [i32; NC],
-    ) {
-        // pn < panels <= NC / NRV, q < kq, t < 4, j < NC: small offsets.
-        for pn in 0..panels {
-            let at = pn.wrapping_mul(kq).wrapping_add(q).wrapping_mul(NRV * 4);
-            let Some(dst) = win_mut(bb, at, NRV * 4) else {
-                return;
-            };
-            for (jj, d) in dst.chunks_exact_mut(4).enumerate() {
-                let j = pn.wrapping_mul(NRV).wrapping_add(jj);
-                let mut sum = 0i32;
-                for (t, byte) in d.iter_mut().enumerate() {
-                    let v = rows
-                        .get(t.wrapping_mul(NC).wrapping_add(j))
-                        .map_or(0, |&v| i32::from(v).wrapping_add(zb));
-                    *byte = v as u8;
-                    sum = sum.wrapping_add(v);
-                }
-                if let Some(cs) = colsum.get_mut(j) {
-                    *cs = cs.wrapping_add(sum);
-                }
-            }
-        }
-    }
-
-    /// [`pack_quad`] 16 columns at a time: the four rows' values widened to
-    /// i32 lanes, `+ zb`, their low bytes shifted into place and or-ed into
-    /// one word per column (the `[j][4]` bytes), the untruncated values
-    /// added to `colsum`, as the loop does. `false` (nothing written) if
-    /// the panels do not lie in `bb`.
+    /// `B - zb`; writes `B' = value + zb` as bytes `[j][4]` into each panel
+    /// and adds the (untruncated) values to `colsum`. 16 columns at a time:
+    /// the four rows widened to i32 lanes, their low bytes shifted into
+    /// place and or-ed into one word per column. `false` (nothing written)
+    /// if the panels do not lie in `bb`.
     ///
     /// # Safety
     /// The CPU must support AVX-512 F and BW.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn pack_quad_avx512(
+    unsafe fn pack_quad(
         rows: &[i16; 4 * NC],
         zb: i32,
         panels: usize,
