@@ -33,7 +33,7 @@
 //! X, W, B and Y once, with checked products; offsets below those bounds
 //! wrap by name.
 
-use super::{copy_row, par, tap_in, Geom};
+use super::{copy_row, par, Geom};
 
 /// Floats of buffered input rows for one output row (16 KiB, on the stack).
 const BUF: usize = 4096;
@@ -42,6 +42,8 @@ const BUF: usize = 4096;
 const SLACK: usize = 8;
 /// Widest kernel row.
 const MAX_KW: usize = 16;
+/// Tallest kernel (rows of one input channel buffered per output row).
+const MAX_KH: usize = 16;
 /// Largest column stride.
 const MAX_SW: usize = 8;
 
@@ -88,7 +90,11 @@ impl Plan {
         let [kh, kw] = [g.k[1], g.k[2]];
         let [sh, sw] = [g.s[1], g.s[2]];
         let [dh, dw] = [g.d[1], g.d[2]];
-        if [c, m, h, w, oh, ow, kh, kw, sh, sw].contains(&0) || kw > MAX_KW || sw > MAX_SW {
+        if [c, m, h, w, oh, ow, kh, kw, sh, sw].contains(&0)
+            || kw > MAX_KW
+            || kh > MAX_KH
+            || sw > MAX_SW
+        {
             return None;
         }
         // Padded columns the outputs read: (ow - 1)·sw + (kw - 1)·dw + 1.
@@ -160,6 +166,26 @@ impl Plan {
     }
 }
 
+/// One group's weights (`m × c·kh·kw`, ONNX order) packed for [`Conv`]:
+/// tap `t = (ci · kh + ky) · kw + kx` of output channel `o` at `t · m + o`,
+/// so a register tile's channels read one tap's weights from one pointer
+/// at constant offsets (with the ONNX order each channel had its own
+/// pointer: 24 of them in a tile of 24 channels, and the spilled ones
+/// reloaded from the stack on every tap). `None` when `w` is not `m`
+/// rows of `wk` or `out` not as long.
+pub(crate) fn pack(w: &[f32], m: usize, wk: usize, out: &mut [f32]) -> Option<()> {
+    if wk == 0 || m.checked_mul(wk)? != w.len() || out.len() != w.len() {
+        return None;
+    }
+    for (o, row) in w.chunks_exact(wk).enumerate() {
+        // o < m: o + t·m < m·wk, out's length.
+        for (d, &v) in out.iter_mut().skip(o).step_by(m).zip(row) {
+            *d = v;
+        }
+    }
+    Some(())
+}
+
 /// Whether [`Conv::run`] takes a Conv of `c` input and `m` output channels per
 /// group over `g` on this CPU. It pays where im2col packing dominates the
 /// GEMM: few output channels per packed value.
@@ -170,8 +196,9 @@ pub(crate) fn wanted(c: usize, m: usize, g: &Geom) -> bool {
         && Plan::new(c, m, g).is_some()
 }
 
-/// One image and group of a Conv: X (`c` planes), W (`m × c × kh × kw`), the
-/// optional bias B (`m`), over `g`.
+/// One image and group of a Conv: X (`c` planes), W packed by [`pack`]
+/// (tap-major: `c · kh · kw` runs of `m` floats), the optional bias B
+/// (`m`), over `g`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Conv<'a> {
     pub x: &'a [f32],
@@ -243,17 +270,25 @@ impl Conv<'_> {
 
 /// The operands of one register tile.
 struct Tile {
-    /// The first buffered row, at this tile's first column.
+    /// The buffer at this tile's first column.
     buf: *const f32,
-    /// Buffered rows (input channels × kernel rows).
-    rows: usize,
+    /// Input channels and kernel rows.
+    c: usize,
+    kh: usize,
+    /// Floats of a buffered row, and between two input channels' rows in
+    /// the buffer (`kh · rs`).
     rs: usize,
+    cs: usize,
+    /// Offset of the row that kernel row `ky` reads within an input
+    /// channel's rows ([`Ring::koff`]).
+    koff: [usize; MAX_KH],
     kw: usize,
     taps: [usize; MAX_KW],
-    /// W of the tile's first channel.
+    /// The packed weights ([`pack`]) at the tile's first channel's first
+    /// tap; channel `i`'s weight of tap `t` at `t · ws + i`.
     w: *const f32,
-    /// Floats between two output channels' weights.
-    wk: usize,
+    /// Floats between two taps' weights (the output channels, `m`).
+    ws: usize,
     /// Y of the tile's first channel, row and column.
     y: *mut f32,
     /// Floats between two output planes.
@@ -336,29 +371,33 @@ unsafe fn rows_pairs(
     let mut buf = [[0f32; BUF]; 2];
     let p = plan;
     // Sizes checked by `Plan::new` and `fits`.
-    let wk = p.c.wrapping_mul(p.kh).wrapping_mul(p.kw);
     let out_sz = p.oh.wrapping_mul(p.ow);
-    let rows = p.c.wrapping_mul(p.kh);
     let oy1 = oy1.min(p.oh);
     let tiles = p.m.div_ceil(24);
+    let mut rings = [Ring::new(p, false), Ring::new(p, false)];
     let mut oy = oy0;
     while oy < oy1 {
         let pair = oy1.wrapping_sub(oy) >= 2;
         let [b0, b1] = &mut buf;
-        fill(b0, p, x, oy);
+        let [r0, r1] = &mut rings;
+        fill(b0, p, x, oy, r0);
         if pair {
-            fill(b1, p, x, oy.wrapping_add(1));
+            fill(b1, p, x, oy.wrapping_add(1), r1);
         }
         for ti in 0..tiles {
             let (co, co_end) = par::chunk(p.m, tiles, ti);
             let t = Tile {
                 buf: buf.as_ptr().cast::<f32>(),
-                rows,
+                c: p.c,
+                kh: p.kh,
                 rs: p.rs,
+                cs: p.kh.wrapping_mul(p.rs),
+                // Slot ky for both buffers (`Ring::new(_, false)`).
+                koff: rings[0].koff,
                 kw: p.kw,
                 taps: p.taps,
-                w: w.as_ptr().wrapping_add(co.wrapping_mul(wk)),
-                wk,
+                w: w.as_ptr().wrapping_add(co),
+                ws: p.m,
                 y: y.wrapping_add(co.wrapping_mul(out_sz).wrapping_add(oy.wrapping_mul(p.ow))),
                 out_sz,
                 bias: b.map_or(core::ptr::null(), |b| b.as_ptr().wrapping_add(co)),
@@ -397,13 +436,12 @@ unsafe fn rows_body<const L: usize>(
     let mut buf = [0f32; BUF];
     let p = plan;
     // Sizes checked by `Plan::new` and `fits`.
-    let wk = p.c.wrapping_mul(p.kh).wrapping_mul(p.kw);
     let out_sz = p.oh.wrapping_mul(p.ow);
     let nvec = p.ow.div_ceil(L);
     let tail = p.ow.wrapping_sub(nvec.wrapping_sub(1).wrapping_mul(L));
-    let rows = p.c.wrapping_mul(p.kh);
+    let mut ring = Ring::new(p, true);
     for oy in oy0..oy1.min(p.oh) {
-        fill(&mut buf, p, x, oy);
+        fill(&mut buf, p, x, oy, &mut ring);
         let mut v = 0;
         while v < nvec {
             let nx = match (L, nvec.wrapping_sub(v)) {
@@ -429,12 +467,15 @@ unsafe fn rows_body<const L: usize>(
                 let mb = co_end.wrapping_sub(co);
                 let t = Tile {
                     buf: buf.as_ptr().wrapping_add(ox),
-                    rows,
+                    c: p.c,
+                    kh: p.kh,
                     rs: p.rs,
+                    cs: p.kh.wrapping_mul(p.rs),
+                    koff: ring.koff,
                     kw: p.kw,
                     taps: p.taps,
-                    w: w.as_ptr().wrapping_add(co.wrapping_mul(wk)),
-                    wk,
+                    w: w.as_ptr().wrapping_add(co),
+                    ws: p.m,
                     y: y.wrapping_add(
                         co.wrapping_mul(out_sz)
                             .wrapping_add(oy.wrapping_mul(p.ow))
@@ -549,44 +590,130 @@ unsafe fn dispatch(mb: usize, nx: usize, t: &Tile) {
     }
 }
 
-/// Copies the input rows that output row `oy` reads into `buf`: row
-/// `(ci, ky)` at `(ci · kh + ky) · rs`,
-/// its padded columns `col` at `(col % sw) · wph + col / sw`, zeros where
+/// The input rows a task's buffer holds. Each input channel has `kh` row
+/// slots of `rs` floats; output row `oy`'s kernel row `ky` reads padded
+/// input row `oy · sh + ky · dh`. With `dh` = 1 the rows of one output
+/// row are consecutive, so slot `row % kh` gives them distinct slots, and
+/// a row stays in its slot until a later output row needs the slot: with
+/// stride 1 each input row is copied once per task instead of `kh` times
+/// (ResNet-8's 3 × 3 layers: `fill` was a third of the direct Conv's time).
+/// Otherwise (and for [`rows_pairs`], whose two buffers must hold their
+/// rows at the same offsets) kernel row `ky` has slot `ky`.
+struct Ring {
+    /// The padded input row each slot holds (`usize::MAX`: none).
+    held: [usize; MAX_KH],
+    /// The offset (`slot · rs`) of the row kernel row `ky` reads, within
+    /// an input channel's slots.
+    koff: [usize; MAX_KH],
+    /// Slots by row modulo `kh`.
+    cycle: bool,
+}
+
+impl Ring {
+    /// An empty buffer's ring; slots by row modulo `kh` where `cycle` and
+    /// the plan's `dh` is 1.
+    fn new(p: &Plan, cycle: bool) -> Ring {
+        Ring {
+            held: [usize::MAX; MAX_KH],
+            koff: [0; MAX_KH],
+            cycle: cycle && p.dh == 1,
+        }
+    }
+}
+
+/// Makes `buf` hold the input rows that output row `oy` reads (those it
+/// does not hold yet: [`Ring`]), and `ring.koff` their offsets: kernel row
+/// `ky` of input channel `ci` at `ci · kh · rs + koff[ky]`, its padded
+/// columns `col` at `(col % sw) · wph + col / sw` from there, zeros where
 /// the window is in the padding.
 #[inline(always)]
-fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize) {
+fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize, ring: &mut Ring) {
+    // Sizes and offsets below the plan's bounds (`Plan::new`, `fits`).
     let in_sz = p.h.wrapping_mul(p.w);
-    let rows = buf.chunks_exact_mut(p.rs).take(p.c.wrapping_mul(p.kh));
-    let taps = (0..p.c).flat_map(|ci| (0..p.kh).map(move |ky| (ci, ky)));
-    for (row, (ci, ky)) in rows.zip(taps) {
-        let iy = tap_in(oy, p.sh, ky, p.dh, p.pt);
-        // ci < c and iy < h: inside X (`Plan::fits`).
-        let start = ci.wrapping_mul(in_sz).wrapping_add(iy.wrapping_mul(p.w));
-        let xrow = if iy < p.h {
-            x.get(start..start.wrapping_add(p.w))
+    let cs = p.kh.wrapping_mul(p.rs);
+    for ky in 0..p.kh {
+        let ip = oy.wrapping_mul(p.sh).wrapping_add(ky.wrapping_mul(p.dh));
+        let slot = if ring.cycle {
+            ip.checked_rem(p.kh).unwrap_or(ky)
         } else {
-            None
+            ky
         };
-        let spans = p.spans.iter().take(p.sw);
-        for (part, &(j0, j1, first)) in row.chunks_exact_mut(p.wph).zip(spans) {
-            let Some(dst) = part.get_mut(j0..j1) else {
+        let off = slot.wrapping_mul(p.rs);
+        if let Some(k) = ring.koff.get_mut(ky) {
+            *k = off;
+        }
+        match ring.held.get_mut(slot) {
+            Some(h) if *h != ip => *h = ip,
+            _ => continue,
+        }
+        let iy = ip.wrapping_sub(p.pt);
+        for ci in 0..p.c {
+            let at = ci.wrapping_mul(cs).wrapping_add(off);
+            let Some(row) = buf.get_mut(at..at.wrapping_add(p.rs)) else {
                 continue;
             };
-            match xrow {
-                None => dst.fill(0.0),
-                Some(xr) if p.sw == 1 => {
-                    let Some(src) = xr.get(first..) else {
-                        continue;
-                    };
-                    // Short rows (8–64 floats): moves, not a `memcpy`
-                    // call per row.
-                    copy_row(dst, src.get(..dst.len()).unwrap_or_default());
-                }
-                Some(xr) => {
-                    let src = xr.iter().skip(first).step_by(p.sw);
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        *d = *s;
+            // ci < c and iy < h: inside X (`Plan::fits`).
+            let start = ci.wrapping_mul(in_sz).wrapping_add(iy.wrapping_mul(p.w));
+            let xrow = if iy < p.h {
+                x.get(start..start.wrapping_add(p.w))
+            } else {
+                None
+            };
+            fill_row(row, p, xrow);
+        }
+    }
+}
+
+/// One buffered row from input row `xrow` (`None`: a padding row), split
+/// by column phase; its padding columns stay as they are (zero).
+#[inline(always)]
+fn fill_row(row: &mut [f32], p: &Plan, xrow: Option<&[f32]>) {
+    let spans = p.spans.iter().take(p.sw);
+    for (part, &(j0, j1, first)) in row.chunks_exact_mut(p.wph).zip(spans) {
+        let Some(dst) = part.get_mut(j0..j1) else {
+            continue;
+        };
+        let Some(xr) = xrow else {
+            dst.fill(0.0);
+            continue;
+        };
+        let Some(src) = xr.get(first..) else {
+            continue;
+        };
+        match p.sw {
+            // Short rows (8–64 floats): moves, not a `memcpy` call per row.
+            1 => copy_row(dst, src.get(..dst.len()).unwrap_or_default()),
+            // Every other float: 8 from each 16 (one shuffle; rows of
+            // 16-33 columns left the compiler's vectorized loop, which
+            // takes 64 at a time, to its scalar one), then pairs, then the
+            // last one when it is alone.
+            2 => {
+                let mut blocks = 0usize;
+                for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
+                    if let (Ok(d), Ok(s)) =
+                        (<&mut [f32; 8]>::try_from(d), <&[f32; 16]>::try_from(s))
+                    {
+                        let [a, _, b, _, c, _, e, _, f, _, g, _, h, _, i, _] = *s;
+                        *d = [a, b, c, e, f, g, h, i];
                     }
+                    blocks = blocks.wrapping_add(1);
+                }
+                // blocks · 16 <= src.len().
+                let dst = dst.get_mut(blocks.wrapping_mul(8)..).unwrap_or_default();
+                let src = src.get(blocks.wrapping_mul(16)..).unwrap_or_default();
+                let mut pairs = src.chunks_exact(2);
+                let mut k = 0usize;
+                for (d, s) in dst.iter_mut().zip(&mut pairs) {
+                    *d = s.first().copied().unwrap_or_default();
+                    k = k.wrapping_add(1);
+                }
+                if let (Some(d), Some(s)) = (dst.get_mut(k), pairs.remainder().first()) {
+                    *d = *s;
+                }
+            }
+            _ => {
+                for (d, s) in dst.iter_mut().zip(src.iter().step_by(p.sw)) {
+                    *d = *s;
                 }
             }
         }
@@ -606,6 +733,9 @@ fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize) {
 trait Lanes {
     /// Output columns per vector.
     const N: usize;
+    /// Whether the tile's buffer holds kernel row `ky` in slot `ky` (as
+    /// [`rows_pairs`]' buffers do), so its rows are one run at stride `rs`.
+    const FLAT: bool = false;
     type V: Copy;
     /// What the loads and stores of one tile need besides the pointer: the
     /// lanes of the last vector that are outputs.
@@ -755,6 +885,7 @@ struct PairCtx {
 
 impl Lanes for Pair {
     const N: usize = 8;
+    const FLAT: bool = true;
     type V = core::arch::x86_64::__m512;
     type Ctx = PairCtx;
     #[inline(always)]
@@ -818,12 +949,14 @@ impl Lanes for Pair {
 ///
 /// # Safety
 /// The CPU has `L`'s instruction set (AVX2 + FMA for [`Ymm`], AVX-512 F
-/// for [`Zmm`]); `t.buf` has `t.rows` buffered rows at stride `t.rs` plus
-/// [`SLACK`] floats after them, and a row's tap `kx` reads its floats
+/// for [`Zmm`]); `t.buf` has `t.c · t.cs` floats of buffered rows (input
+/// channel `ci`'s row for kernel row `ky` at `ci · cs + koff[ky]`, each
+/// `koff[ky]` below `cs` by a row or more) plus [`SLACK`] floats after
+/// them, and a row's tap `kx` reads its floats
 /// `taps[kx] + L::N·NX` onward only where the output lane is below
 /// `t.last` (1..=L::N) in the last vector (with [`Ymm`] the other lanes
 /// may read the next row or the slack; [`Zmm`] does not read them); `t.w`
-/// reaches `(MB - 1)·wk + rows·kw` floats, and `t.y` the `NX` vectors
+/// reaches `(c·kh·kw - 1)·ws + MB` floats, and `t.y` the `NX` vectors
 /// (the last masked) of `MB` planes at stride `out_sz`; `t.bias` is null
 /// or holds `MB` floats.
 #[inline(always)]
@@ -837,25 +970,23 @@ unsafe fn tile<L: Lanes, const MB: usize, const NX: usize>(t: &Tile) {
                 *accr = [L::splat(t.bias.add(i)); NX];
             }
         }
-        for r in 0..t.rows {
-            let brow = t.buf.add(r.wrapping_mul(t.rs));
-            let wrow = t.w.add(r.wrapping_mul(t.kw));
-            for kx in 0..t.kw {
-                let bp = brow.add(*t.taps.get_unchecked(kx));
-                let mut v = [L::zero(); NX];
-                for (j, vj) in v.iter_mut().enumerate() {
-                    let at = bp.add(j.wrapping_mul(L::N));
-                    *vj = if j.wrapping_add(1) == NX {
-                        L::load_last(ctx, at)
-                    } else {
-                        L::load(ctx, at)
-                    };
-                }
-                for (i, accr) in acc.iter_mut().enumerate() {
-                    let wv = L::splat(wrow.add(i.wrapping_mul(t.wk).wrapping_add(kx)));
-                    for (a, &vj) in accr.iter_mut().zip(&v) {
-                        *a = L::fma(wv, vj, *a);
-                    }
+        if L::FLAT {
+            // Slot ky for every kernel row: row r = ci · kh + ky at r · rs.
+            for r in 0..t.c.wrapping_mul(t.kh) {
+                let brow = t.buf.add(r.wrapping_mul(t.rs));
+                let wrow = t.w.add(r.wrapping_mul(t.kw).wrapping_mul(t.ws));
+                row_taps::<L, MB, NX>(&mut acc, ctx, brow, wrow, t);
+            }
+        } else {
+            let mut wrow = t.w;
+            for ci in 0..t.c {
+                let cbuf = t.buf.add(ci.wrapping_mul(t.cs));
+                for ky in 0..t.kh {
+                    let brow = cbuf.add(*t.koff.get_unchecked(ky));
+                    row_taps::<L, MB, NX>(&mut acc, ctx, brow, wrow, t);
+                    // Past W after the last row (never read there):
+                    // wrapping, not `add`, whose result must be in bounds.
+                    wrow = wrow.wrapping_add(t.kw.wrapping_mul(t.ws));
                 }
             }
         }
@@ -867,6 +998,42 @@ unsafe fn tile<L: Lanes, const MB: usize, const NX: usize>(t: &Tile) {
                     L::store_last(ctx, at, a);
                 } else {
                     L::store(ctx, at, a);
+                }
+            }
+        }
+    }
+}
+
+/// The taps of one buffered row (`brow`, weights `wrow` of the tile's
+/// first channel) added to a [`tile`]'s accumulators.
+///
+/// # Safety
+/// As [`tile`], for a row it reads.
+#[inline(always)]
+unsafe fn row_taps<L: Lanes, const MB: usize, const NX: usize>(
+    acc: &mut [[L::V; NX]; MB],
+    ctx: L::Ctx,
+    brow: *const f32,
+    wrow: *const f32,
+    t: &Tile,
+) {
+    // SAFETY: the caller's contract bounds every pointer below.
+    unsafe {
+        for kx in 0..t.kw {
+            let bp = brow.add(*t.taps.get_unchecked(kx));
+            let mut v = [L::zero(); NX];
+            for (j, vj) in v.iter_mut().enumerate() {
+                let at = bp.add(j.wrapping_mul(L::N));
+                *vj = if j.wrapping_add(1) == NX {
+                    L::load_last(ctx, at)
+                } else {
+                    L::load(ctx, at)
+                };
+            }
+            for (i, accr) in acc.iter_mut().enumerate() {
+                let wv = L::splat(wrow.add(kx.wrapping_mul(t.ws).wrapping_add(i)));
+                for (a, &vj) in accr.iter_mut().zip(&v) {
+                    *a = L::fma(wv, vj, *a);
                 }
             }
         }
@@ -967,7 +1134,31 @@ mod tests {
             // one alone; split in 3, pairs and single rows in each task) by
             // 50 channels (tiles of 17, 17 and 16).
             (5, 50, 7, 8, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
+            // Row reuse (`Ring`): stride-2 rows of 70 columns (phases of
+            // 35: two blocks of 16 to 8, a pair and a float alone); 5
+            // kernel rows at row stride 2 (3 rows kept per output row); a
+            // row dilation of 2 (slot ky, no reuse); one kernel row; top
+            // and bottom padding beyond the kernel (output rows wholly in
+            // the padding).
+            (3, 8, 9, 70, [[3, 3], [2, 2], [1, 1], [1, 1], [1, 1]]),
+            (2, 6, 13, 37, [[5, 3], [2, 2], [1, 1], [2, 1], [2, 1]]),
+            (2, 5, 12, 20, [[3, 3], [1, 1], [2, 1], [2, 1], [2, 1]]),
+            (1, 4, 30, 9, [[1, 3], [1, 1], [1, 1], [0, 1], [0, 1]]),
+            (2, 4, 5, 16, [[3, 3], [1, 1], [1, 1], [4, 1], [4, 1]]),
         ]);
+    }
+
+    /// [`pack`]: tap-major, output channel minor; a length that is not
+    /// `m` rows of `wk` (or no taps) is refused.
+    #[test]
+    fn packs_tap_major() {
+        let w: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let mut out = [0f32; 12];
+        assert_eq!(pack(&w, 3, 4, &mut out), Some(()));
+        assert_eq!(out, [0., 4., 8., 1., 5., 9., 2., 6., 10., 3., 7., 11.]);
+        assert_eq!(pack(&w, 4, 4, &mut out), None);
+        assert_eq!(pack(&w, 3, 4, &mut out[1..]), None);
+        assert_eq!(pack(&[], 3, 0, &mut []), None);
     }
 
     /// Geometries small enough for Miri (CI runs this under it with AVX2,
@@ -1000,6 +1191,8 @@ mod tests {
             let x = rnd(c * h * wd, seed);
             let w = rnd(m * c * k[0] * k[1], seed + 1);
             let b = rnd(m, seed + 2);
+            let mut wp = alloc::vec![0f32; w.len()];
+            assert_eq!(pack(&w, m, c * k[0] * k[1], &mut wp), Some(()));
             for bias in [None, Some(&b[..])] {
                 let want = reference(&x, &w, bias, c, m, &g);
                 // One worker, and the rows split among 3 std threads.
@@ -1011,7 +1204,7 @@ mod tests {
                     let mut got = alloc::vec![f32::NAN; want.len()];
                     let op = Conv {
                         x: &x,
-                        w: &w,
+                        w: &wp,
                         b: bias,
                         c,
                         m,
@@ -1061,6 +1254,17 @@ mod tests {
             1,
             1,
             &wide
+        ));
+        // A kernel taller than MAX_KH.
+        let tall = geom(20, 8, [17, 1], [1, 1], [1, 1], [0, 0], [0, 0]);
+        assert!(!run(
+            &[0.0; 160],
+            &[0.0; 17 * 4],
+            None,
+            &mut [0.0; 4 * 32],
+            1,
+            4,
+            &tall
         ));
         // Input rows past the buffer: 60 channels × 3 rows × 23 floats.
         let big = geom(10, 21, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1]);

@@ -513,23 +513,69 @@ fn conv_kernel(
 ) -> Result<Prepared> {
     let (dt, wdt) = (ctx.input(0)?.dtype, ctx.input(1)?.dtype);
     if dt == DType::F32 && wdt == DType::F16 {
-        return conv_typed::<f32, half::f16>(shape, p, name, dir);
+        return conv_typed::<f32, half::f16>(shape, p, name, dir, None);
     }
-    util::with_float!(dt, T => conv_typed::<T, T>(shape, p, name, dir),
+    let direct = match (dir, dt, wdt) {
+        (ConvDir::Forward, DType::F32, DType::F32) => direct_weights(ctx, &p),
+        _ => None,
+    };
+    util::with_float!(dt, T => conv_typed::<T, T>(shape, p, name, dir, direct),
     other => Err(Error::new(ErrorKind::UnsupportedDType {
         what: name,
         code: other.onnx_code(),
     })))
 }
 
+/// W packed at prepare for the direct f32 Conv ([`dconv::pack`], group by
+/// group), where this CPU's kernels take the layer ([`dconv::wanted`]) and
+/// W is a constant; onnxruntime packs constant Conv weights at prepare
+/// too. The packed copy is as large as W (kept beside it: the other paths
+/// read W as it is). `None` otherwise: the layer then runs on the GEMM.
+#[cfg(target_arch = "x86_64")]
+fn direct_weights(ctx: &PrepareCtx<'_>, p: &ConvParams) -> Option<Vec<f32>> {
+    let sz = &p.sz;
+    if !sgemm::enabled() || sz.mg < 4 || sz.wg == 0 || is_pointwise(p) {
+        return None;
+    }
+    if !dconv::wanted(sz.cg, sz.mg, &p.g) {
+        return None;
+    }
+    let w = ctx.input(1).ok()?.value?.as_slice::<f32>().ok()?;
+    if w.len() != sz.w {
+        return None;
+    }
+    let mut out = alloc::vec![0f32; w.len()];
+    for (src, dst) in w.chunks_exact(sz.wg).zip(out.chunks_exact_mut(sz.wg)) {
+        dconv::pack(src, sz.mg, sz.wk, dst)?;
+    }
+    Some(out)
+}
+
+/// No direct Conv kernel on this architecture.
+#[cfg(not(target_arch = "x86_64"))]
+fn direct_weights(_: &PrepareCtx<'_>, _: &ConvParams) -> Option<Vec<f32>> {
+    None
+}
+
+/// Whether the Conv is a GEMM on X as it is: a 1 × 1 window, stride 1, no
+/// padding.
+fn is_pointwise(p: &ConvParams) -> bool {
+    p.sz.k_sz == 1
+        && p.g.s == [1; MAX_SPATIAL]
+        && p.g.pb == [0; MAX_SPATIAL]
+        && p.g.pe == [0; MAX_SPATIAL]
+}
+
 /// A Conv-like kernel over X (and B, Y) of `T` and W of `W`, with one output
 /// plane of accumulators as scratch when `T` is narrower than its
-/// accumulator.
+/// accumulator; `direct`: W packed for the direct f32 kernel
+/// ([`direct_weights`]).
 fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
     shape: &[usize],
     p: ConvParams,
     name: &'static str,
     dir: ConvDir,
+    direct: Option<Vec<f32>>,
 ) -> Result<Prepared> {
     let plane = p.sz.out_sz;
     Ok(Prepared::single(
@@ -552,7 +598,7 @@ fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
             };
             match dir {
                 ConvDir::Forward => {
-                    let applied = conv_forward(x, w, b, y, acc, &p)?;
+                    let applied = conv_forward(x, w, b, y, acc, &p, direct.as_deref())?;
                     match p.act {
                         Some(act) if !applied => act.apply(f32_out(y)?),
                         _ => {}
@@ -628,6 +674,7 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
     y: &mut [T],
     acc: &mut [T::Acc],
     p: &ConvParams,
+    direct: Option<&[f32]>,
 ) -> Result<bool> {
     let g = &p.g;
     let sz = &p.sz;
@@ -649,10 +696,7 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
         }
         return Ok(false);
     }
-    let pointwise = k_sz == 1
-        && g.s == [1; MAX_SPATIAL]
-        && g.pb == [0; MAX_SPATIAL]
-        && g.pe == [0; MAX_SPATIAL];
+    let pointwise = is_pointwise(p);
     if T::DTYPE == DType::F32 && W::DTYPE == DType::F32 && sgemm::enabled() {
         if let (Ok(x), Ok(w), Ok(y)) = (
             bytemuck::try_cast_slice::<T, f32>(x),
@@ -660,7 +704,7 @@ fn conv_forward<T: Float, W: Float<Acc = T::Acc>>(
             bytemuck::try_cast_slice_mut::<T, f32>(y),
         ) {
             let b = b.and_then(|b| bytemuck::try_cast_slice::<T, f32>(b).ok());
-            if mg >= 4 && conv_blocked(x, w, b, y, p, pointwise) {
+            if mg >= 4 && conv_blocked(x, w, b, y, p, pointwise, direct) {
                 return Ok(true);
             }
             if cg == 1 && mg == 1 && conv_depthwise(x, w, b, y, p) {
@@ -713,6 +757,7 @@ fn conv_blocked(
     y: &mut [f32],
     p: &ConvParams,
     pointwise: bool,
+    direct: Option<&[f32]>,
 ) -> bool {
     let sz = &p.sz;
     let (pairs, y_len) = (sz.pairs, sz.yg);
@@ -727,7 +772,7 @@ fn conv_blocked(
         && (pairs >= workers.saturating_mul(2) || par::tasks(workers, gemm_macs, usize::MAX) <= 1);
     if !outer {
         for (idx, yg) in y.chunks_of_mut(y_len).take(pairs).enumerate() {
-            if !conv_gemm(idx, x, w, b, yg, p, pointwise, false) {
+            if !conv_gemm(idx, x, w, b, yg, p, pointwise, direct, false) {
                 return false;
             }
         }
@@ -747,7 +792,7 @@ fn conv_blocked(
                 failed.set();
                 return;
             };
-            if !conv_gemm(idx, x, w, b, yg, p, pointwise, true) {
+            if !conv_gemm(idx, x, w, b, yg, p, pointwise, direct, true) {
                 failed.set();
                 return;
             }
@@ -757,7 +802,8 @@ fn conv_blocked(
 }
 
 /// The GEMM of (image, group) pair `idx` (`image * group + group index`)
-/// into its output channels `yg`; `serial`: on this thread only.
+/// into its output channels `yg`, or the direct kernel ([`dconv`]) where
+/// `direct` holds W packed for it; `serial`: on this thread only.
 fn conv_gemm(
     idx: usize,
     x: &[f32],
@@ -766,6 +812,7 @@ fn conv_gemm(
     yg: &mut [f32],
     p: &ConvParams,
     pointwise: bool,
+    direct: Option<&[f32]>,
     serial: bool,
 ) -> bool {
     let g = &p.g;
@@ -780,11 +827,14 @@ fn conv_gemm(
         return false;
     };
     let bias = b.and_then(|b| util::row(b, grp, mg).ok());
+    // The direct kernel where W was packed for it at prepare.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = direct;
     #[cfg(target_arch = "x86_64")]
-    if !pointwise && dconv::wanted(sz.cg, mg, g) {
+    if let Some(wp) = direct.and_then(|d| util::row(d, grp, sz.wg).ok()) {
         let op = dconv::Conv {
             x: xg,
-            w: wg,
+            w: wp,
             b: bias,
             c: sz.cg,
             m: mg,
