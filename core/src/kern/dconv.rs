@@ -9,9 +9,12 @@
 //! the multiply-adds (perf on ResNet-8: `Im2col::pack` and its row copies
 //! 52 %, the micro-kernel 37 %). Here nothing is packed per output channel:
 //! for each output row, the input rows its windows read (all input
-//! channels: the geometry must fit [`BUF`]) are copied once into a stack
-//! buffer, zero-padded, and split by column phase when the stride is above
-//! one (so the columns a tap reads for consecutive outputs are contiguous).
+//! channels: the geometry must fit [`BUF`]) are held in a stack buffer,
+//! zero-padded, and split by column phase when the stride is above one (so
+//! the columns a tap reads for consecutive outputs are contiguous); a row
+//! is copied there once while consecutive output rows read it ([`Ring`]).
+//! The weights come packed at prepare ([`pack`]), so a tile's output
+//! channels read a tap's weights at constant offsets from one pointer.
 //! Then register tiles of 12 accumulators — up to 4 output channels × 3
 //! vectors of 8 output columns, 6 × 2, or 12 × 1, the channels shared out
 //! evenly among a row's tiles — sum, for every buffered row and tap, a
@@ -275,13 +278,13 @@ struct Tile {
     /// Input channels and kernel rows.
     c: usize,
     kh: usize,
-    /// Floats of a buffered row, and between two input channels' rows in
-    /// the buffer (`kh · rs`).
-    rs: usize,
+    /// Floats between two input channels' rows in the buffer
+    /// ([`Ring::cs`]).
     cs: usize,
     /// Offset of the row that kernel row `ky` reads within an input
-    /// channel's rows ([`Ring::koff`]).
-    koff: [usize; MAX_KH],
+    /// channel's rows, for the tile's output row and (for [`Pair`]) the
+    /// next one ([`Ring::koff`]).
+    koff: [[usize; MAX_KH]; 2],
     kw: usize,
     taps: [usize; MAX_KW],
     /// The packed weights ([`pack`]) at the tile's first channel's first
@@ -350,8 +353,8 @@ unsafe fn rows_avx512(
 /// Output rows `oy0 .. oy1` of rows of at most 8 columns two at a time, one
 /// 16-lane vector per row pair ([`Pair`]; ResNet-8's 8 × 8 planes filled
 /// half the lanes of a 16-lane vector, and took 39 % of its time in 8-lane
-/// tiles): the input rows of both buffered [`BUF`] floats apart, then tiles
-/// of up to 24 output channels.
+/// tiles): the input rows of both in one buffer of `2 · BUF` floats (a
+/// [`Ring`] of two output rows), then tiles of up to 24 output channels.
 ///
 /// Kept out of line, so that the 16-column path's frame does not carry its
 /// 32 KiB of buffers.
@@ -368,32 +371,28 @@ unsafe fn rows_pairs(
     y: *mut f32,
     (oy0, oy1): (usize, usize),
 ) {
-    let mut buf = [[0f32; BUF]; 2];
+    let mut buf = [0f32; 2 * BUF];
     let p = plan;
     // Sizes checked by `Plan::new` and `fits`.
     let out_sz = p.oh.wrapping_mul(p.ow);
     let oy1 = oy1.min(p.oh);
     let tiles = p.m.div_ceil(24);
-    let mut rings = [Ring::new(p, false), Ring::new(p, false)];
+    let mut ring = Ring::new(p, 2, 2 * BUF);
     let mut oy = oy0;
     while oy < oy1 {
         let pair = oy1.wrapping_sub(oy) >= 2;
-        let [b0, b1] = &mut buf;
-        let [r0, r1] = &mut rings;
-        fill(b0, p, x, oy, r0);
+        fill(&mut buf, p, x, oy, &mut ring, 0);
         if pair {
-            fill(b1, p, x, oy.wrapping_add(1), r1);
+            fill(&mut buf, p, x, oy.wrapping_add(1), &mut ring, 1);
         }
         for ti in 0..tiles {
             let (co, co_end) = par::chunk(p.m, tiles, ti);
             let t = Tile {
-                buf: buf.as_ptr().cast::<f32>(),
+                buf: buf.as_ptr(),
                 c: p.c,
                 kh: p.kh,
-                rs: p.rs,
-                cs: p.kh.wrapping_mul(p.rs),
-                // Slot ky for both buffers (`Ring::new(_, false)`).
-                koff: rings[0].koff,
+                cs: ring.cs,
+                koff: ring.koff,
                 kw: p.kw,
                 taps: p.taps,
                 w: w.as_ptr().wrapping_add(co),
@@ -407,9 +406,10 @@ unsafe fn rows_pairs(
             // SAFETY: the tile's channels co..co_end <= m (at most 24: tiles
             // = ceil(m / 24) near-equal runs); rows oy and, where `pair`,
             // oy + 1 < oy1 are this task's and inside each plane (ow <= 8
-            // floats each, contiguous); `fill` wrote the rows·rs floats of
-            // each buffer that the masked lanes read (`Plan::fits`: rows·rs
-            // + SLACK <= BUF); the CPU has AVX-512 F (the caller's contract).
+            // floats each, contiguous); `fill` wrote the rows of both output
+            // rows that the masked lanes read, inside `buf` with SLACK
+            // after them (`Ring::new`); the CPU has AVX-512 F (the caller's
+            // contract).
             unsafe { dispatch512::<Pair>(co_end.wrapping_sub(co), 1, &t) };
         }
         oy = oy.wrapping_add(if pair { 2 } else { 1 });
@@ -439,9 +439,9 @@ unsafe fn rows_body<const L: usize>(
     let out_sz = p.oh.wrapping_mul(p.ow);
     let nvec = p.ow.div_ceil(L);
     let tail = p.ow.wrapping_sub(nvec.wrapping_sub(1).wrapping_mul(L));
-    let mut ring = Ring::new(p, true);
+    let mut ring = Ring::new(p, 1, BUF);
     for oy in oy0..oy1.min(p.oh) {
-        fill(&mut buf, p, x, oy, &mut ring);
+        fill(&mut buf, p, x, oy, &mut ring, 0);
         let mut v = 0;
         while v < nvec {
             let nx = match (L, nvec.wrapping_sub(v)) {
@@ -469,8 +469,7 @@ unsafe fn rows_body<const L: usize>(
                     buf: buf.as_ptr().wrapping_add(ox),
                     c: p.c,
                     kh: p.kh,
-                    rs: p.rs,
-                    cs: p.kh.wrapping_mul(p.rs),
+                    cs: ring.cs,
                     koff: ring.koff,
                     kw: p.kw,
                     taps: p.taps,
@@ -590,56 +589,85 @@ unsafe fn dispatch(mb: usize, nx: usize, t: &Tile) {
     }
 }
 
-/// The input rows a task's buffer holds. Each input channel has `kh` row
-/// slots of `rs` floats; output row `oy`'s kernel row `ky` reads padded
-/// input row `oy · sh + ky · dh`. With `dh` = 1 the rows of one output
-/// row are consecutive, so slot `row % kh` gives them distinct slots, and
-/// a row stays in its slot until a later output row needs the slot: with
+/// Row slots per input channel at most ([`Ring`]).
+const MAX_SLOTS: usize = 2 * MAX_KH;
+
+/// The input rows a task's buffer holds, for one output row at a time or
+/// two (`rows`, [`rows_pairs`]). Each input channel has `n` row slots of
+/// `rs` floats; output row `oy`'s kernel row `ky` reads padded input row
+/// `oy · sh + ky · dh`. With `dh` = 1 the rows that `rows` consecutive
+/// output rows read are consecutive, `kh + (rows - 1) · sh` of them, so
+/// with that many slots, slot `row % n` gives them distinct slots, and a
+/// row stays in its slot until a later output row needs the slot: with
 /// stride 1 each input row is copied once per task instead of `kh` times
-/// (ResNet-8's 3 × 3 layers: `fill` was a third of the direct Conv's time).
-/// Otherwise (and for [`rows_pairs`], whose two buffers must hold their
-/// rows at the same offsets) kernel row `ky` has slot `ky`.
+/// (ResNet-8's 3 × 3 layers: `fill` was a third of the direct Conv's
+/// time). Otherwise (a row dilation, or slots that do not fit the buffer)
+/// output row `r` of the `rows` has slot `r · kh + ky`.
 struct Ring {
     /// The padded input row each slot holds (`usize::MAX`: none).
-    held: [usize; MAX_KH],
-    /// The offset (`slot · rs`) of the row kernel row `ky` reads, within
-    /// an input channel's slots.
-    koff: [usize; MAX_KH],
-    /// Slots by row modulo `kh`.
+    held: [usize; MAX_SLOTS],
+    /// For each of the `rows` output rows, the offset (`slot · rs`) of the
+    /// row its kernel row `ky` reads, within an input channel's slots.
+    koff: [[usize; MAX_KH]; 2],
+    /// Slots per input channel.
+    n: usize,
+    /// Floats between two input channels' slots (`n · rs`).
+    cs: usize,
+    /// Slots by row modulo `n`.
     cycle: bool,
 }
 
 impl Ring {
-    /// An empty buffer's ring; slots by row modulo `kh` where `cycle` and
-    /// the plan's `dh` is 1.
-    fn new(p: &Plan, cycle: bool) -> Ring {
+    /// An empty ring for `rows` (1 or 2) output rows at a time in a buffer
+    /// of `len` floats, which holds `rows · c · kh · rs + SLACK` floats
+    /// (`Plan::new`: `c · kh · rs + SLACK <= BUF`).
+    fn new(p: &Plan, rows: usize, len: usize) -> Ring {
+        let rows = rows.clamp(1, 2);
+        // Plan::new: kh <= MAX_KH and c · kh · rs <= BUF - SLACK.
+        let span = rows
+            .wrapping_sub(1)
+            .saturating_mul(p.sh)
+            .saturating_add(p.kh);
+        let fits = span
+            .checked_mul(p.rs)
+            .and_then(|v| v.checked_mul(p.c))
+            .and_then(|v| v.checked_add(SLACK))
+            .is_some_and(|v| v <= len);
+        let cycle = p.dh == 1 && span <= MAX_SLOTS && fits;
+        let n = if cycle { span } else { rows.wrapping_mul(p.kh) };
         Ring {
-            held: [usize::MAX; MAX_KH],
-            koff: [0; MAX_KH],
-            cycle: cycle && p.dh == 1,
+            held: [usize::MAX; MAX_SLOTS],
+            koff: [[0; MAX_KH]; 2],
+            n,
+            cs: n.wrapping_mul(p.rs),
+            cycle,
         }
     }
 }
 
 /// Makes `buf` hold the input rows that output row `oy` reads (those it
-/// does not hold yet: [`Ring`]), and `ring.koff` their offsets: kernel row
-/// `ky` of input channel `ci` at `ci · kh · rs + koff[ky]`, its padded
+/// does not hold yet: [`Ring`]), as the ring's output row `r` (0, or 1 for
+/// the second of a pair), and `ring.koff[r]` their offsets: kernel row
+/// `ky` of input channel `ci` at `ci · cs + koff[r][ky]`, its padded
 /// columns `col` at `(col % sw) · wph + col / sw` from there, zeros where
 /// the window is in the padding.
 #[inline(always)]
-fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize, ring: &mut Ring) {
-    // Sizes and offsets below the plan's bounds (`Plan::new`, `fits`).
+fn fill(buf: &mut [f32], p: &Plan, x: &[f32], oy: usize, ring: &mut Ring, r: usize) {
+    // Sizes and offsets below the plan's bounds (`Plan::new`, `fits`) and
+    // the ring's (`Ring::new`).
     let in_sz = p.h.wrapping_mul(p.w);
-    let cs = p.kh.wrapping_mul(p.rs);
+    let Some(koff) = ring.koff.get_mut(r) else {
+        return;
+    };
     for ky in 0..p.kh {
         let ip = oy.wrapping_mul(p.sh).wrapping_add(ky.wrapping_mul(p.dh));
         let slot = if ring.cycle {
-            ip.checked_rem(p.kh).unwrap_or(ky)
+            ip.checked_rem(ring.n).unwrap_or(ky)
         } else {
-            ky
+            r.wrapping_mul(p.kh).wrapping_add(ky)
         };
         let off = slot.wrapping_mul(p.rs);
-        if let Some(k) = ring.koff.get_mut(ky) {
+        if let Some(k) = koff.get_mut(ky) {
             *k = off;
         }
         match ring.held.get_mut(slot) {
@@ -648,7 +676,7 @@ fn fill(buf: &mut [f32; BUF], p: &Plan, x: &[f32], oy: usize, ring: &mut Ring) {
         }
         let iy = ip.wrapping_sub(p.pt);
         for ci in 0..p.c {
-            let at = ci.wrapping_mul(cs).wrapping_add(off);
+            let at = ci.wrapping_mul(ring.cs).wrapping_add(off);
             let Some(row) = buf.get_mut(at..at.wrapping_add(p.rs)) else {
                 continue;
             };
@@ -733,9 +761,6 @@ fn fill_row(row: &mut [f32], p: &Plan, xrow: Option<&[f32]>) {
 trait Lanes {
     /// Output columns per vector.
     const N: usize;
-    /// Whether the tile's buffer holds kernel row `ky` in slot `ky` (as
-    /// [`rows_pairs`]' buffers do), so its rows are one run at stride `rs`.
-    const FLAT: bool = false;
     type V: Copy;
     /// What the loads and stores of one tile need besides the pointer: the
     /// lanes of the last vector that are outputs.
@@ -745,7 +770,9 @@ trait Lanes {
     unsafe fn zero() -> Self::V;
     unsafe fn splat(p: *const f32) -> Self::V;
     unsafe fn load(c: Self::Ctx, p: *const f32) -> Self::V;
-    unsafe fn load_last(c: Self::Ctx, p: *const f32) -> Self::V;
+    /// The last vector at `p`; `p2`: the same tap's first column in the
+    /// next output row's buffered row (read by [`Pair`] only).
+    unsafe fn load_last(c: Self::Ctx, p: *const f32, p2: *const f32) -> Self::V;
     /// `a · b + c`, fused.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn store(c: Self::Ctx, p: *mut f32, v: Self::V);
@@ -791,7 +818,7 @@ impl Lanes for Ymm {
         unsafe { core::arch::x86_64::_mm256_loadu_ps(p) }
     }
     #[inline(always)]
-    unsafe fn load_last(_: Self::Ctx, p: *const f32) -> Self::V {
+    unsafe fn load_last(_: Self::Ctx, p: *const f32, _: *const f32) -> Self::V {
         // SAFETY: the trait's contract; [`tile`]'s caller makes the whole
         // vector readable (the next row or the slack).
         unsafe { core::arch::x86_64::_mm256_loadu_ps(p) }
@@ -838,7 +865,7 @@ impl Lanes for Zmm {
         unsafe { core::arch::x86_64::_mm512_loadu_ps(p) }
     }
     #[inline(always)]
-    unsafe fn load_last(m: Self::Ctx, p: *const f32) -> Self::V {
+    unsafe fn load_last(m: Self::Ctx, p: *const f32, _: *const f32) -> Self::V {
         // SAFETY: the trait's contract (the masked lanes; the others read
         // nothing and are zero).
         unsafe { core::arch::x86_64::_mm512_maskz_loadu_ps(m, p) }
@@ -868,8 +895,9 @@ fn low_lanes(n: usize) -> u16 {
 
 /// AVX-512 F on rows of at most 8 columns: one 16-lane vector holds a row
 /// pair, output row `oy` in its first `ow` lanes and `oy + 1` in the next
-/// `ow` ([`rows_pairs`]): the two rows' buffers lie [`BUF`] floats apart,
-/// and the two rows of Y are contiguous (`ow` floats each), so each is
+/// `ow` ([`rows_pairs`]): each buffered row of the second has its own
+/// pointer ([`Lanes::load_last`]'s `p2`, from [`Tile::koff`]), and the two
+/// rows of Y are contiguous (`ow` floats each), so each is
 /// one masked load and the pair one masked store. A row pair is a single
 /// vector (`nx` = 1): `load` and `store` are the last vector's.
 struct Pair;
@@ -885,7 +913,6 @@ struct PairCtx {
 
 impl Lanes for Pair {
     const N: usize = 8;
-    const FLAT: bool = true;
     type V = core::arch::x86_64::__m512;
     type Ctx = PairCtx;
     #[inline(always)]
@@ -911,18 +938,19 @@ impl Lanes for Pair {
     }
     #[inline(always)]
     unsafe fn load(c: Self::Ctx, p: *const f32) -> Self::V {
-        // SAFETY: as `load_last`.
-        unsafe { Self::load_last(c, p) }
+        // Not reached (a pair is one vector, the last): the first row.
+        // SAFETY: the trait's contract (the masked lanes).
+        unsafe { core::arch::x86_64::_mm512_maskz_loadu_ps(c.lo, p) }
     }
     #[inline(always)]
-    unsafe fn load_last(c: Self::Ctx, p: *const f32) -> Self::V {
+    unsafe fn load_last(c: Self::Ctx, p: *const f32, p2: *const f32) -> Self::V {
         use core::arch::x86_64::*;
-        // SAFETY: the trait's contract: `p` is in the first row's buffer,
-        // and the second's is BUF floats on; lane `ow + l` of the second
-        // load reads its float `l` (the unmasked lanes read nothing).
+        // SAFETY: the trait's contract: `p` is in the first row's buffered
+        // row and `p2` in the second's; lane `ow + l` of the second load
+        // reads its float `l` (the unmasked lanes read nothing).
         unsafe {
             let v = _mm512_maskz_loadu_ps(c.lo, p);
-            _mm512_mask_loadu_ps(v, c.hi, p.wrapping_add(BUF).wrapping_sub(c.ow))
+            _mm512_mask_loadu_ps(v, c.hi, p2.wrapping_sub(c.ow))
         }
     }
     #[inline(always)]
@@ -970,24 +998,18 @@ unsafe fn tile<L: Lanes, const MB: usize, const NX: usize>(t: &Tile) {
                 *accr = [L::splat(t.bias.add(i)); NX];
             }
         }
-        if L::FLAT {
-            // Slot ky for every kernel row: row r = ci · kh + ky at r · rs.
-            for r in 0..t.c.wrapping_mul(t.kh) {
-                let brow = t.buf.add(r.wrapping_mul(t.rs));
-                let wrow = t.w.add(r.wrapping_mul(t.kw).wrapping_mul(t.ws));
-                row_taps::<L, MB, NX>(&mut acc, ctx, brow, wrow, t);
-            }
-        } else {
-            let mut wrow = t.w;
-            for ci in 0..t.c {
-                let cbuf = t.buf.add(ci.wrapping_mul(t.cs));
-                for ky in 0..t.kh {
-                    let brow = cbuf.add(*t.koff.get_unchecked(ky));
-                    row_taps::<L, MB, NX>(&mut acc, ctx, brow, wrow, t);
-                    // Past W after the last row (never read there):
-                    // wrapping, not `add`, whose result must be in bounds.
-                    wrow = wrow.wrapping_add(t.kw.wrapping_mul(t.ws));
-                }
+        let mut wrow = t.w;
+        let [k0, k1] = &t.koff;
+        for ci in 0..t.c {
+            let cbuf = t.buf.add(ci.wrapping_mul(t.cs));
+            for ky in 0..t.kh {
+                let brow = cbuf.add(*k0.get_unchecked(ky));
+                // The next output row's (read by `Pair` only).
+                let brow2 = cbuf.wrapping_add(*k1.get_unchecked(ky));
+                row_taps::<L, MB, NX>(&mut acc, ctx, brow, brow2, wrow, t);
+                // Past W after the last row (never read there):
+                // wrapping, not `add`, whose result must be in bounds.
+                wrow = wrow.wrapping_add(t.kw.wrapping_mul(t.ws));
             }
         }
         for (i, accr) in acc.iter().enumerate() {
@@ -1014,18 +1036,20 @@ unsafe fn row_taps<L: Lanes, const MB: usize, const NX: usize>(
     acc: &mut [[L::V; NX]; MB],
     ctx: L::Ctx,
     brow: *const f32,
+    brow2: *const f32,
     wrow: *const f32,
     t: &Tile,
 ) {
     // SAFETY: the caller's contract bounds every pointer below.
     unsafe {
         for kx in 0..t.kw {
-            let bp = brow.add(*t.taps.get_unchecked(kx));
+            let tap = *t.taps.get_unchecked(kx);
+            let (bp, bp2) = (brow.add(tap), brow2.wrapping_add(tap));
             let mut v = [L::zero(); NX];
             for (j, vj) in v.iter_mut().enumerate() {
                 let at = bp.add(j.wrapping_mul(L::N));
                 *vj = if j.wrapping_add(1) == NX {
-                    L::load_last(ctx, at)
+                    L::load_last(ctx, at, bp2)
                 } else {
                     L::load(ctx, at)
                 };
@@ -1145,6 +1169,14 @@ mod tests {
             (2, 5, 12, 20, [[3, 3], [1, 1], [2, 1], [2, 1], [2, 1]]),
             (1, 4, 30, 9, [[1, 3], [1, 1], [1, 1], [0, 1], [0, 1]]),
             (2, 4, 5, 16, [[3, 3], [1, 1], [1, 1], [4, 1], [4, 1]]),
+            // Row pairs (rows of 8 columns or fewer) on the ring: row
+            // stride 2 (5 slots), row dilation 2 (2 · kh slots, no
+            // reuse), one kernel row at row stride 8 whose 9 slots do not
+            // fit the buffer (120 channels: 2 slots, no reuse), 5 rows.
+            (3, 20, 15, 15, [[3, 3], [2, 2], [1, 1], [1, 1], [1, 1]]),
+            (4, 30, 11, 8, [[3, 3], [1, 1], [2, 1], [1, 1], [1, 1]]),
+            (120, 5, 40, 8, [[1, 1], [8, 1], [1, 1], [0, 0], [0, 0]]),
+            (2, 7, 5, 7, [[5, 3], [1, 1], [1, 1], [2, 1], [2, 1]]),
         ]);
     }
 
@@ -1173,6 +1205,10 @@ mod tests {
             (1, 13, 2, 20, [[1, 3], [1, 1], [1, 1], [0, 1], [0, 1]]),
             (2, 2, 3, 9, [[2, 3], [1, 2], [1, 1], [0, 1], [1, 1]]),
             (3, 2, 2, 1, [[1, 1], [1, 1], [1, 1], [0, 0], [0, 0]]),
+            // Row pairs of 6 and of 4 columns (row stride 2, an odd row
+            // count: the last row alone).
+            (2, 3, 6, 6, [[3, 3], [1, 1], [1, 1], [1, 1], [1, 1]]),
+            (2, 3, 9, 7, [[3, 3], [2, 2], [1, 1], [1, 1], [1, 1]]),
         ]);
     }
 
