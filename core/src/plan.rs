@@ -81,6 +81,12 @@ pub(crate) struct Limits {
     /// build time and tables sized by dims (the caller's
     /// [`SessionBuilder::max_memory`] less what is already held).
     pub heap_bytes: usize,
+    /// Whether kernels may keep copies of constant weights packed for
+    /// their inner loops ([`crate::ops::Prepared::heap`]; onnxruntime
+    /// prepacks the same way). Off under a caller's
+    /// [`SessionBuilder::max_memory`], whose budget the copies would
+    /// pass.
+    pub pack: bool,
 }
 
 impl Default for Limits {
@@ -88,6 +94,7 @@ impl Default for Limits {
         Limits {
             loop_iterations: DEFAULT_MAX_LOOP_ITERATIONS,
             heap_bytes: DEFAULT_MAX_BUILD_HEAP,
+            pack: true,
         }
     }
 }
@@ -121,6 +128,8 @@ pub struct SessionBuilder<'m> {
     max_memory: Option<usize>,
     max_loop: Option<u64>,
     in_place: bool,
+    /// No packed weight copies ([`Limits::pack`]).
+    no_pack: bool,
 }
 
 impl<'m> SessionBuilder<'m> {
@@ -167,9 +176,13 @@ impl<'m> SessionBuilder<'m> {
     /// a plan whose memory exceeds `bytes`: the model's weights, the
     /// constants folded at build time (each checked before it is
     /// computed) and the arena, together. The budget of a device, or of a
-    /// service loading models it does not trust.
+    /// service loading models it does not trust. Kernels then keep no
+    /// packed copies of weights (x86_64: the f32 MatMul's constant B and
+    /// the direct Conv's weights, as large as the weights): they read the
+    /// weights as they are, slower.
     pub fn max_memory(mut self, bytes: usize) -> Self {
         self.max_memory = Some(bytes);
+        self.no_pack = true;
         self
     }
     /// Bounds the iterations of every `Loop` node, per run (and when a
@@ -184,6 +197,7 @@ impl<'m> SessionBuilder<'m> {
     pub(crate) fn with_limits(mut self, l: Limits) -> Self {
         self.max_loop = Some(l.loop_iterations);
         self.max_memory = Some(l.heap_bytes);
+        self.no_pack = !l.pack;
         self
     }
     /// Whether element-wise ops may overwrite their dying input (default on).
@@ -219,6 +233,7 @@ pub struct Plan {
     pub(crate) records: Vec<Option<usize>>,
     pub(crate) defaulted: Vec<String>,
     pub(crate) fingerprint: (usize, usize),
+    pub(crate) packed_bytes: usize,
 }
 
 impl Plan {
@@ -234,6 +249,12 @@ impl Plan {
     /// scratch, aligned). No placement of these buffers can use less.
     pub fn lower_bound(&self) -> usize {
         self.lower_bound
+    }
+    /// Heap bytes the steps' kernels hold besides the model's weights:
+    /// copies of constant weights packed at build time
+    /// ([`SessionBuilder::max_memory`] turns them off).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed_bytes
     }
     /// Largest scratch of any step (part of `arena_bytes`).
     pub fn scratch_bytes(&self) -> usize {
@@ -592,6 +613,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     let mut limits = Limits {
         loop_iterations: opts.max_loop.unwrap_or(DEFAULT_MAX_LOOP_ITERATIONS),
         heap_bytes: DEFAULT_MAX_BUILD_HEAP,
+        pack: !opts.no_pack,
     };
     let weights = g.const_bytes();
     if let Some(budget) = opts.max_memory {
@@ -661,6 +683,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
     let mut alias_of: Vec<Option<TensorId>> = alloc::vec![None; slots.len()];
     let mut inplace_ok: Vec<bool> = Vec::new();
     let mut scratch_req: Vec<usize> = Vec::new();
+    let mut packed_bytes = 0usize;
 
     for &ni in &order {
         let node = g.node(ni)?;
@@ -845,6 +868,7 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         }
         inplace_ok.push(prep.inplace);
         scratch_req.push(prep.scratch);
+        packed_bytes = packed_bytes.saturating_add(prep.heap);
         steps.push(Step {
             node: ni,
             kernel: prep.kernel,
@@ -1188,5 +1212,6 @@ fn build(model: &Model, opts: &SessionBuilder<'_>) -> Result<Plan> {
         records,
         defaulted,
         fingerprint: (g.tensors.len(), g.nodes.len()),
+        packed_bytes,
     })
 }

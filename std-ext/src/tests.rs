@@ -1,13 +1,16 @@
 use super::*;
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("mote-std-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// A folder for one test's files, removed when the test drops it.
+fn tmp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("mote-std-test-")
+        .tempdir()
+        .unwrap()
 }
 
 #[test]
 fn npy_round_trip_every_dtype() {
+    let dir = tmp_dir();
     let cases = vec![
         Tensor::from_f32(&[2, 3], vec![0.5, -1.0, 2.0, 3.25, f32::MAX, 0.0]).unwrap(),
         Tensor::from_slice::<f64>(&[3], &[1.0, -2.5, 1e300]).unwrap(),
@@ -25,7 +28,7 @@ fn npy_round_trip_every_dtype() {
         Tensor::from_f32(&[0, 4], vec![]).unwrap(),
     ];
     for (i, t) in cases.iter().enumerate() {
-        let p = tmp(&format!("rt{i}.npy"));
+        let p = dir.path().join(format!("rt{i}.npy"));
         write_npy(&p, &t.view()).unwrap();
         let back = read_npy(&p).unwrap();
         assert_eq!(&back, t, "case {i} ({})", t.dtype());
@@ -43,12 +46,13 @@ fn to_f32_vec_converts() {
 
 #[test]
 fn bad_npy_is_an_error() {
-    let p = tmp("bad.npy");
+    let dir = tmp_dir();
+    let p = dir.path().join("bad.npy");
     std::fs::write(&p, b"hello, not npy").unwrap();
     let e = read_npy(&p).unwrap_err();
     assert!(matches!(e, Error::Npy(_)), "{e}");
     // Truncated data.
-    let good = tmp("good.npy");
+    let good = dir.path().join("good.npy");
     write_npy(
         &good,
         &Tensor::from_f32(&[16], vec![1.0; 16]).unwrap().view(),
@@ -58,7 +62,7 @@ fn bad_npy_is_an_error() {
     std::fs::write(&p, &bytes[..bytes.len() - 8]).unwrap();
     let e = read_npy(&p).unwrap_err();
     assert!(e.to_string().contains("truncated"), "{e}");
-    let e = read_npy(tmp("missing.npy")).unwrap_err();
+    let e = read_npy(dir.path().join("missing.npy")).unwrap_err();
     assert!(matches!(e, Error::Io { .. }), "{e}");
 }
 
@@ -67,6 +71,7 @@ fn bad_npy_is_an_error() {
 /// header of nested brackets that its parser took over 10 s on.
 #[test]
 fn fuzz_npy_headers() {
+    let dir = tmp_dir();
     let mut huge = b"\x93NUMPY\x03\x00".to_vec();
     huge.extend_from_slice(&0x2759_0000u32.to_le_bytes());
     huge.extend_from_slice(b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }");
@@ -89,7 +94,7 @@ fn fuzz_npy_headers() {
     let e = read_npy_bytes("over.npy", &over).unwrap_err();
     assert!(e.to_string().contains("overflows"), "{e}");
     // Brackets inside quoted strings do not count; a normal header reads.
-    let good = tmp("bytes.npy");
+    let good = dir.path().join("bytes.npy");
     write_npy(
         &good,
         &Tensor::from_f32(&[2, 2], vec![1.0, 2.0, 3.0, 4.0])
@@ -103,6 +108,7 @@ fn fuzz_npy_headers() {
 
 #[test]
 fn fortran_order_is_read_row_major() {
+    let dir = tmp_dir();
     // np.asfortranarray(np.arange(6, dtype='<i4').reshape(2, 3))
     let header = "{'descr': '<i4', 'fortran_order': True, 'shape': (2, 3), }";
     let mut h = header.to_string();
@@ -116,7 +122,7 @@ fn fortran_order_is_read_row_major() {
     for v in [0i32, 3, 1, 4, 2, 5] {
         f.extend(v.to_le_bytes());
     }
-    let p = tmp("fortran.npy");
+    let p = dir.path().join("fortran.npy");
     std::fs::write(&p, f).unwrap();
     let t = read_npy(&p).unwrap();
     assert_eq!(t.shape(), &[2, 3]);
@@ -137,9 +143,10 @@ fn safe_names() {
 
 #[test]
 fn missing_and_garbage_models() {
-    let e = load_model(tmp("nope.onnx")).unwrap_err();
+    let dir = tmp_dir();
+    let e = load_model(dir.path().join("nope.onnx")).unwrap_err();
     assert!(matches!(e, Error::Io { .. }));
-    let p = tmp("garbage.onnx");
+    let p = dir.path().join("garbage.onnx");
     std::fs::write(&p, b"hi\n").unwrap();
     let e = load_model(&p).unwrap_err().to_string();
     assert!(e.contains("not an ONNX model or truncated"), "{e}");

@@ -81,10 +81,12 @@ fn model(dir: &Path, file: &str, op: &str) -> PathBuf {
     write_model(dir, file, graph)
 }
 
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mote-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A folder for one test's files, removed when the test drops it.
+fn dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("mote-cli-test-")
+        .tempdir()
+        .unwrap()
 }
 
 fn mote(args: &[&str]) -> (i32, String, String) {
@@ -101,8 +103,9 @@ fn mote(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn inspect_and_run_add_model() {
-    let d = dir();
-    let m = model(&d, "add.onnx", "Add");
+    let td = dir();
+    let d = td.path();
+    let m = model(d, "add.onnx", "Add");
     let m = m.to_str().unwrap();
     let (rc, out, err) = mote(&["inspect", m]);
     assert_eq!(rc, 0, "{out}{err}");
@@ -161,8 +164,9 @@ fn inspect_and_run_add_model() {
 
 #[test]
 fn unsupported_op_names_the_node() {
-    let d = dir();
-    let m = model(&d, "bad.onnx", "NoSuchOp");
+    let td = dir();
+    let d = td.path();
+    let m = model(d, "bad.onnx", "NoSuchOp");
     let (rc, _, err) = mote(&["run", m.to_str().unwrap()]);
     assert_eq!(rc, 1);
     assert!(
@@ -174,8 +178,9 @@ fn unsupported_op_names_the_node() {
 
 #[test]
 fn bad_files_are_one_line_errors() {
-    let d = dir();
-    let good = model(&d, "trunc_src.onnx", "Add");
+    let td = dir();
+    let d = td.path();
+    let good = model(d, "trunc_src.onnx", "Add");
     let bytes = std::fs::read(&good).unwrap();
     let t = d.join("trunc.onnx");
     std::fs::write(&t, &bytes[..bytes.len() / 2]).unwrap();
@@ -297,8 +302,9 @@ fn conv_bn_model(dir: &Path) -> PathBuf {
 
 #[test]
 fn inspect_optimized_lists_the_rewritten_graph() {
-    let d = dir();
-    let m = conv_bn_model(&d);
+    let td = dir();
+    let d = td.path();
+    let m = conv_bn_model(d);
     let m = m.to_str().unwrap();
     let (rc, plain, err) = mote(&["inspect", m]);
     assert_eq!(rc, 0, "{err}");

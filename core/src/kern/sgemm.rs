@@ -149,6 +149,11 @@ impl Packed {
         Some(Packed { data, k, n })
     }
 
+    /// Bytes of the packed panels.
+    pub(crate) fn bytes(&self) -> usize {
+        core::mem::size_of_val(self.data.as_slice())
+    }
+
     /// Rows of B (k).
     pub(crate) fn k(&self) -> usize {
         self.k

@@ -528,13 +528,15 @@ fn conv_kernel(
 
 /// W packed at prepare for the direct f32 Conv ([`dconv::pack`], group by
 /// group), where this CPU's kernels take the layer ([`dconv::wanted`]) and
-/// W is a constant; onnxruntime packs constant Conv weights at prepare
-/// too. The packed copy is as large as W (kept beside it: the other paths
-/// read W as it is). `None` otherwise: the layer then runs on the GEMM.
+/// W is a constant, and the build allows packed copies
+/// ([`PrepareCtx::may_pack`]); onnxruntime packs constant Conv weights at
+/// prepare too. The packed copy is as large as W (kept beside it: the
+/// other paths read W as it is). `None` otherwise: the layer then runs on
+/// the GEMM.
 #[cfg(target_arch = "x86_64")]
 fn direct_weights(ctx: &PrepareCtx<'_>, p: &ConvParams) -> Option<Vec<f32>> {
     let sz = &p.sz;
-    if !sgemm::enabled() || sz.mg < 4 || sz.wg == 0 || is_pointwise(p) {
+    if !ctx.may_pack() || !sgemm::enabled() || sz.mg < 4 || sz.wg == 0 || is_pointwise(p) {
         return None;
     }
     if !dconv::wanted(sz.cg, sz.mg, &p.g) {
@@ -577,6 +579,7 @@ fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
     dir: ConvDir,
     direct: Option<Vec<f32>>,
 ) -> Result<Prepared> {
+    let heap = direct.as_deref().map_or(0, core::mem::size_of_val);
     let plane = p.sz.out_sz;
     Ok(Prepared::single(
         T::DTYPE,
@@ -609,7 +612,8 @@ fn conv_typed<T: Float, W: Float<Acc = T::Acc>>(
             }
         }),
     )
-    .with_scratch(util::acc_scratch::<T>(plane)?))
+    .with_scratch(util::acc_scratch::<T>(plane)?)
+    .with_heap(heap))
 }
 
 fn len_err(expected: usize, got: usize) -> Error {

@@ -692,10 +692,11 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         ));
     }
     // A constant 2-D f32 B is packed once for the blocked kernels (all
-    // batch matrices share it); the kernel falls back to B itself if the
-    // reference kernels are selected later.
+    // batch matrices share it) where the build allows packed copies; the
+    // kernel falls back to B itself if the reference kernels are selected
+    // later.
     let packed = match (dt, rb, b.value) {
-        (DType::F32, 2, Some(v)) if sgemm::enabled() => sgemm::Packed::new(
+        (DType::F32, 2, Some(v)) if sgemm::enabled() && ctx.may_pack() => sgemm::Packed::new(
             &Dense {
                 b: v.as_slice::<f32>()?,
                 ldb: n,
@@ -706,11 +707,13 @@ fn prepare_matmul(ctx: &PrepareCtx<'_>) -> Result<Prepared> {
         _ => None,
     };
     if let Some(pk) = packed {
+        let heap = pk.bytes();
         return Ok(Prepared::single(
             dt,
             &out_shape,
             kernel("MatMul", move |io| run_matmul_packed(io, &p, &pk)),
-        ));
+        )
+        .with_heap(heap));
     }
     util::with_float!(dt, T => {
         let scratch = util::acc_scratch::<T>(mn)?;

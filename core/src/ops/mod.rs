@@ -186,6 +186,9 @@ pub struct Prepared {
     /// NonMaxSuppression): `outputs` are upper bounds the arena holds, and
     /// the kernel reports the real shapes with [`KernelIo::set_output_shape`].
     pub dynamic: bool,
+    /// Heap bytes the kernel holds: constant weights packed at build time
+    /// (made only where [`PrepareCtx::may_pack`]).
+    pub heap: usize,
 }
 
 /// Dtype and shape of one output.
@@ -218,6 +221,7 @@ impl Prepared {
             inplace: false,
             values: None,
             dynamic: false,
+            heap: 0,
         }
     }
     /// One output.
@@ -243,6 +247,11 @@ impl Prepared {
     /// Sets the scratch size.
     pub fn with_scratch(mut self, bytes: usize) -> Self {
         self.scratch = bytes;
+        self
+    }
+    /// Holds `bytes` of packed weights ([`Prepared::heap`]).
+    pub fn with_heap(mut self, bytes: usize) -> Self {
+        self.heap = bytes;
         self
     }
     /// Allows running in place over input 0.
@@ -344,6 +353,12 @@ impl<'a> PrepareCtx<'a> {
             }));
         }
         Ok(())
+    }
+    /// Whether the kernel may keep a packed copy of constant weights
+    /// ([`Prepared::heap`]): not under a caller's
+    /// [`crate::SessionBuilder::max_memory`].
+    pub fn may_pack(&self) -> bool {
+        self.limits.pack
     }
     /// The same context under the build's bounds.
     pub(crate) fn with_limits(mut self, limits: crate::plan::Limits) -> Self {
