@@ -708,42 +708,30 @@ fn fill_row(row: &mut [f32], p: &Plan, xrow: Option<&[f32]>) {
         let Some(src) = xr.get(first..) else {
             continue;
         };
-        match p.sw {
+        if p.sw == 1 {
             // Short rows (8–64 floats): moves, not a `memcpy` call per row.
-            1 => copy_row(dst, src.get(..dst.len()).unwrap_or_default()),
-            // Every other float: 8 from each 16 (one shuffle; rows of
-            // 16-33 columns left the compiler's vectorized loop, which
-            // takes 64 at a time, to its scalar one), then pairs, then the
-            // last one when it is alone.
-            2 => {
-                let mut blocks = 0usize;
-                for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
-                    if let (Ok(d), Ok(s)) =
-                        (<&mut [f32; 8]>::try_from(d), <&[f32; 16]>::try_from(s))
-                    {
-                        let [a, _, b, _, c, _, e, _, f, _, g, _, h, _, i, _] = *s;
-                        *d = [a, b, c, e, f, g, h, i];
-                    }
-                    blocks = blocks.wrapping_add(1);
+            copy_row(dst, src.get(..dst.len()).unwrap_or_default());
+            continue;
+        }
+        let (mut dst, mut src) = (dst, src);
+        if p.sw == 2 {
+            // Every other float, 8 from each 16 (one shuffle; rows of 16-33
+            // columns left the compiler's vectorized loop, which takes 64
+            // at a time, to its scalar one); the rest below.
+            let mut blocks = 0usize;
+            for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
+                if let (Ok(d), Ok(s)) = (<&mut [f32; 8]>::try_from(d), <&[f32; 16]>::try_from(s)) {
+                    let [a, _, b, _, c, _, e, _, f, _, g, _, h, _, i, _] = *s;
+                    *d = [a, b, c, e, f, g, h, i];
                 }
-                // blocks · 16 <= src.len().
-                let dst = dst.get_mut(blocks.wrapping_mul(8)..).unwrap_or_default();
-                let src = src.get(blocks.wrapping_mul(16)..).unwrap_or_default();
-                let mut pairs = src.chunks_exact(2);
-                let mut k = 0usize;
-                for (d, s) in dst.iter_mut().zip(&mut pairs) {
-                    *d = s.first().copied().unwrap_or_default();
-                    k = k.wrapping_add(1);
-                }
-                if let (Some(d), Some(s)) = (dst.get_mut(k), pairs.remainder().first()) {
-                    *d = *s;
-                }
+                blocks = blocks.wrapping_add(1);
             }
-            _ => {
-                for (d, s) in dst.iter_mut().zip(src.iter().step_by(p.sw)) {
-                    *d = *s;
-                }
-            }
+            // blocks · 16 <= src.len().
+            dst = dst.get_mut(blocks.wrapping_mul(8)..).unwrap_or_default();
+            src = src.get(blocks.wrapping_mul(16)..).unwrap_or_default();
+        }
+        for (d, s) in dst.iter_mut().zip(src.iter().step_by(p.sw)) {
+            *d = *s;
         }
     }
 }
